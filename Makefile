@@ -1,0 +1,59 @@
+# tinygpt course. `make help` lists the targets. Every target bootstraps the project-local
+# virtual environment .venv when it is missing or older than pyproject.toml, so a fresh machine
+# needs only Python 3.11 and make.
+
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV   := .venv
+BIN    := $(CURDIR)/$(VENV)/bin
+STAMP  := $(VENV)/.installed
+PORT   ?= 8888
+# Extra arguments for `make lab`, e.g. LAB_ARGS="--no-browser".
+LAB_ARGS ?=
+# Extra arguments for pytest in `make test`, e.g. PYTEST_ARGS="-k day01 -x".
+PYTEST_ARGS ?=
+DAY ?=
+# Jupyter refuses to run as root (containers, CI) unless told to.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+# nbgrader starts `alembic` by name: the venv's bin/ must come first on PATH.
+export PATH := $(BIN):$(PATH)
+
+.DEFAULT_GOAL := help
+.PHONY: help env lab test test-fast release execute lint clean distclean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "tinygpt needs Python 3.11; set PYTHON=/path/to/python3.11")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+env: $(STAMP) ## create or update .venv (done automatically by every target)
+
+lab: $(STAMP) ## open JupyterLab on course/ (PORT=8888, LAB_ARGS=...)
+	$(BIN)/jupyter lab --notebook-dir=course --port=$(PORT) $(ROOT_FLAG) $(LAB_ARGS)
+
+test: $(STAMP) ## everything CI checks: package tests, nbval, drift check, grading proofs
+	$(BIN)/python -m pytest tests solutions --nbval-lax -p no:cacheprovider $(PYTEST_ARGS)
+
+test-fast: $(STAMP) ## the quick part of make test (no notebooks, no nbgrader)
+	$(BIN)/python -m pytest tests -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
+
+release: $(STAMP) ## regenerate course/ from solutions/ with nbgrader
+	$(BIN)/python -m autograder release
+
+execute: $(STAMP) ## re-run solution notebooks in place (DAY=day01_logits for one day)
+	$(BIN)/python -m autograder execute $(DAY)
+
+lint: $(STAMP) ## ruff over the package, the autograder and the tests
+	$(BIN)/ruff check tinygpt autograder tests
+
+clean: ## remove caches and instructor outputs (submitted/, autograded/, feedback/, gradebook)
+	rm -rf submitted autograded feedback gradebook.db .pytest_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +
+	find . -name .ipynb_checkpoints -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +
+
+distclean: clean ## clean, and remove .venv too
+	rm -rf $(VENV) *.egg-info

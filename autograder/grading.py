@@ -1,0 +1,103 @@
+"""nbgrader's generate -> autograde flow, run in a scratch course folder.
+
+`generate_release` is what `make release` and the drift check share; `autograde` grades a set of
+submitted notebooks of one day and reads every cell's score back from the gradebook. Both work
+in a scratch copy so the repository's own folders are never touched by a check.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from autograder.notebooks import release_path, solution_path
+from autograder.settings import (
+    RELEASE_DIR,
+    REPO_ROOT,
+    SOURCE_DIR,
+    ensure_venv_on_path,
+    nbgrader_config,
+)
+
+
+class GradingError(RuntimeError):
+    """nbgrader reported a failure; the message carries its log."""
+
+
+def _api(root: Path, db_url: str | None = None):
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+
+    ensure_venv_on_path()
+    config = nbgrader_config(root, db_url)
+    return NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+
+
+def _check(result: dict, what: str) -> None:
+    if not result.get("success"):
+        raise GradingError(f"nbgrader {what} failed:\n{result.get('error', '')}\n"
+                           f"{result.get('log', '')}")
+
+
+def generate_release(day: str, workdir: Path, source_root: Path = REPO_ROOT) -> Path:
+    """Copy day's solutions into `workdir`, run nbgrader generate_assignment there, and return
+    the generated student notebook's path. `workdir` becomes a course root with a gradebook."""
+    src = source_root / SOURCE_DIR / day
+    shutil.copytree(src, workdir / SOURCE_DIR / day, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    _check(_api(workdir).generate_assignment(day, force=True, create=True),
+           f"generate_assignment {day}")
+    return release_path(day, workdir)
+
+
+def release(day: str, scratch: Path, root: Path = REPO_ROOT) -> Path:
+    """Regenerate course/<day>/ from solutions/<day>/ (nbgrader output, copied into place)."""
+    generated = generate_release(day, scratch, root).parent
+    target = root / RELEASE_DIR / day
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(generated, target)
+    return target / f"{day}.ipynb"
+
+
+@dataclass(frozen=True)
+class CellGrade:
+    grade_id: str
+    score: float
+    max_score: float
+
+
+def autograde(day: str, workdir: Path, submissions: dict[str, Path]) -> dict[str, list[CellGrade]]:
+    """Autograde `submissions` (student id -> notebook) of `day` in the course root `workdir`
+    (already holding the generated assignment). Returns each student's graded cells."""
+    from nbgrader.api import Gradebook
+
+    api = _api(workdir)
+    for student, notebook in submissions.items():
+        target = workdir / "submitted" / student / day
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy(notebook, target / f"{day}.ipynb")
+        _check(api.autograde(day, student, force=True, create=True), f"autograde {day} {student}")
+    grades = {}
+    with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
+        for student in submissions:
+            nb = gb.find_submission_notebook(day, day, student)
+            grades[student] = sorted(
+                (CellGrade(g.name, float(g.score), float(g.max_score)) for g in nb.grades),
+                key=lambda g: g.grade_id)
+    return grades
+
+
+def execute_solution(day: str, root: Path = REPO_ROOT) -> Path:
+    """Run solutions/<day>/<day>.ipynb top to bottom in place, saving its outputs."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = solution_path(day, root)
+    nb = nbformat.read(str(path), as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False,
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    nb.metadata.pop("widgets", None)  # random model ids: noise in every diff, no use offline
+    nbformat.write(nb, str(path))
+    return path

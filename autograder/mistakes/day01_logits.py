@@ -1,0 +1,127 @@
+"""Day 01 mistakes: each must lose its exercise's points."""
+
+from autograder.mistakes import Mistake
+
+MISTAKES = [
+    Mistake("softmax", "no max shift: overflows to nan for large logits", """
+def softmax(logits):
+    e = np.exp(np.asarray(logits, dtype=np.float64))
+    return e / e.sum(axis=-1, keepdims=True)
+"""),
+    Mistake("softmax", "normalises over the whole array instead of each row", """
+def softmax(logits):
+    x = np.asarray(logits, dtype=np.float64)
+    e = np.exp(x - x.max())
+    return e / e.sum()
+"""),
+    Mistake("softmax", "subtracts one max for the whole batch: other rows underflow", """
+def softmax(logits):
+    x = np.asarray(logits, dtype=np.float64)
+    e = np.exp(x - x.max())
+    return e / e.sum(axis=-1, keepdims=True)
+"""),
+    Mistake("softmax", "reduces along axis 0 (columns) instead of the last axis", """
+def softmax(logits):
+    x = np.asarray(logits, dtype=np.float64)
+    e = np.exp(x - x.max(axis=0, keepdims=True))
+    return e / e.sum(axis=0, keepdims=True)
+"""),
+    Mistake("softmax", "shifts the input in place, modifying the caller's array", """
+def softmax(logits):
+    logits -= logits.max(axis=-1, keepdims=True)
+    e = np.exp(logits)
+    return e / e.sum(axis=-1, keepdims=True)
+"""),
+    Mistake("log_softmax", "log of softmax: -inf where a probability underflows", """
+def log_softmax(logits):
+    return np.log(softmax(logits))
+"""),
+    Mistake("log_softmax", "logsumexp without the max shift: overflows", """
+def log_softmax(logits):
+    x = np.asarray(logits, dtype=np.float64)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+"""),
+    Mistake("log_softmax", "one max over the whole batch instead of per row", """
+def log_softmax(logits):
+    x = np.asarray(logits, dtype=np.float64)
+    m = x.max()
+    return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
+"""),
+    Mistake("temperature", "multiplies by the temperature instead of dividing", """
+def softmax_with_temperature(logits, temperature):
+    if temperature < 0:
+        raise ValueError("temperature must be >= 0")
+    x = np.asarray(logits, dtype=np.float64)
+    if temperature == 0:
+        one_hot = np.zeros_like(x)
+        np.put_along_axis(one_hot, x.argmax(axis=-1)[..., None], 1.0, axis=-1)
+        return one_hot
+    return softmax(x * temperature)
+"""),
+    Mistake("temperature", "no greedy case: temperature 0 divides by zero", """
+def softmax_with_temperature(logits, temperature):
+    if temperature < 0:
+        raise ValueError("temperature must be >= 0")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return softmax(np.asarray(logits, dtype=np.float64) / temperature)
+"""),
+    Mistake("temperature", "silently clamps a negative temperature instead of raising", """
+def softmax_with_temperature(logits, temperature):
+    temperature = max(temperature, 0.0)
+    x = np.asarray(logits, dtype=np.float64)
+    if temperature == 0:
+        one_hot = np.zeros_like(x)
+        np.put_along_axis(one_hot, x.argmax(axis=-1)[..., None], 1.0, axis=-1)
+        return one_hot
+    return softmax(x / temperature)
+"""),
+    Mistake("temperature", "greedy one-hot over the whole array, not per row", """
+def softmax_with_temperature(logits, temperature):
+    if temperature < 0:
+        raise ValueError("temperature must be >= 0")
+    x = np.asarray(logits, dtype=np.float64)
+    if temperature == 0:
+        one_hot = np.zeros(x.size)
+        one_hot[x.argmax()] = 1.0
+        return one_hot.reshape(x.shape)
+    return softmax(x / temperature)
+"""),
+    Mistake("cross_entropy", "sums over positions instead of averaging", """
+def cross_entropy(logits, targets):
+    logp = log_softmax(logits)
+    return float(-logp[np.arange(len(targets)), targets].sum())
+"""),
+    Mistake("cross_entropy", "indexes logp[:, targets], averaging an N x N matrix", """
+def cross_entropy(logits, targets):
+    logp = log_softmax(logits)
+    return float(-logp[:, targets].mean())
+"""),
+    Mistake("cross_entropy", "log base 2 (bits) instead of nats", """
+def cross_entropy(logits, targets):
+    p = softmax(logits)
+    return float(-np.log2(p[np.arange(len(targets)), targets]).mean())
+"""),
+    Mistake("cross_entropy", "log of softmax: infinite loss when a probability underflows", """
+def cross_entropy(logits, targets):
+    p = softmax(logits)
+    with np.errstate(divide="ignore"):
+        return float(-np.log(p[np.arange(len(targets)), targets]).mean())
+"""),
+    Mistake("perplexity", "exp of the summed instead of the mean log-probability", """
+def perplexity(token_logprobs):
+    return float(np.exp(-np.sum(token_logprobs)))
+"""),
+    Mistake("perplexity", "base 2 with natural-log inputs", """
+def perplexity(token_logprobs):
+    return float(2 ** (-np.mean(token_logprobs)))
+"""),
+    Mistake("perplexity", "accepts negative log-likelihoods without complaint", """
+def perplexity(token_logprobs):
+    return float(np.exp(np.abs(np.mean(token_logprobs))))
+"""),
+    Mistake("q1", "thinks a shift raises every probability", 'answer_q1 = "A"'),
+    Mistake("q1", "thinks a shift sharpens the distribution", 'answer_q1 = "C"'),
+    Mistake("q2", "reports the cross-entropy itself", "answer_q2 = 2.0"),
+    Mistake("q2", "uses base 2", "answer_q2 = 4.0"),
+    Mistake("q3", "thinks a higher temperature sharpens", 'answer_q3 = "B"'),
+]

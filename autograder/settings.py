@@ -1,0 +1,66 @@
+"""The nbgrader configuration of the course, in one place.
+
+`nbgrader_config.py` (for instructors who run nbgrader's own commands from this folder), the
+`python -m autograder` command line and the tests all build their configuration here, so they
+can never disagree about where notebooks live or how they are graded.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from traitlets.config import Config
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+COURSE_ID = "tinygpt"
+SOURCE_DIR = "solutions"  # nbgrader "source": solutions, hidden tests, executed outputs
+RELEASE_DIR = "course"  # nbgrader "release": what students open
+CELL_TIMEOUT_S = 600  # day 06 trains a model in one cell: minutes, not seconds
+CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
+
+
+def nbgrader_config(root: Path | str = REPO_ROOT, db_url: str | None = None) -> Config:
+    """Return the nbgrader Config for a course rooted at `root`.
+
+    `root` holds solutions/ and course/ (and, for an instructor, submitted/, autograded/,
+    feedback/ and the gradebook). `db_url` defaults to `root/gradebook.db` (SQLite).
+    """
+    root = Path(root).resolve()
+    c = Config()
+    c.CourseDirectory.root = str(root)
+    c.CourseDirectory.course_id = COURSE_ID
+    c.CourseDirectory.source_directory = SOURCE_DIR
+    c.CourseDirectory.release_directory = RELEASE_DIR
+    c.CourseDirectory.db_url = db_url or f"sqlite:///{root / 'gradebook.db'}"
+    c.ClearSolutions.code_stub = {"python": CODE_STUB}
+    c.Execute.timeout = CELL_TIMEOUT_S
+    c.Autograde.autograde_preprocessors = autograde_preprocessors()
+    return c
+
+
+def autograde_preprocessors() -> list:
+    """nbgrader's autograde pipeline with StderrToStdout right after execution."""
+    from nbconvert.preprocessors import ClearMetadataPreprocessor
+    from nbgrader.preprocessors import (
+        AssignLatePenalties,
+        CheckCellMetadata,
+        Execute,
+        IgnorePattern,
+        LimitOutput,
+        SaveAutoGrades,
+    )
+
+    from autograder.preprocessors import StderrToStdout
+
+    return [Execute, StderrToStdout, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
+            SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
+
+
+def ensure_venv_on_path() -> None:
+    """nbgrader starts `alembic` by name when it creates a gradebook: put our bin/ on PATH."""
+    bindir = str(Path(sys.executable).parent)
+    parts = os.environ.get("PATH", "").split(os.pathsep)
+    if bindir not in parts:
+        os.environ["PATH"] = os.pathsep.join([bindir, *parts])

@@ -1,0 +1,67 @@
+"""Shared fixtures: nbgrader runs per day are expensive, so each happens once per session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.grading import CellGrade, autograde, generate_release
+from autograder.notebooks import days, solution_path
+from autograder.settings import REPO_ROOT, ensure_venv_on_path
+
+ensure_venv_on_path()
+os.environ.setdefault("MPLBACKEND", "Agg")
+sys.path.insert(0, str(REPO_ROOT))
+
+DAYS = days()
+
+# A submission that is correct but writes to stderr before every cell (a warning from student
+# code): nbgrader alone would give its test cells zero; the course's grading must not.
+NOISY_PRELUDE = (
+    "import warnings as _w\n"
+    "_w.simplefilter('always')\n"
+    "get_ipython().events.register('pre_run_cell', lambda *_: _w.warn('noise from student "
+    "code', UserWarning))\n"
+)
+
+
+@dataclass
+class DayGrading:
+    release: Path  # the student notebook nbgrader generated from solutions/
+    grades: dict[str, list[CellGrade]]  # student id -> graded cells
+
+
+def noisy_copy(day: str, target: Path) -> Path:
+    nb = nbformat.read(str(solution_path(day)), as_version=4)
+    first = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution"))
+    first.source = NOISY_PRELUDE + first.source
+    nbformat.write(nb, str(target))
+    return target
+
+
+@pytest.fixture(scope="session")
+def graded_days(tmp_path_factory):
+    """day -> DayGrading, computed on first use: generate the student version, then autograde
+    the solution ('solution'), the untouched student version ('blank') and, for the first day,
+    a correct but noisy submission ('noisy')."""
+    cache: dict[str, DayGrading] = {}
+
+    def get(day: str) -> DayGrading:
+        if day not in cache:
+            root = tmp_path_factory.mktemp(f"nbgrader-{day}")
+            release = generate_release(day, root)
+            blank = root / "blank.ipynb"
+            shutil.copy(release, blank)
+            submissions = {"solution": solution_path(day), "blank": blank}
+            if day == DAYS[0]:
+                submissions["noisy"] = noisy_copy(day, root / "noisy.ipynb")
+            cache[day] = DayGrading(release, autograde(day, root, submissions))
+        return cache[day]
+
+    return get

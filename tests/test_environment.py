@@ -1,0 +1,48 @@
+"""The project's own files agree: environment.yml mirrors pyproject.toml, the Makefile offers
+every target the README promises, and .ci/run calls the README's test command."""
+
+import re
+import subprocess
+import tomllib
+
+import yaml
+
+from autograder.settings import REPO_ROOT
+
+
+def pyproject_requirements() -> set[str]:
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    return set(project["dependencies"]) | set(project["optional-dependencies"]["dev"])
+
+
+def conda_pip_requirements() -> set[str]:
+    env = yaml.safe_load((REPO_ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    assert "python=3.11" in env["dependencies"]
+    return {r for r in pip if r != "-e ."}
+
+
+def test_environment_yml_matches_pyproject():
+    py, conda = pyproject_requirements(), conda_pip_requirements()
+    assert py == conda, (f"only in pyproject.toml: {sorted(py - conda)}; "
+                         f"only in environment.yml: {sorted(conda - py)}")
+
+
+def test_every_requirement_is_pinned_and_torch_is_the_cpu_pin():
+    reqs = pyproject_requirements()
+    unpinned = [r for r in reqs if not re.fullmatch(r"[A-Za-z0-9_.\-\[\]]+==[0-9][0-9a-z.]*", r)]
+    assert not unpinned, f"pin exact versions (an unpinned torch pulls a CUDA build): {unpinned}"
+    assert "torch==2.13.0" in reqs
+
+
+def test_make_help_lists_the_readme_targets():
+    out = subprocess.run(["make", "-s", "help"], cwd=REPO_ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    readme = (REPO_ROOT / "README.md").read_text()
+    for target in sorted(set(re.findall(r"`make ([a-z-]+)", readme))):
+        assert f"make {target} " in out, f"README mentions `make {target}` but make help lacks it"
+
+
+def test_ci_runs_the_readme_test_command():
+    assert "make test" in (REPO_ROOT / ".ci" / "run").read_text()
+    assert "make test" in (REPO_ROOT / "README.md").read_text()

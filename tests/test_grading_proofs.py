@@ -1,0 +1,53 @@
+"""The three proofs that grading works, for every day (COURSE.md section 4):
+
+1. the solution notebook autogrades to full marks (real nbgrader, real gradebook);
+2. the generated student notebook, unsolved, scores zero on every graded cell;
+3. every recorded mistake, substituted for the solution, loses its exercise's points, and every
+   exercise has at least one recorded mistake.
+Plus: a correct answer whose code writes to stderr keeps its points.
+"""
+
+import pytest
+
+from autograder import mistakes
+from autograder.kernel import run_notebook_with_mistakes
+from autograder.notebooks import exercises, read, solution_path
+from tests.conftest import DAYS
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("day", DAYS)
+def test_solution_scores_full_marks(day, graded_days):
+    grades = graded_days(day).grades["solution"]
+    lost = [f"{g.grade_id}: {g.score}/{g.max_score}" for g in grades if g.score != g.max_score]
+    assert grades and not lost, f"{day}: the solution lost points in nbgrader: {lost}"
+
+
+@pytest.mark.parametrize("day", DAYS)
+def test_unsolved_student_notebook_scores_zero(day, graded_days):
+    grades = graded_days(day).grades["blank"]
+    scored = [f"{g.grade_id}: {g.score}" for g in grades if g.score != 0]
+    assert grades and not scored, f"{day}: the unsolved notebook scored points: {scored}"
+
+
+def test_stderr_from_correct_code_costs_nothing(graded_days):
+    grades = graded_days(DAYS[0]).grades["noisy"]
+    lost = [f"{g.grade_id}: {g.score}/{g.max_score}" for g in grades if g.score != g.max_score]
+    assert not lost, f"a correct submission that writes to stderr lost points: {lost}"
+
+
+@pytest.mark.parametrize("day", DAYS)
+def test_every_mistake_loses_its_points(day):
+    recorded = mistakes.for_day(day)
+    missing = sorted({ex.grade_id for ex in exercises(read(solution_path(day)))}
+                     - {m.grade_id for m in recorded})
+    assert not missing, (f"{day}: exercises without a mistake in autograder/mistakes/{day}.py: "
+                         f"{missing}")
+    trials = run_notebook_with_mistakes(solution_path(day), recorded)
+    correct_lost = [t for t in trials if t.mistake is None and t.score != t.max_points]
+    assert not correct_lost, f"{day}: correct answers lost points in the kernel run: " + "; ".join(
+        f"{t.grade_id} ({t.error})" for t in correct_lost)
+    survived = [t for t in trials if t.mistake is not None and t.score > 0]
+    assert not survived, f"{day}: these mistakes kept their points (tests too weak): " + "; ".join(
+        f"{t.grade_id}: {t.mistake.name}" for t in survived)

@@ -1,0 +1,67 @@
+"""tinygpt.testing: the checks behind every test cell must fail, and fail with a useful message."""
+
+import numpy as np
+import pytest
+
+from tinygpt.testing import (
+    CheckFailed,
+    answer_digest,
+    check_choice,
+    check_close,
+    check_raises,
+    check_true,
+)
+
+
+def test_check_close_passes_and_fails_with_teaching_message():
+    check_close("f(x)", [1.0, 2.0], np.array([1.0, 2.0]))
+    with pytest.raises(CheckFailed, match=r"f\(x\) returned \[1\., 3\.\], expected \[1\., 2\.\]"
+                                          r" \(largest difference at index \(1,\)\)\.\nHint: h"):
+        check_close("f(x)", [1.0, 3.0], [1.0, 2.0], hint="h")
+
+
+@pytest.mark.parametrize("got,match", [
+    (None, "returned None: did you forget `return`"),
+    ([1.0, 2.0, 3.0], r"returned shape \(3,\), expected \(2,\)"),
+    ([np.nan, 1.0], "non-finite"),
+    ("abc", "should return numbers"),
+])
+def test_check_close_diagnoses(got, match):
+    with pytest.raises(CheckFailed, match=match):
+        check_close("f(x)", got, [1.0, 2.0])
+
+
+def test_check_close_scalar_has_no_index():
+    with pytest.raises(CheckFailed) as info:
+        check_close("g()", 2.0, 1.0)
+    assert "index" not in str(info.value)
+
+
+def test_check_true_and_raises():
+    check_true(True, "never shown")
+    with pytest.raises(CheckFailed, match="bad thing"):
+        check_true(False, "bad thing")
+    err = check_raises(ValueError, int, "x", what="int('x')")
+    assert isinstance(err, ValueError)
+    with pytest.raises(CheckFailed, match="should raise ValueError, but returned 3"):
+        check_raises(ValueError, int, "3", what="int('3')")
+    with pytest.raises(CheckFailed, match="but raised TypeError"):
+        check_raises(ValueError, int, None, what="int(None)")
+
+
+def test_check_raises_lets_not_implemented_through():
+    def stub():
+        raise NotImplementedError()
+
+    with pytest.raises(NotImplementedError):
+        check_raises(ValueError, stub, what="stub()")
+
+
+def test_check_choice():
+    digest = answer_digest("Q9", "c")
+    check_choice("Q9", " C ", digest)
+    with pytest.raises(CheckFailed, match="'B' is not the answer"):
+        check_choice("Q9", "B", digest)
+    with pytest.raises(CheckFailed, match="one letter"):
+        check_choice("Q9", 3, digest)
+    assert answer_digest("Q1", "B") != answer_digest("Q2", "B")

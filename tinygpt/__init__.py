@@ -1,0 +1,41 @@
+"""tinygpt: a small but real LLM inference package, written day by day in the tinygpt course.
+
+One module per concept, named after the course day that finishes it:
+
+    numerics    day 01  softmax, log-softmax, temperature, cross-entropy, perplexity
+    tokenizer   day 02  byte-level BPE, special tokens, chat template, tiktoken bridge
+    positions   day 03  embeddings, sinusoidal encoding, RoPE
+    attention   day 04  causal mask, scaled dot-product and grouped-query attention
+    model       day 05  RMSNorm, SwiGLU, the Llama-style TinyGPT and its config
+    corpus      day 06  the synthetic grammar corpus with exact next-word probabilities
+    train       day 06  the training loop, checkpoints and load_pretrained()
+    sampling    day 07  temperature, top-k/p, min-p, typical, penalties
+    generate    day 08  the generate loop, stop conditions, streaming
+    flops       day 09  parameter, FLOP and byte counts
+    roofline    day 10  hardware table, roofline model, measured local roofline
+"""
+
+__version__ = "0.1.0"
+
+
+def load_pretrained(*args, **kwargs):
+    """Load the course's shipped checkpoint: returns (model, tokenizer). See tinygpt.train."""
+    from tinygpt.train import load_pretrained as _load_pretrained
+
+    return _load_pretrained(*args, **kwargs)
+
+
+def pick_device(prefer: str | None = None):
+    """Return a torch.device: `prefer` if given, else CUDA, then MPS, then CPU."""
+    import torch
+
+    if prefer is not None:
+        allowed = ("cpu", "cuda", "mps")
+        if str(prefer).split(":")[0] not in allowed:
+            raise ValueError(f"device must be one of {allowed} (or 'cuda:N'), got {prefer!r}")
+        return torch.device(prefer)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")

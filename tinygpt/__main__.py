@@ -1,0 +1,40 @@
+"""The tinygpt command line: `python -m tinygpt {generate,bench,roofline} ...`.
+
+Each subcommand lives in the module that owns the concept and exposes `main(argv) -> int`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "generate": ("tinygpt.generate", "generate text from the shipped checkpoint"),
+    "bench": ("tinygpt.bench", "measure TTFT, TPOT, tokens/s and the course's speed targets"),
+    "roofline": ("tinygpt.roofline", "estimate prefill/decode times on a roofline"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: python -m tinygpt COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines.append("\nRun `python -m tinygpt COMMAND --help` for a command's options.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"unknown command {name!r}; choose one of {sorted(COMMANDS)}\n", file=sys.stderr)
+        print(usage(), file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

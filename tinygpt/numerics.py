@@ -1,0 +1,117 @@
+"""Day 01: from logits to probabilities, in NumPy.
+
+A language model ends in a vector of logits, one real number per token of the vocabulary. This
+module turns logits into probabilities and scores predictions:
+
+    softmax                  logits (..., V) -> probabilities (..., V), numerically stable
+    logsumexp, log_softmax   the same in log space, finite where softmax underflows
+    softmax_with_temperature divide by the temperature first; temperature 0 means greedy
+    cross_entropy            mean negative log-likelihood of target ids, in nats
+    perplexity               exp(-mean log-prob): the "effective number of choices"
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _as_logits(logits, name: str = "logits") -> np.ndarray:
+    array = np.asarray(logits)
+    if array.dtype == object or not np.issubdtype(array.dtype, np.number):
+        raise TypeError(f"{name} must be a numeric array, got dtype {array.dtype}")
+    if array.ndim == 0:
+        raise ValueError(f"{name} must have at least one dimension (the vocabulary), got a scalar")
+    if array.shape[-1] == 0:
+        raise ValueError(f"{name} must have at least one entry along the last axis")
+    array = array.astype(np.float64, copy=False)
+    if np.isnan(array).any() or np.isposinf(array).any():
+        raise ValueError(f"{name} must not contain NaN or +inf (-inf is allowed: a removed token)")
+    if np.isneginf(array).all(axis=-1).any():
+        raise ValueError(f"{name}: every entry of a row is -inf, so no token is possible")
+    return array
+
+
+def logsumexp(logits, axis: int = -1) -> np.ndarray:
+    """log(sum(exp(logits))) along `axis`, computed as m + log(sum(exp(logits - m))), m = max.
+
+    Shape: (..., V) -> (...,). Finite for any finite input, however large.
+    """
+    x = _as_logits(logits)
+    m = np.max(x, axis=axis, keepdims=True)
+    return np.squeeze(m, axis=axis) + np.log(np.sum(np.exp(x - m), axis=axis))
+
+
+def softmax(logits, axis: int = -1) -> np.ndarray:
+    """exp(x_i) / sum_j exp(x_j) along `axis`, with the max subtracted first.
+
+    Subtracting the max changes nothing mathematically (the factor exp(-m) cancels) but keeps
+    every exponent <= 0, so exp never overflows. Shape: (..., V) -> (..., V), rows sum to 1.
+    """
+    x = _as_logits(logits)
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def log_softmax(logits, axis: int = -1) -> np.ndarray:
+    """log(softmax(logits)) computed as logits - logsumexp(logits): finite where softmax is 0.
+
+    Shape: (..., V) -> (..., V).
+    """
+    x = _as_logits(logits)
+    return x - np.expand_dims(logsumexp(x, axis=axis), axis)
+
+
+def softmax_with_temperature(logits, temperature: float, axis: int = -1) -> np.ndarray:
+    """softmax(logits / temperature). temperature < 1 sharpens, > 1 flattens.
+
+    temperature == 0 is greedy by design: a one-hot vector on the argmax (the first one on ties),
+    the limit the distribution approaches as the temperature falls. A negative temperature
+    (it would reverse the ranking) or a non-finite one raises ValueError.
+    """
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float | np.floating
+                                                       | np.integer):
+        raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
+    if not np.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), "
+                         f"got {temperature}")
+    x = _as_logits(logits)
+    if temperature == 0:
+        winner = np.argmax(x, axis=axis)
+        one_hot = np.zeros_like(x)
+        np.put_along_axis(one_hot, np.expand_dims(winner, axis), 1.0, axis=axis)
+        return one_hot
+    return softmax(x / temperature, axis=axis)
+
+
+def cross_entropy(logits, targets) -> float:
+    """Mean negative log-probability of `targets` under softmax(logits), in nats.
+
+    logits: (N, V) floats; targets: (N,) integer ids in [0, V). Returns a Python float.
+    """
+    x = _as_logits(logits)
+    t = np.asarray(targets)
+    if x.ndim != 2:
+        raise ValueError(f"logits must have shape (N, V), got {x.shape}")
+    if not np.issubdtype(t.dtype, np.integer) or t.shape != (x.shape[0],):
+        raise ValueError(f"targets must be {x.shape[0]} integer ids, one per row of logits; "
+                         f"got dtype {t.dtype}, shape {t.shape}")
+    if t.size and (t.min() < 0 or t.max() >= x.shape[1]):
+        raise ValueError(f"targets must lie in [0, {x.shape[1]}), got min {t.min()}, "
+                         f"max {t.max()}")
+    logp = log_softmax(x)
+    return float(-np.mean(logp[np.arange(x.shape[0]), t]))
+
+
+def perplexity(token_logprobs) -> float:
+    """exp(-mean(token_logprobs)) = exp(cross-entropy): 1 for a perfect model, V for a uniform one.
+
+    token_logprobs: (N,) natural-log probabilities the model gave to each actual next token
+    (all <= 0). Passing negative log-likelihoods (positive numbers) raises ValueError.
+    """
+    lp = np.asarray(token_logprobs, dtype=np.float64)
+    if lp.ndim != 1 or lp.size == 0:
+        raise ValueError(f"token_logprobs must be a non-empty 1-D array, got shape {lp.shape}")
+    if np.isnan(lp).any() or (lp > 0).any():
+        raise ValueError("token_logprobs must be log-probabilities (<= 0, not NaN); positive "
+                         "values look like negative log-likelihoods: negate them first")
+    return float(np.exp(-np.mean(lp)))

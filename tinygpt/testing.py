@@ -1,0 +1,88 @@
+"""Checks used by the course's test cells: each failure says what was expected, what came back,
+and the mistake that most often causes it.
+
+These compare a student's result with an expected one; they never call a student's function
+themselves, so a test cell reads as "call your function, then check what it returned".
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+import numpy as np
+
+
+class CheckFailed(AssertionError):
+    """A course check failed; the message teaches what to fix."""
+
+
+def _fail(message: str, hint: str) -> None:
+    raise CheckFailed(message + (f"\nHint: {hint}" if hint else ""))
+
+
+def _short(array: np.ndarray) -> str:
+    return np.array2string(np.asarray(array), precision=4, threshold=12, separator=", ")
+
+
+def check_close(what: str, got, want, *, rtol: float = 1e-6, atol: float = 1e-8,
+                hint: str = "") -> None:
+    """Assert `got` has `want`'s shape and values (to rtol/atol). `what` names the call."""
+    if got is None:
+        _fail(f"{what} returned None: did you forget `return`?", hint)
+    try:
+        got_array = np.asarray(got, dtype=np.float64)
+    except (TypeError, ValueError):
+        _fail(f"{what} should return numbers, got {type(got).__name__}: {got!r}", hint)
+    want_array = np.asarray(want, dtype=np.float64)
+    if got_array.shape != want_array.shape:
+        _fail(f"{what} returned shape {got_array.shape}, expected {want_array.shape}.", hint)
+    if not np.isfinite(got_array).all() and np.isfinite(want_array).all():
+        _fail(f"{what} returned non-finite values {_short(got_array)}; expected "
+              f"{_short(want_array)}.", hint)
+    if not np.allclose(got_array, want_array, rtol=rtol, atol=atol, equal_nan=True):
+        diff = np.abs(got_array - want_array)
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        where = ""
+        if diff.ndim:
+            worst = np.unravel_index(np.argmax(diff), diff.shape)
+            where = f" (largest difference at index {tuple(int(i) for i in worst)})"
+        _fail(f"{what} returned {_short(got_array)}, expected {_short(want_array)}{where}.", hint)
+
+
+def check_true(condition: bool, message: str, *, hint: str = "") -> None:
+    """Assert `condition`; `message` says what was expected and what came back."""
+    if not condition:
+        _fail(message, hint)
+
+
+def check_raises(exc_type: type[BaseException], fn: Callable, *args, what: str,
+                 hint: str = "", **kwargs) -> BaseException:
+    """Assert fn(*args, **kwargs) raises `exc_type`; returns the exception for further checks."""
+    try:
+        result = fn(*args, **kwargs)
+    except exc_type as err:
+        return err
+    except NotImplementedError:
+        raise
+    except Exception as err:  # noqa: BLE001 (report which exception came instead)
+        _fail(f"{what} should raise {exc_type.__name__}, but raised {type(err).__name__}: {err}",
+              hint)
+    _fail(f"{what} should raise {exc_type.__name__}, but returned {result!r}", hint)
+    raise AssertionError("unreachable")
+
+
+def answer_digest(question: str, answer: str) -> str:
+    """A short fingerprint of a self-check answer, so test cells need not print the answer."""
+    normalized = str(answer).strip().upper()
+    return hashlib.sha256(f"tinygpt:{question}:{normalized}".encode()).hexdigest()[:16]
+
+
+def check_choice(question: str, answer, digest: str, *, choices: str = "ABCD",
+                 hint: str = "") -> None:
+    """Assert a multiple-choice `answer` (one letter of `choices`) is the one `digest` encodes."""
+    if not isinstance(answer, str) or answer.strip().upper() not in tuple(choices):
+        _fail(f"{question}: answer with one letter of {', '.join(choices)} as a string, "
+              f"got {answer!r}", "")
+    if answer_digest(question, answer) != digest:
+        _fail(f"{question}: {answer.strip().upper()!r} is not the answer.", hint)
