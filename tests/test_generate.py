@@ -1,0 +1,505 @@
+"""Tests of tinygpt.generate: the uncached loop, its stop conditions, streaming without leaking
+stop strings, context cropping, errors, seeds, the timing helper and the CLI."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import tinygpt
+import tinygpt.model
+from tinygpt.generate import (
+    ContextCroppedWarning,
+    GenerationResult,
+    crop_context,
+    eos_id_of,
+    find_stop,
+    generate,
+    held_back_length,
+    last_token_logits,
+    main,
+    prepare_prompt,
+    stream,
+    time_per_token,
+)
+from tinygpt.model import ModelConfig
+from tinygpt.sampling import VLLM_ORDER, SamplingParams
+
+
+def small_cfg(vocab_size: int, max_seq_len: int) -> ModelConfig:
+    return ModelConfig(vocab_size=vocab_size, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2,
+                       d_ff=32, max_seq_len=max_seq_len)
+
+
+class ContextModel(nn.Module):
+    """Stand-in LM: logits_t = head(emb(x_t) + mean(emb(x_0..x_t))), so every position depends
+    on the whole (causal) context. Records the length of every input it is given."""
+
+    def __init__(self, vocab_size: int = 20, max_seq_len: int = 64, seed: int = 0):
+        super().__init__()
+        self.cfg = small_cfg(vocab_size, max_seq_len)
+        gen = torch.Generator().manual_seed(seed)
+        self.emb = nn.Parameter(torch.randn(vocab_size, 16, generator=gen))
+        self.head = nn.Parameter(torch.randn(16, vocab_size, generator=gen))
+        self.lengths: list[int] = []
+        self.inference_mode: list[bool] = []
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        assert ids.shape[1] <= self.cfg.max_seq_len, "the loop fed more than the window"
+        self.lengths.append(ids.shape[1])
+        self.inference_mode.append(torch.is_inference_mode_enabled())
+        x = self.emb[ids]                                                     # (B, T, D)
+        steps = torch.arange(1, ids.shape[1] + 1, dtype=x.dtype)[None, :, None]
+        return (x + x.cumsum(1) / steps) @ self.head                          # (B, T, V)
+
+
+class ScriptedModel(nn.Module):
+    """Stand-in LM whose next token after a context of length T is script[T - prompt_len]."""
+
+    def __init__(self, script: list[int], prompt_len: int, vocab_size: int,
+                 max_seq_len: int = 64):
+        super().__init__()
+        self.cfg = small_cfg(vocab_size, max_seq_len)
+        self.script, self.prompt_len = script, prompt_len
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        logits = torch.zeros(ids.shape[0], ids.shape[1], self.cfg.vocab_size)
+        logits[:, -1, self.script[ids.shape[1] - self.prompt_len]] = 20.0
+        return logits
+
+
+class PieceTokenizer:
+    """Stand-in tokenizer: id i is the byte string pieces[i]; decode joins them as UTF-8."""
+
+    def __init__(self, pieces: list[bytes | str]):
+        self.pieces = [p.encode() if isinstance(p, str) else p for p in pieces]
+
+    def decode(self, ids) -> str:
+        return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+    def encode(self, text: str) -> list[int]:
+        return [self.pieces.index(c.encode()) for c in text]
+
+
+PIECES = ["<eos>", "a", "b", "S", "TO", "P", "T", "x", " ", "O", "y", b"\xc3", b"\xa9", "END"]
+TOK = PieceTokenizer(PIECES)
+ID = {p: i for i, p in enumerate(PIECES) if isinstance(p, str)}
+
+
+def scripted(words: list[str | int], prompt=(1,)) -> tuple[ScriptedModel, list[int]]:
+    script = [w if isinstance(w, int) else ID[w] for w in words]
+    return ScriptedModel(script, len(prompt), len(PIECES)), list(prompt)
+
+
+def run_stream(model, prompt, params, **kwargs):
+    events = list(stream(model, prompt, params, tokenizer=TOK, **kwargs))
+    return events, [e.text for e in events]
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop itself
+# ----------------------------------------------------------------------------------------------
+
+def test_greedy_equals_repeated_argmax_of_the_model():
+    model = ContextModel()
+    prompt = [3, 1, 4, 1, 5]
+    result = generate(model, prompt, SamplingParams(temperature=0, max_new_tokens=12))
+    ids, want = list(prompt), []
+    for _ in range(12):
+        nxt = int(model(torch.tensor([ids]))[0, -1].argmax())
+        ids.append(nxt)
+        want.append(nxt)
+    assert result.token_ids == want
+    assert result.stop_reason == "length" and result.text is None
+    assert result.prompt_ids == prompt
+
+
+def test_length_stop_and_uncached_cost():
+    model = ContextModel()
+    result = generate(model, [1, 2], SamplingParams(max_new_tokens=5, seed=0))
+    assert len(result.token_ids) == 5 and result.stop_reason == "length"
+    assert model.lengths == [2, 3, 4, 5, 6]  # every step re-reads the whole context
+    assert all(model.inference_mode)
+    assert not torch.is_inference_mode_enabled()
+
+
+def test_prompt_formats_agree():
+    model = ContextModel()
+    params = SamplingParams(temperature=0, max_new_tokens=4)
+    a = generate(model, [4, 5, 6], params)
+    b = generate(model, torch.tensor([4, 5, 6]), params)
+    c = generate(model, torch.tensor([[4, 5, 6]], dtype=torch.int32), params)
+    assert a.token_ids == b.token_ids == c.token_ids
+
+
+def test_eos_stop_includes_eos_id_but_not_its_text():
+    model, prompt = scripted(["a", "b", 0, "a"])
+    result = generate(model, prompt, SamplingParams(max_new_tokens=10), eos_id=0, tokenizer=TOK)
+    assert result.token_ids == [ID["a"], ID["b"], 0]
+    assert result.stop_reason == "eos" and result.text == "ab"
+    model, prompt = scripted(["a", "b", 0])
+    result = generate(model, prompt, SamplingParams(max_new_tokens=3), eos_id=0)
+    assert result.stop_reason == "eos"  # EOS as the last allowed token is still "eos"
+    result = generate(model, prompt, SamplingParams(max_new_tokens=3))
+    assert result.stop_reason == "length"  # without eos_id it is an ordinary token
+
+
+def test_stream_and_generate_agree():
+    model = ContextModel()
+    params = SamplingParams(temperature=1.3, top_k=8, max_new_tokens=15, seed=5)
+    events = list(stream(model, [2, 3], params))
+    result = generate(model, [2, 3], params)
+    assert [e.token_id for e in events] == result.token_ids
+    assert [e.index for e in events] == list(range(15))
+    assert [e.finish_reason for e in events] == [None] * 14 + ["length"]
+
+
+def test_seeded_generation_is_reproducible():
+    model = ContextModel()
+    params = SamplingParams(temperature=2.0, max_new_tokens=20, seed=42)
+    a, b = generate(model, [1], params), generate(model, [1], params)
+    assert a.token_ids == b.token_ids
+    c = generate(model, [1], SamplingParams(temperature=2.0, max_new_tokens=20, seed=43))
+    assert a.token_ids != c.token_ids
+    unseeded = SamplingParams(temperature=2.0, max_new_tokens=20)
+    d = generate(model, [1], unseeded, generator=torch.Generator().manual_seed(42))
+    assert d.token_ids == a.token_ids  # params.seed just seeds one generator for the run
+    e = generate(model, [1], params, order=VLLM_ORDER)  # no filters on: order changes nothing
+    assert e.token_ids == a.token_ids
+
+
+def test_presence_penalty_prevents_repeats():
+    model = ContextModel()
+    plain = generate(model, [1], SamplingParams(temperature=0, max_new_tokens=15))
+    assert len(set(plain.token_ids)) < 15, "the stand-in should repeat itself without a penalty"
+    params = SamplingParams(temperature=0, max_new_tokens=15, presence_penalty=1000.0)
+    result = generate(model, [1], params)
+    assert len(set(result.token_ids)) == 15
+
+
+def test_works_with_tinygpt_model_if_present():
+    TinyGPT = getattr(tinygpt.model, "TinyGPT", None)
+    if TinyGPT is None:
+        pytest.skip("tinygpt.model.TinyGPT is not written yet")
+    model = TinyGPT(small_cfg(32, 16)).eval()
+    prompt = [1, 2, 3]
+    result = generate(model, prompt, SamplingParams(temperature=0, max_new_tokens=6))
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(6):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    assert result.token_ids == ids[3:]
+    with pytest.warns(ContextCroppedWarning):
+        generate(model, list(range(12)), SamplingParams(temperature=0, max_new_tokens=8))
+
+
+# ----------------------------------------------------------------------------------------------
+# Stop strings and streamed text
+# ----------------------------------------------------------------------------------------------
+
+def test_find_stop_and_held_back_length():
+    assert find_stop("abSTOPc", ["STOP"]) == 2
+    assert find_stop("abc", ["STOP"]) is None
+    assert find_stop("x END y STOP", ["STOP", "END"]) == 2
+    assert held_back_length("say ST", ["STOP"]) == 2
+    assert held_back_length("say S", ["STOP", "SAY"]) == 1
+    assert held_back_length("say", ["STOP"]) == 0
+    assert held_back_length("aSTO", ["STOP", "TOO"]) == 3
+    assert held_back_length("", ["STOP"]) == 0
+
+
+def test_stop_string_split_across_tokens_never_leaks():
+    model, prompt = scripted(["a", "S", "TO", "P", "b", "b"])
+    params = SamplingParams(max_new_tokens=10, stop=["STOP"])
+    events, texts = run_stream(model, prompt, params)
+    assert texts == ["a", "", "", ""]
+    assert events[-1].finish_reason == "stop_string"
+    assert [e.token_id for e in events] == [ID["a"], ID["S"], ID["TO"], ID["P"]]
+    result = generate(model, prompt, params, tokenizer=TOK)
+    assert result.text == "a" and result.stop_reason == "stop_string"
+    assert len(result.token_ids) == 4
+
+
+def test_false_start_is_released_once_resolved():
+    model, prompt = scripted(["S", "T", "x", "y"])
+    params = SamplingParams(max_new_tokens=4, stop=["STOP"])
+    events, texts = run_stream(model, prompt, params)
+    assert texts == ["", "", "STx", "y"]
+    assert events[-1].finish_reason == "length"
+
+
+def test_held_text_is_flushed_at_length_and_eos():
+    model, prompt = scripted(["a", "S", "TO"])
+    events, texts = run_stream(model, prompt, SamplingParams(max_new_tokens=3, stop=["STOP"]))
+    assert texts == ["a", "", "STO"] and events[-1].finish_reason == "length"
+    model, prompt = scripted(["a", "S", 0])
+    events, texts = run_stream(model, prompt, SamplingParams(max_new_tokens=9, stop=["STOP"]),
+                               eos_id=0)
+    assert texts == ["a", "", "S"] and events[-1].finish_reason == "eos"
+
+
+def test_stop_inside_one_token_and_earliest_stop_wins():
+    tok = PieceTokenizer(["<eos>", "hi", " wSTOPz", "END", "q"])
+    model = ScriptedModel([1, 2, 4], prompt_len=1, vocab_size=5)
+    events = list(stream(model, [4], SamplingParams(stop=("STOP",)), tokenizer=tok))
+    assert [e.text for e in events] == ["hi", " w"]
+    model = ScriptedModel([1, 3, 2, 4], prompt_len=1, vocab_size=5)
+    result = generate(model, [4], SamplingParams(stop=("STOP", "END")), tokenizer=tok)
+    assert result.text == "hi" and result.stop_reason == "stop_string"
+
+
+def test_stop_strings_ignore_the_prompt():
+    model, prompt = scripted(["a", "P"], prompt=(ID["S"], ID["TO"]))
+    result = generate(model, prompt, SamplingParams(max_new_tokens=2, stop=["STOP"]),
+                      tokenizer=TOK)
+    assert result.text == "aP" and result.stop_reason == "length"
+
+
+def test_split_utf8_character_is_held_until_complete():
+    model, prompt = scripted([1, 11, 12, 2])  # "a", then the two bytes of "é", then "b"
+    events, texts = run_stream(model, prompt, SamplingParams(max_new_tokens=4))
+    assert texts == ["a", "", "é", "b"]
+    assert not any("\ufffd" in t for t in texts)
+
+
+def test_streamed_text_is_always_a_prefix_of_the_final_text():
+    model = ContextModel(vocab_size=len(PIECES))
+    params = SamplingParams(temperature=1.5, max_new_tokens=30, stop=["ENDP", "O P", "Ob"])
+    reasons = []
+    for seed in range(6):
+        gen = torch.Generator().manual_seed(seed)
+        events = list(stream(model, [1], params, tokenizer=TOK, generator=gen))
+        gen = torch.Generator().manual_seed(seed)
+        result = generate(model, [1], params, tokenizer=TOK, generator=gen)
+        so_far = ""
+        for event in events:
+            so_far += event.text
+            assert result.text.startswith(so_far)
+        assert so_far == result.text
+        assert not any(stop in result.text for stop in params.stop)
+        full = TOK.decode(result.token_ids)  # no eos_id here: id 0 is ordinary text
+        assert full.startswith(result.text)
+        if result.stop_reason == "stop_string":
+            assert find_stop(full, params.stop) == len(result.text)
+            assert find_stop(TOK.decode(result.token_ids[:-1]), params.stop) is None
+        reasons.append(result.stop_reason)
+    assert "stop_string" in reasons
+
+
+# ----------------------------------------------------------------------------------------------
+# Context window
+# ----------------------------------------------------------------------------------------------
+
+def test_crop_context():
+    ids = torch.arange(10)[None]
+    assert crop_context(ids, 4).tolist() == [[6, 7, 8, 9]]
+    assert crop_context(ids, 20).tolist() == ids.tolist()
+
+
+def test_growth_past_the_window_crops_with_one_warning():
+    model = ContextModel(max_seq_len=8)
+    prompt = [1, 2, 3, 4, 5, 6]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = generate(model, prompt, SamplingParams(temperature=0, max_new_tokens=6))
+    cropped = [w for w in caught if issubclass(w.category, ContextCroppedWarning)]
+    assert len(cropped) == 1, "warn once per generation, not once per step"
+    assert "max_seq_len" in str(cropped[0].message)
+    assert model.lengths == [6, 7, 8, 8, 8, 8]
+    ids = list(prompt)  # reference: argmax over the last 8 ids
+    for _ in range(6):
+        ids.append(int(model(torch.tensor([ids[-8:]]))[0, -1].argmax()))
+    assert result.token_ids == ids[6:]
+
+
+def test_prompt_filling_the_window_is_accepted():
+    model = ContextModel(max_seq_len=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        generate(model, list(range(8)), SamplingParams(temperature=0, max_new_tokens=1))
+    with pytest.warns(ContextCroppedWarning):
+        generate(model, list(range(8)), SamplingParams(temperature=0, max_new_tokens=2))
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prompt, exc, match", [
+    ([], ValueError, "empty"),
+    (torch.zeros(0, dtype=torch.long), ValueError, "empty"),
+    ([1, -1], ValueError, "position 1"),
+    ([1, 20], ValueError, r"\[0, 20\)"),
+    (list(range(9)), ValueError, "context window"),
+    (torch.zeros(2, 3, dtype=torch.long), ValueError, "batch size 1"),
+    (torch.zeros(1, 1, 3, dtype=torch.long), ValueError, "shape"),
+    (torch.zeros(3), TypeError, "integers"),
+    ([1, True], TypeError, "ints"),
+    ([1.0], TypeError, "ints"),
+    ("hello", TypeError, "prompt_ids"),
+])
+def test_bad_prompts(prompt, exc, match):
+    model = ContextModel(max_seq_len=8)
+    with pytest.raises(exc, match=match):
+        stream(model, prompt, SamplingParams())  # raises at the call, before iterating
+    with pytest.raises(exc, match=match):
+        generate(model, prompt, SamplingParams())
+
+
+def test_bad_arguments():
+    model = ContextModel()
+    with pytest.raises(TypeError, match="params"):
+        generate(model, [1], {"temperature": 0})
+    with pytest.raises(ValueError, match="tokenizer"):
+        generate(model, [1], SamplingParams(stop=["x"]))
+    with pytest.raises(ValueError, match="eos_id"):
+        generate(model, [1], SamplingParams(), eos_id=20)
+    with pytest.raises(TypeError, match="eos_id"):
+        generate(model, [1], SamplingParams(), eos_id=True)
+    with pytest.raises(TypeError, match="generator"):
+        generate(model, [1], SamplingParams(), generator=0)
+    with pytest.raises(ValueError, match="permutation"):
+        generate(model, [1], SamplingParams(), order=("top_k",))
+    with pytest.raises(TypeError, match="cfg"):
+        generate(nn.Linear(2, 2), [1], SamplingParams())
+    with pytest.raises(TypeError, match="model"):
+        generate(lambda ids: ids, [1], SamplingParams())
+
+
+def test_model_with_wrong_output_shape():
+    class Flat(ContextModel):
+        def forward(self, ids):
+            return super().forward(ids)[:, -1]
+
+    with pytest.raises(TypeError, match=r"\(B, T, V\)"):
+        generate(Flat(), [1], SamplingParams())
+    with pytest.raises(TypeError, match=r"\(B, T, V\)"):
+        last_token_logits(Flat(), torch.tensor([[1, 2]]))
+
+
+def test_prepare_prompt_returns_a_batch_of_one():
+    out = prepare_prompt(torch.tensor([5, 6], dtype=torch.int32), 10, 4)
+    assert out.dtype == torch.long and out.tolist() == [[5, 6]]
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing helper
+# ----------------------------------------------------------------------------------------------
+
+def test_time_per_token_shape_and_errors():
+    model = ContextModel(max_seq_len=64)
+    report = time_per_token(model, [4, 16], new_tokens=3, repeats=1)
+    assert report["prompt_lengths"] == [4, 16] and report["new_tokens"] == 3
+    assert len(report["seconds_per_token"]) == 2 and all(s > 0 for s in report["seconds_per_token"])
+    for s, tps in zip(report["seconds_per_token"], report["tokens_per_second"], strict=True):
+        assert tps == pytest.approx(1 / s)
+    assert report["device"] == "cpu"
+    with pytest.raises(ValueError, match="context window"):
+        time_per_token(model, [62], new_tokens=3)
+    with pytest.raises(ValueError, match="new_tokens"):
+        time_per_token(model, [4], new_tokens=0)
+    with pytest.raises(ValueError, match="prompt_lengths"):
+        time_per_token(model, [], new_tokens=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------
+
+CLI_PIECES = ["<|endoftext|>", "a", "b", "c", " "]
+
+
+class CliTokenizer(PieceTokenizer):
+    eot_id = 0
+
+
+@pytest.fixture
+def fake_pretrained(monkeypatch):
+    model = ContextModel(vocab_size=len(CLI_PIECES))
+    monkeypatch.setattr(tinygpt, "load_pretrained",
+                        lambda device=None: (model.to(device), CliTokenizer(CLI_PIECES)))
+    return model
+
+
+def test_cli_generates_and_streams(fake_pretrained, capsys):
+    argv = ["--prompt", "ab", "--max-new-tokens", "5", "--temperature", "0", "--device", "cpu"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    tok = CliTokenizer(CLI_PIECES)
+    want = generate(fake_pretrained, [0, *tok.encode("ab")],  # after <|endoftext|>
+                    SamplingParams(temperature=0, max_new_tokens=5), eos_id=0, tokenizer=tok)
+    assert out == "ab" + want.text + "\n"
+    assert f"stopped on {want.stop_reason}" in err
+
+
+def test_cli_seeded_runs_repeat(fake_pretrained, capsys):
+    argv = ["--prompt", "a", "--max-new-tokens", "8", "--top-k", "3", "--top-p", "0.9",
+            "--seed", "7", "--device", "cpu"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert main(argv) == 0
+    assert capsys.readouterr().out == first
+
+
+def test_cli_errors(fake_pretrained, capsys, monkeypatch):
+    assert main(["--prompt", "a", "--temperature", "-1"]) == 2
+    assert "temperature" in capsys.readouterr().err
+    assert main(["--prompt", "a", "--device", "cpu", "--max-new-tokens", "0"]) == 2
+    assert "max_new_tokens" in capsys.readouterr().err
+    assert main(["--prompt", "", "--device", "cpu"]) == 0  # just <|endoftext|>: a new story
+    capsys.readouterr()
+    monkeypatch.setattr(CliTokenizer, "eot_id", None)
+    assert main(["--prompt", "", "--device", "cpu"]) == 2
+    assert "empty" in capsys.readouterr().err
+    assert main([]) == 2  # --prompt is required
+    assert main(["--help"]) == 0
+
+    def missing(device=None):
+        raise FileNotFoundError("no checkpoint")
+
+    monkeypatch.setattr(tinygpt, "load_pretrained", missing)
+    assert main(["--prompt", "a", "--device", "cpu"]) == 1
+    assert "no checkpoint" in capsys.readouterr().err
+
+
+def test_cli_is_reachable_from_the_dispatcher(fake_pretrained, capsys):
+    from tinygpt.__main__ import main as dispatch
+
+    assert dispatch(["generate", "--prompt", "c", "--max-new-tokens", "2", "--device",
+                     "cpu"]) == 0
+    assert capsys.readouterr().out.startswith("c")
+
+
+def test_with_the_shipped_checkpoint_if_present():
+    try:
+        model, tok = tinygpt.load_pretrained()
+    except OSError as err:
+        pytest.skip(f"no shipped checkpoint yet: {err}")
+    prompt = [tok.eot_id, *tok.encode("The cat")]
+    result = generate(model, prompt, SamplingParams(temperature=0, max_new_tokens=8),
+                      eos_id=tok.eot_id, tokenizer=tok)
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(len(result.token_ids)):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    assert result.token_ids == ids[len(prompt):]
+    eos_free = [i for i in result.token_ids if i != tok.eot_id]
+    assert result.text == tok.decode(eos_free)
+
+
+def test_eos_id_of():
+    assert eos_id_of(CliTokenizer(CLI_PIECES)) == 0
+    assert eos_id_of(TOK) is None
+
+    class Tiktokenish:
+        eot_token = 100257
+
+    assert eos_id_of(Tiktokenish()) == 100257
+
+
+def test_result_type():
+    result = generate(ContextModel(), [1], SamplingParams(max_new_tokens=1, seed=0))
+    assert isinstance(result, GenerationResult)
