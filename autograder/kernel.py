@@ -10,6 +10,9 @@ nbgrader run per mistake.
 from __future__ import annotations
 
 import queue
+import signal
+import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,43 +33,101 @@ class CellError(RuntimeError):
     """A cell that must run cleanly (not a test cell under a mistake) raised an error."""
 
 
-class Kernel:
-    """A Python kernel started in `cwd`; `run(code)` returns the cell's nbformat outputs."""
+MAX_OUTPUT_CHARS = 200_000  # per cell: a student printing gigabytes must not exhaust us
 
-    def __init__(self, cwd: Path, timeout: float = CELL_TIMEOUT_S) -> None:
+
+class Kernel:
+    """A Python kernel; `run(code)` returns the cell's nbformat outputs.
+
+    `manager` defaults to a plain local kernel started in `cwd`; the grader passes a
+    SandboxKernelManager. `run` never hangs: a cell past `timeout` seconds is interrupted, and a
+    kernel that dies or ignores the interrupt ends with an error output and `self.dead` set.
+    """
+
+    def __init__(self, cwd: Path, timeout: float = CELL_TIMEOUT_S,
+                 manager: KernelManager | None = None, log: Path | None = None) -> None:
         self.timeout = timeout
-        self.manager = KernelManager(kernel_name="python3")
-        self.manager.start_kernel(cwd=str(cwd))
+        self.dead: str = ""  # why the kernel can no longer run cells, once it can't
+        self.manager = manager or KernelManager(kernel_name="python3")
+        self._log = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
+        self.manager.start_kernel(cwd=str(cwd), stdout=self._log, stderr=self._log)
         self.client = self.manager.client()
         self.client.start_channels()
         self.client.wait_for_ready(timeout=120)
 
-    def run(self, code: str) -> list[NotebookNode]:
+    def run(self, code: str, timeout: float | None = None) -> list[NotebookNode]:
+        if self.dead:
+            return [_error("CellNotRun", f"not run: {self.dead}")]
+        timeout = self.timeout if timeout is None else timeout
+        msg_id = self.client.execute(code, store_history=False, allow_stdin=False)
         outputs: list[NotebookNode] = []
-
-        def keep(msg: dict) -> None:
-            if msg["msg_type"] in OUTPUT_TYPES:
-                outputs.append(output_from_msg(msg))
-
-        try:
-            self.client.execute_interactive(code, output_hook=keep, timeout=self.timeout,
-                                            store_history=False)
-        except (TimeoutError, queue.Empty):
-            self.manager.interrupt_kernel()
-            outputs.append(NotebookNode(output_type="error", ename="CellTimeoutError",
-                                        evalue=f"no reply within {self.timeout} s",
-                                        traceback=[]))
+        size, deadline, interrupted, truncated = 0, time.monotonic() + timeout, None, False
+        while True:
+            now = time.monotonic()
+            if now > deadline and interrupted is None:
+                self.manager.interrupt_kernel()
+                interrupted = now
+            if interrupted is not None and now > interrupted + 10:
+                self.dead = f"the kernel ignored the interrupt after the {timeout:.0f} s limit"
+                outputs.append(_error("CellTimeoutError", self.dead))
+                return outputs
+            try:
+                msg = self.client.get_iopub_msg(timeout=0.2)
+            except queue.Empty:
+                if not self.manager.is_alive():
+                    self.dead = f"the kernel died ({self._exit_reason()})"
+                    outputs.append(_error("DeadKernelError", self.dead))
+                    return outputs
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind = msg["msg_type"]
+            if kind == "status" and msg["content"]["execution_state"] == "idle":
+                break
+            if kind in OUTPUT_TYPES:
+                output = output_from_msg(msg)
+                size += len(str(output.get("text", ""))) + len(str(output.get("data", "")))
+                if kind == "error" or size <= MAX_OUTPUT_CHARS:  # never drop an error
+                    outputs.append(output)
+                elif not truncated:
+                    truncated = True
+                    outputs.append(NotebookNode(output_type="stream", name="stdout",
+                                                text="\n[output truncated by the grader]\n"))
+                if kind == "error" and interrupted is not None:
+                    outputs.append(_error("CellTimeoutError",
+                                          f"the cell ran past the {timeout:.0f} s limit"))
         return outputs
+
+    def _exit_reason(self) -> str:
+        process = getattr(self.manager.provisioner, "process", None)
+        code = process.poll() if process is not None else None
+        if code is None:
+            return "no exit status"
+        if code < 0 or code > 128:
+            number = -code if code < 0 else code - 128
+            try:
+                return f"killed by {signal.Signals(number).name}"
+            except ValueError:
+                return f"exit status {code}"
+        return f"exit status {code}"
 
     def close(self) -> None:
         self.client.stop_channels()
-        self.manager.shutdown_kernel(now=True)
+        try:
+            self.manager.shutdown_kernel(now=True)
+        finally:
+            if self._log is not subprocess.DEVNULL:
+                self._log.close()
 
     def __enter__(self) -> Kernel:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _error(name: str, message: str) -> NotebookNode:
+    return NotebookNode(output_type="error", ename=name, evalue=message, traceback=[])
 
 
 def score(test_cell: NotebookNode, outputs: list[NotebookNode]) -> float:

@@ -1,0 +1,105 @@
+"""Executing a sanitized submission in the sandbox: the one untrusted step of grading.
+
+`SandboxExecute` takes the place of nbgrader's `Execute` preprocessor. It runs the notebook's
+code cells one by one in a sandboxed kernel (autograder/sandbox.py) with a per-cell timeout,
+a total time limit and a memory limit, and never raises: a cell that hangs, a kernel that dies
+or a limit that is hit becomes an error output on the cells concerned (so nbgrader scores them
+zero) plus a status and a reason in the report file the trusted side reads.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from nbgrader.preprocessors import NbGraderPreprocessor
+from traitlets import Bool, Float, Integer, Unicode
+
+from autograder.kernel import Kernel, _error
+from autograder.notebooks import is_test, nbgrader_meta
+from autograder.sandbox import DEFAULT_MEMORY_BYTES, SandboxKernelManager, SandboxPolicy
+
+BLOCKED_HINTS = ("Network is unreachable", "Read-only file system", "Permission denied",
+                 "/solutions", "gradebook")
+
+
+def _label(cell, index: int) -> str:
+    return nbgrader_meta(cell).get("grade_id") or f"cell {index}"
+
+
+def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: float,
+                  memory_bytes: int = DEFAULT_MEMORY_BYTES, sandbox: bool = True) -> dict:
+    """Run `nb`'s code cells in place (outputs filled in); return {"status", "reason"}.
+
+    status: "graded" (ran to the end; failing tests are just failing tests), "timeout",
+    "crashed" (the kernel died), "memory-limit" or "blocked" (the sandbox refused something).
+    """
+    manager = SandboxKernelManager(SandboxPolicy(scratch, memory_bytes)) if sandbox else None
+    start, problems, status = time.monotonic(), [], "graded"
+    with Kernel(scratch, timeout=cell_timeout, manager=manager) as kernel:
+        count = 0
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            remaining = total_timeout - (time.monotonic() - start)
+            if remaining <= 0:
+                cell.outputs = [_error("CellNotRun", f"not run: the total time limit of "
+                                                     f"{total_timeout:.0f} s was reached")]
+                status = "timeout"
+                continue
+            count += 1
+            cell.outputs = kernel.run(cell.source, timeout=min(cell_timeout, remaining))
+            cell.execution_count = count
+            for out in cell.outputs:
+                if out.get("output_type") != "error" or out.get("ename") in (
+                        "CellNotRun", "NotImplementedError"):  # not run / not answered yet
+                    continue
+                text = f"{out.get('ename')}: {str(out.get('evalue') or '')[:160]}"
+                if out.get("ename") == "CellTimeoutError":
+                    status = "timeout"
+                elif out.get("ename") == "DeadKernelError":
+                    status = "crashed"
+                elif out.get("ename") == "MemoryError" and status == "graded":
+                    status = "memory-limit"
+                elif any(h in text for h in BLOCKED_HINTS) and status == "graded":
+                    status = "blocked"
+                if not is_test(cell) or status != "graded":
+                    problems.append(f"{_label(cell, index)}: {text}")
+        if kernel.dead and status == "graded":
+            status = "crashed"
+    if status == "timeout" and not any("time limit" in p or "Timeout" in p for p in problems):
+        problems.append(f"total time limit of {total_timeout:.0f} s reached")
+    reason = "; ".join(dict.fromkeys(problems))  # distinct, in order
+    return {"status": status, "reason": reason[:1000]}
+
+
+class SandboxExecute(NbGraderPreprocessor):
+    """nbgrader preprocessor: run the notebook in the sandbox; write a JSON report."""
+
+    cell_timeout = Float(60.0, help="seconds one cell may run").tag(config=True)
+    total_timeout = Float(600.0, help="seconds the whole notebook may run").tag(config=True)
+    memory_bytes = Integer(DEFAULT_MEMORY_BYTES, help="address-space limit").tag(config=True)
+    sandbox = Bool(True, help="run the kernel in bubblewrap (off only for trusted code)").tag(
+        config=True)
+    files_dir = Unicode("", help="folder whose non-notebook files the kernel gets").tag(
+        config=True)
+    report_path = Unicode("", help="where to write the JSON report").tag(config=True)
+
+    def preprocess(self, nb, resources):
+        with tempfile.TemporaryDirectory(prefix="tinygpt-grade-") as tmp:
+            scratch = Path(tmp) / "work"
+            scratch.mkdir()
+            if self.files_dir:
+                for item in Path(self.files_dir).iterdir():
+                    if item.suffix != ".ipynb" and item.name != ".ipynb_checkpoints":
+                        copy = shutil.copytree if item.is_dir() else shutil.copy
+                        copy(item, scratch / item.name)
+            report = execute_cells(nb, scratch, cell_timeout=self.cell_timeout,
+                                   total_timeout=self.total_timeout,
+                                   memory_bytes=self.memory_bytes, sandbox=self.sandbox)
+        if self.report_path:
+            Path(self.report_path).write_text(json.dumps(report))
+        return nb, resources

@@ -1,0 +1,256 @@
+"""Grade every pending submission of one day: the instructor's `python -m autograder grade`.
+
+Three steps, so that untrusted code runs in parallel while the gradebook stays consistent:
+
+1. stage (trusted, here): repair each submission against the released notebook
+   (autograder/staging.py); a missing or unreadable submission gets a zero notebook at once;
+2. execute (untrusted, in parallel): one `python -m autograder.worker` process per student, in a
+   private scratch course with a private copy of the assignment's gradebook; nbgrader restores
+   the test cells (hidden tests included) and SandboxExecute runs the notebook in bubblewrap
+   with per-cell and total time limits and a memory limit. A worker that overruns is killed;
+3. record (trusted, here, one student at a time): nbgrader's own SaveAutoGrades scores the
+   executed notebooks into the instructor's gradebook (SQLite by default, or --db).
+
+Every student ends with exactly one submission in the gradebook and one line in the summary:
+student, score, max, status (graded / repaired / timeout / crashed / memory-limit / blocked /
+missing / invalid / error / unchanged) and the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import nbformat
+
+from autograder.grading import GradingError, _api, _check, generate_release
+from autograder.kernel import _error
+from autograder.notebooks import is_test, read
+from autograder.preprocessors import StderrToStdout
+from autograder.sandbox import DEFAULT_MEMORY_BYTES
+from autograder.settings import RELEASE_DIR, REPO_ROOT, ensure_venv_on_path
+from autograder.staging import stage
+
+RECORD_FILE = ".tinygpt-grading.json"  # in autograded/<student>/<day>/: what was graded, how
+
+
+@dataclass
+class Result:
+    student: str
+    score: float
+    max_score: float
+    status: str
+    reason: str
+
+
+@dataclass
+class Limits:
+    cell_timeout: float = 60.0
+    total_timeout: float = 600.0
+    memory_bytes: int = DEFAULT_MEMORY_BYTES
+    sandbox: bool = True
+
+
+def fingerprint(folder: Path) -> str:
+    """A hash of everything a student submitted for a day (names and contents)."""
+    digest = hashlib.sha256()
+    if folder.is_dir():
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            digest.update(str(path.relative_to(folder)).encode() + b"\0")
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def zero_notebook(template, status: str, reason: str):
+    """`template` with every test cell failing: how a submission we cannot run is scored."""
+    nb = nbformat.from_dict(json.loads(json.dumps(template)))
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [_error("NotGraded", f"{status}: {reason}")] if is_test(cell) else []
+    return nb
+
+
+def students_for(day: str, root: Path, api) -> list[str]:
+    """Everyone with a submission folder for `day` plus everyone in the gradebook."""
+    from nbgrader.api import Gradebook
+
+    found = {p.parent.name for p in (root / "submitted").glob(f"*/{day}") if p.is_dir()}
+    with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
+        found |= {s.id for s in gb.students}
+    return sorted(found)
+
+
+def _run_worker(work: Path, day: str, student: str, limits: Limits, files: Path) -> tuple:
+    cmd = [sys.executable, "-m", "autograder.worker", str(work), day, student,
+           "--cell-timeout", str(limits.cell_timeout), "--total-timeout",
+           str(limits.total_timeout), "--memory", str(limits.memory_bytes), "--files", str(files)]
+    if not limits.sandbox:
+        cmd.append("--no-sandbox")
+    with open(work / "worker.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        try:
+            proc.wait(timeout=limits.total_timeout + 120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None, "timeout", f"killed after the time limit ({limits.total_timeout:.0f} s)"
+    executed = work / "autograded" / student / day / f"{day}.ipynb"
+    report_path = work / "report.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    if proc.returncode != 0 or not executed.exists():
+        tail = (work / "worker.log").read_text(errors="replace").strip().splitlines()[-1:]
+        return None, "error", report.get("reason") or f"grader error: {' '.join(tail)[:300]}"
+    return read(executed), report.get("status", "graded"), report.get("reason", "")
+
+
+def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
+              students: list[str] | None = None, workers: int | None = None,
+              force: bool = False, limits: Limits | None = None,
+              progress: bool = True) -> list[Result]:
+    """Grade `day` for `students` (default: everyone, see students_for); see module docstring."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    ensure_venv_on_path()
+    limits = limits or Limits()
+    root = Path(root).resolve()
+    api = _api(root, db_url)
+    with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
+        try:
+            gb.find_assignment(day)
+        except MissingEntry:
+            _check(api.generate_assignment(day, force=True, create=True),
+                   f"generate_assignment {day}")
+    students = students if students is not None else students_for(day, root, api)
+
+    work = root / ".grading" / day
+    shutil.rmtree(work, ignore_errors=True)
+    template = generate_release(day, work / "template", source_root=root)
+    release_nb = read(template)
+    files = root / RELEASE_DIR / day
+
+    results: dict[str, Result] = {}
+    outcomes: dict[str, tuple] = {}  # student -> (notebook, status, reason)
+    jobs: dict[str, tuple] = {}
+    for student in students:
+        folder = root / "submitted" / student / day
+        record = root / "autograded" / student / day / RECORD_FILE
+        print_ = fingerprint(folder)
+        if not force and record.exists():
+            previous = json.loads(record.read_text())
+            if previous.get("fingerprint") == print_:
+                results[student] = Result(student, previous["score"], previous["max_score"],
+                                          "unchanged", previous["status"])
+                continue
+        staged = stage(release_nb, folder, day)
+        notes = "; ".join(staged.notes)
+        if staged.notebook is None:
+            outcomes[student] = (zero_notebook(release_nb, staged.status, notes),
+                                 staged.status, notes)
+            continue
+        wroot = work / "workers" / student
+        target = wroot / "submitted" / student / day
+        target.mkdir(parents=True)
+        nbformat.write(staged.notebook, str(target / f"{day}.ipynb"))
+        if (folder / "timestamp.txt").exists():
+            shutil.copy(folder / "timestamp.txt", target / "timestamp.txt")
+        shutil.copy(work / "template" / "gradebook.db", wroot / "gradebook.db")
+        jobs[student] = (wroot, staged, notes)
+
+    workers = max(1, workers or os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(_run_worker, wroot, day, student, limits, files): student
+                   for student, (wroot, _, _) in jobs.items()}
+        done = as_completed(futures)
+        if progress and futures:
+            from tqdm import tqdm
+
+            done = tqdm(done, total=len(futures), desc=f"grading {day}", unit="student",
+                        file=sys.stderr)
+        for future in done:
+            student = futures[future]
+            _, staged, notes = jobs[student]
+            try:
+                nb, status, reason = future.result()
+            except Exception as err:  # noqa: BLE001 (one student's failure stays theirs)
+                nb, status, reason = None, "error", f"grader error: {type(err).__name__}: {err}"
+            if status == "graded" and staged.status == "repaired":
+                status = "repaired"
+            reason = "; ".join(r for r in (notes, reason) if r)
+            if nb is None:
+                nb = zero_notebook(staged.notebook, status, reason)
+            outcomes[student] = (nb, status, reason)
+
+    record_grades(day, root, db_url, work, outcomes, results)
+    return [results[s] for s in students]
+
+
+def record_grades(day: str, root: Path, db_url: str | None, work: Path, outcomes: dict,
+                  results: dict) -> None:
+    """Step 3: score the executed notebooks into the instructor's gradebook with nbgrader."""
+    from nbgrader.api import Gradebook
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from nbgrader.preprocessors import (
+        AssignLatePenalties,
+        CheckCellMetadata,
+        LimitOutput,
+        SaveAutoGrades,
+    )
+
+    from autograder.settings import nbgrader_config
+
+    executed_dir = work / "executed"
+    config = nbgrader_config(root, db_url)
+    config.CourseDirectory.submitted_directory = str(executed_dir.relative_to(root))
+    config.Autograde.sanitize_preprocessors = []
+    config.Autograde.autograde_preprocessors = [StderrToStdout, LimitOutput, SaveAutoGrades,
+                                                AssignLatePenalties, CheckCellMetadata]
+    api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+    for student, (nb, status, reason) in outcomes.items():
+        target = executed_dir / student / day
+        target.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, str(target / f"{day}.ipynb"))
+        stamp = root / "submitted" / student / day / "timestamp.txt"
+        if stamp.exists():
+            shutil.copy(stamp, target / "timestamp.txt")
+        result = api.autograde(day, student, force=True, create=True)
+        if not result.get("success"):
+            # nbgrader could not take this notebook: record a zero rather than lose the student
+            nbformat.write(zero_notebook(read(work / "template" / RELEASE_DIR / day /
+                                              f"{day}.ipynb"), "error", "could not be recorded"),
+                           str(target / f"{day}.ipynb"))
+            status, reason = "error", (reason + "; " if reason else "") + "nbgrader could not " \
+                "record the executed notebook; scored zero"
+            retry = api.autograde(day, student, force=True, create=True)
+            if not retry.get("success"):
+                raise GradingError(f"cannot record a grade for {student}: {retry.get('error')}")
+        with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
+            submission = gb.find_submission(day, student)
+            score, max_score = float(submission.score), float(submission.max_score)
+        results[student] = Result(student, score, max_score, status, reason)
+        record = root / "autograded" / student / day / RECORD_FILE
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"fingerprint": fingerprint(root / "submitted" / student
+                                                                 / day), **asdict(
+            results[student])}))
+
+
+def summary_table(results: list[Result]) -> str:
+    """The results as an aligned text table."""
+    rows = [("student", "score", "max", "status", "reason")]
+    rows += [(r.student, f"{r.score:g}", f"{r.max_score:g}", r.status, r.reason[:100])
+             for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row))
+             for row in rows]
+    lines.insert(1, "-" * min(120, max(len(line) for line in lines)))
+    return "\n".join(line.rstrip() for line in lines)
