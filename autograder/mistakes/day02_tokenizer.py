@@ -1,0 +1,399 @@
+"""Day 02 mistakes: each must lose its exercise's points."""
+
+from autograder.mistakes import Mistake
+
+MISTAKES = [
+    # ---------------------------------------------------------------- get_pair_counts
+    Mistake("get_pair_counts", "counts each distinct pair once (a set of pairs)", """
+def get_pair_counts(ids):
+    return {pair: 1 for pair in zip(ids, ids[1:])}
+"""),
+    Mistake("get_pair_counts", "steps by two: misses overlapping pairs", """
+def get_pair_counts(ids):
+    counts = {}
+    for i in range(0, len(ids) - 1, 2):
+        pair = (ids[i], ids[i + 1])
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+"""),
+    Mistake("get_pair_counts", "off by one: forgets the last pair", """
+def get_pair_counts(ids):
+    counts = {}
+    for i in range(len(ids) - 2):
+        pair = (ids[i], ids[i + 1])
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+"""),
+    Mistake("get_pair_counts", "treats pairs as unordered (sorts them)", """
+def get_pair_counts(ids):
+    counts = {}
+    for a, b in zip(ids, ids[1:]):
+        pair = (min(a, b), max(a, b))
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+"""),
+    # ---------------------------------------------------------------- merge_pair
+    Mistake("merge_pair", "drops the last id when it has no partner", """
+def merge_pair(ids, pair, new_id):
+    out, i = [], 0
+    while i < len(ids) - 1:
+        if ids[i] == pair[0] and ids[i + 1] == pair[1]:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+"""),
+    Mistake("merge_pair", "overlapping matches: [5, 5, 5] becomes [9, 9]", """
+def merge_pair(ids, pair, new_id):
+    out = []
+    for i in range(len(ids)):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == tuple(pair):
+            out.append(new_id)
+        elif i > 0 and (ids[i - 1], ids[i]) == tuple(pair):
+            continue
+        else:
+            out.append(ids[i])
+    return out
+"""),
+    Mistake("merge_pair", "edits the input list in place", """
+def merge_pair(ids, pair, new_id):
+    i = 0
+    while i < len(ids) - 1:
+        if ids[i] == pair[0] and ids[i + 1] == pair[1]:
+            ids[i:i + 2] = [new_id]
+        i += 1
+    return ids
+"""),
+    Mistake("merge_pair", "replaces only the first occurrence", """
+def merge_pair(ids, pair, new_id):
+    for i in range(len(ids) - 1):
+        if ids[i] == pair[0] and ids[i + 1] == pair[1]:
+            return list(ids[:i]) + [new_id] + list(ids[i + 2:])
+    return list(ids)
+"""),
+    # ---------------------------------------------------------------- train_bpe
+    Mistake("train_bpe", "ties go to the pair seen first (max over dict order)", """
+def train_bpe(text, num_merges):
+    chunks = [list(chunk.encode("utf-8")) for chunk in pretokenize(text)]
+    merges = {}
+    for k in range(num_merges):
+        counts = {}
+        for ids in chunks:
+            for pair, n in get_pair_counts(ids).items():
+                counts[pair] = counts.get(pair, 0) + n
+        if not counts:
+            break
+        best = max(counts, key=counts.get)
+        merges[best] = 256 + k
+        chunks = [merge_pair(ids, best, 256 + k) for ids in chunks]
+    return merges
+"""),
+    Mistake("train_bpe", "ties go to the largest pair", """
+def train_bpe(text, num_merges):
+    chunks = [list(chunk.encode("utf-8")) for chunk in pretokenize(text)]
+    merges = {}
+    for k in range(num_merges):
+        counts = {}
+        for ids in chunks:
+            for pair, n in get_pair_counts(ids).items():
+                counts[pair] = counts.get(pair, 0) + n
+        if not counts:
+            break
+        best = max(counts, key=lambda p: (counts[p], p))
+        merges[best] = 256 + k
+        chunks = [merge_pair(ids, best, 256 + k) for ids in chunks]
+    return merges
+"""),
+    Mistake("train_bpe", "no pre-tokenization: merges cross word boundaries", """
+def train_bpe(text, num_merges):
+    ids = list(text.encode("utf-8"))
+    merges = {}
+    for k in range(num_merges):
+        counts = get_pair_counts(ids)
+        if not counts:
+            break
+        best = min(counts, key=lambda p: (-counts[p], p))
+        merges[best] = 256 + k
+        ids = merge_pair(ids, best, 256 + k)
+    return merges
+"""),
+    Mistake("train_bpe", "new ids start at 255 instead of 256", """
+def train_bpe(text, num_merges):
+    chunks = [list(chunk.encode("utf-8")) for chunk in pretokenize(text)]
+    merges = {}
+    for k in range(num_merges):
+        counts = {}
+        for ids in chunks:
+            for pair, n in get_pair_counts(ids).items():
+                counts[pair] = counts.get(pair, 0) + n
+        if not counts:
+            break
+        best = min(counts, key=lambda p: (-counts[p], p))
+        merges[best] = 255 + k
+        chunks = [merge_pair(ids, best, 255 + k) for ids in chunks]
+    return merges
+"""),
+    Mistake("train_bpe", "counts pairs once but never applies the merge to the chunks", """
+def train_bpe(text, num_merges):
+    chunks = [list(chunk.encode("utf-8")) for chunk in pretokenize(text)]
+    counts = {}
+    for ids in chunks:
+        for pair, n in get_pair_counts(ids).items():
+            counts[pair] = counts.get(pair, 0) + n
+    ranked = sorted(counts, key=lambda p: (-counts[p], p))[:num_merges]
+    return {pair: 256 + k for k, pair in enumerate(ranked)}
+"""),
+    Mistake("train_bpe", "crashes on max() of no pairs instead of stopping early", """
+def train_bpe(text, num_merges):
+    chunks = [list(chunk.encode("utf-8")) for chunk in pretokenize(text)]
+    merges = {}
+    for k in range(num_merges):
+        counts = {}
+        for ids in chunks:
+            for pair, n in get_pair_counts(ids).items():
+                counts[pair] = counts.get(pair, 0) + n
+        best = min(counts, key=lambda p: (-counts[p], p))
+        merges[best] = 256 + k
+        chunks = [merge_pair(ids, best, 256 + k) for ids in chunks]
+    return merges
+"""),
+    # ---------------------------------------------------------------- encode
+    Mistake("encode", "merges the leftmost mergeable pair first, not the lowest rank", """
+def encode(text, merges):
+    out = []
+    for chunk in pretokenize(text):
+        ids = list(chunk.encode("utf-8"))
+        while True:
+            pair = next((p for p in zip(ids, ids[1:]) if p in merges), None)
+            if pair is None:
+                break
+            ids = merge_pair(ids, pair, merges[pair])
+        out.extend(ids)
+    return out
+"""),
+    Mistake("encode", "merges the highest rank first", """
+def encode(text, merges):
+    out = []
+    for chunk in pretokenize(text):
+        ids = list(chunk.encode("utf-8"))
+        while len(ids) >= 2:
+            pair = max(zip(ids, ids[1:]), key=lambda p: merges.get(p, -1))
+            if pair not in merges:
+                break
+            ids = merge_pair(ids, pair, merges[pair])
+        out.extend(ids)
+    return out
+"""),
+    Mistake("encode", "no pre-tokenization: merges across chunk boundaries", """
+def encode(text, merges):
+    ids = list(text.encode("utf-8"))
+    while len(ids) >= 2:
+        pair = min(zip(ids, ids[1:]), key=lambda p: merges.get(p, float("inf")))
+        if pair not in merges:
+            break
+        ids = merge_pair(ids, pair, merges[pair])
+    return ids
+"""),
+    Mistake("encode", "code points (ord) instead of UTF-8 bytes", """
+def encode(text, merges):
+    out = []
+    for chunk in pretokenize(text):
+        ids = [ord(c) for c in chunk]
+        while len(ids) >= 2:
+            pair = min(zip(ids, ids[1:]), key=lambda p: merges.get(p, float("inf")))
+            if pair not in merges:
+                break
+            ids = merge_pair(ids, pair, merges[pair])
+        out.extend(ids)
+    return out
+"""),
+    Mistake("encode", "a single pass: stops after the first merge of each chunk", """
+def encode(text, merges):
+    out = []
+    for chunk in pretokenize(text):
+        ids = list(chunk.encode("utf-8"))
+        if len(ids) >= 2:
+            pair = min(zip(ids, ids[1:]), key=lambda p: merges.get(p, float("inf")))
+            if pair in merges:
+                ids = merge_pair(ids, pair, merges[pair])
+        out.extend(ids)
+    return out
+"""),
+    # ---------------------------------------------------------------- decode
+    Mistake("decode", "decodes each token on its own (breaks characters split over tokens)", """
+def build_vocab(merges):
+    vocab = {i: bytes([i]) for i in range(256)}
+    for (left, right), new_id in merges.items():
+        vocab[new_id] = vocab[left] + vocab[right]
+    return vocab
+
+
+def decode(ids, merges):
+    vocab = build_vocab(merges)
+    return "".join(vocab[i].decode("utf-8", errors="replace") for i in ids)
+"""),
+    Mistake("decode", "strict UTF-8: raises on half a character", """
+def build_vocab(merges):
+    vocab = {i: bytes([i]) for i in range(256)}
+    for (left, right), new_id in merges.items():
+        vocab[new_id] = vocab[left] + vocab[right]
+    return vocab
+
+
+def decode(ids, merges):
+    vocab = build_vocab(merges)
+    return b"".join(vocab[i] for i in ids).decode("utf-8")
+"""),
+    Mistake("decode", "errors='ignore': silently drops broken bytes", """
+def build_vocab(merges):
+    vocab = {i: bytes([i]) for i in range(256)}
+    for (left, right), new_id in merges.items():
+        vocab[new_id] = vocab[left] + vocab[right]
+    return vocab
+
+
+def decode(ids, merges):
+    vocab = build_vocab(merges)
+    return b"".join(vocab[i] for i in ids).decode("utf-8", errors="ignore")
+"""),
+    Mistake("decode", "chr() of each byte (Latin-1), not UTF-8", """
+def build_vocab(merges):
+    vocab = {i: bytes([i]) for i in range(256)}
+    for (left, right), new_id in merges.items():
+        vocab[new_id] = vocab[left] + vocab[right]
+    return vocab
+
+
+def decode(ids, merges):
+    vocab = build_vocab(merges)
+    return "".join(chr(b) for i in ids for b in vocab[i])
+"""),
+    Mistake("decode", "builds merged tokens right part first", """
+def build_vocab(merges):
+    vocab = {i: bytes([i]) for i in range(256)}
+    for (left, right), new_id in merges.items():
+        vocab[new_id] = vocab[right] + vocab[left]
+    return vocab
+
+
+def decode(ids, merges):
+    vocab = build_vocab(merges)
+    return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")
+"""),
+    # ---------------------------------------------------------------- encode_chat
+    Mistake("encode_chat", "renders the template and encodes it with every special allowed", """
+ROLES = ("system", "user", "assistant")
+
+
+def encode_chat(messages, tok, add_generation_prompt=True):
+    text = ""
+    for message in messages:
+        if message["role"] not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {message['role']!r}")
+        text += f"<|{message['role']}|>{message['content']}<|end|>"
+    if add_generation_prompt:
+        text += "<|assistant|>"
+    return tok.encode(text, allowed_special="all")
+"""),
+    Mistake("encode_chat", "no role check: an unknown role gives a KeyError", """
+def encode_chat(messages, tok, add_generation_prompt=True):
+    special = tok.special_tokens
+    ids = []
+    for message in messages:
+        ids.append(special[f"<|{message['role']}|>"])
+        ids.extend(tok.encode(message["content"]))
+        ids.append(special["<|end|>"])
+    if add_generation_prompt:
+        ids.append(special["<|assistant|>"])
+    return ids
+"""),
+    Mistake("encode_chat", "forgets the generation prompt", """
+ROLES = ("system", "user", "assistant")
+
+
+def encode_chat(messages, tok, add_generation_prompt=True):
+    special = tok.special_tokens
+    ids = []
+    for message in messages:
+        if message["role"] not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {message['role']!r}")
+        ids.append(special[f"<|{message['role']}|>"])
+        ids.extend(tok.encode(message["content"]))
+        ids.append(special["<|end|>"])
+    return ids
+"""),
+    Mistake("encode_chat", "lower-cases the role, accepting 'User'", """
+ROLES = ("system", "user", "assistant")
+
+
+def encode_chat(messages, tok, add_generation_prompt=True):
+    special = tok.special_tokens
+    ids = []
+    for message in messages:
+        role = message["role"].lower()
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        ids.append(special[f"<|{role}|>"])
+        ids.extend(tok.encode(message["content"]))
+        ids.append(special["<|end|>"])
+    if add_generation_prompt:
+        ids.append(special["<|assistant|>"])
+    return ids
+"""),
+    Mistake("encode_chat", "the generation prompt after every message", """
+ROLES = ("system", "user", "assistant")
+
+
+def encode_chat(messages, tok, add_generation_prompt=True):
+    special = tok.special_tokens
+    ids = []
+    for message in messages:
+        if message["role"] not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {message['role']!r}")
+        ids.append(special[f"<|{message['role']}|>"])
+        ids.extend(tok.encode(message["content"]))
+        ids.append(special["<|end|>"])
+        if add_generation_prompt:
+            ids.append(special["<|assistant|>"])
+    return ids
+"""),
+    # ---------------------------------------------------------------- to_tiktoken
+    Mistake("to_tiktoken", "ranks hold only the merged tokens, not the 256 bytes", """
+def to_tiktoken(merges, special_tokens=None):
+    vocab = build_vocab(merges)
+    ranks = {vocab[new_id]: new_id for new_id in merges.values()}
+    return tiktoken.Encoding(name="day02_bpe", pat_str=GPT4_SPLIT_PATTERN,
+                             mergeable_ranks=ranks, special_tokens=dict(special_tokens or {}))
+"""),
+    Mistake("to_tiktoken", "a different split pattern (whitespace / non-whitespace runs)", """
+def to_tiktoken(merges, special_tokens=None):
+    ranks = {token: i for i, token in build_vocab(merges).items()}
+    return tiktoken.Encoding(name="day02_bpe", pat_str=r"\\s+|\\S+",
+                             mergeable_ranks=ranks, special_tokens=dict(special_tokens or {}))
+"""),
+    Mistake("to_tiktoken", "ignores the special tokens", """
+def to_tiktoken(merges, special_tokens=None):
+    ranks = {token: i for i, token in build_vocab(merges).items()}
+    return tiktoken.Encoding(name="day02_bpe", pat_str=GPT4_SPLIT_PATTERN,
+                             mergeable_ranks=ranks, special_tokens={})
+"""),
+    Mistake("to_tiktoken", "ranks by sorted bytes instead of by id", """
+def to_tiktoken(merges, special_tokens=None):
+    tokens = sorted(build_vocab(merges).values())
+    ranks = {token: i for i, token in enumerate(tokens)}
+    return tiktoken.Encoding(name="day02_bpe", pat_str=GPT4_SPLIT_PATTERN,
+                             mergeable_ranks=ranks, special_tokens=dict(special_tokens or {}))
+"""),
+    # ---------------------------------------------------------------- self-check
+    Mistake("q1", "counts characters instead of UTF-8 bytes", "answer_q1 = 7"),
+    Mistake("q1", "counts ï as one byte", "answer_q1 = 10"),
+    Mistake("q2", "thinks the leftmost pair goes first", 'answer_q2 = "A"'),
+    Mistake("q2", "thinks the most frequent pair in the new text goes first", 'answer_q2 = "C"'),
+    Mistake("q3", "thinks the special id is produced", 'answer_q3 = "A"'),
+    Mistake("q3", "thinks the encoder raises, as tiktoken's encode does by default",
+            'answer_q3 = "C"'),
+    Mistake("q4", "forgets the special tokens", "answer_q4 = 768"),
+    Mistake("q4", "forgets the 256 byte tokens", "answer_q4 = 1019"),
+]
