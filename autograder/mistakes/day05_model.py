@@ -1,0 +1,256 @@
+"""Day 05 mistakes: each must lose its exercise's points."""
+
+from autograder.mistakes import Mistake
+
+MISTAKES = [
+    # ---- rms_norm
+    Mistake("rms_norm", "subtracts the mean first: that is LayerNorm", """
+def rms_norm(x, weight, eps=1e-5):
+    x32 = x.float()
+    x32 = x32 - x32.mean(dim=-1, keepdim=True)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+"""),
+    Mistake("rms_norm", "adds eps outside the square root", """
+def rms_norm(x, weight, eps=1e-5):
+    x32 = x.float()
+    x32 = x32 / (x32.pow(2).mean(dim=-1, keepdim=True).sqrt() + eps)
+    return weight * x32.to(x.dtype)
+"""),
+    Mistake("rms_norm", "forgets eps", """
+def rms_norm(x, weight, eps=1e-5):
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True))
+    return weight * x32.to(x.dtype)
+"""),
+    Mistake("rms_norm", "normalizes over the first dimension instead of the last", """
+def rms_norm(x, weight, eps=1e-5):
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=0, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+"""),
+    Mistake("rms_norm", "normalizes over the whole tensor, not each position", """
+def rms_norm(x, weight, eps=1e-5):
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean() + eps)
+    return weight * x32.to(x.dtype)
+"""),
+    Mistake("rms_norm", "computes in the input dtype: float16 squares overflow", """
+def rms_norm(x, weight, eps=1e-5):
+    return weight * (x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps))
+"""),
+    Mistake("rms_norm", "computes in float32 but never converts back to x.dtype", """
+def rms_norm(x, weight, eps=1e-5):
+    x32 = x.float()
+    return weight.float() * (x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps))
+"""),
+    Mistake("rms_norm", "forgets the learned weight", """
+def rms_norm(x, weight, eps=1e-5):
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
+"""),
+    Mistake("rms_norm", "divides by the standard deviation (torch.std) instead of the RMS", """
+def rms_norm(x, weight, eps=1e-5):
+    x32 = x.float()
+    return weight * (x32 / torch.sqrt(x32.var(dim=-1, keepdim=True) + eps)).to(x.dtype)
+"""),
+    # ---- swiglu
+    Mistake("swiglu", "silu on the up projection instead of the gate", """
+def swiglu(x, w1, w2, w3):
+    return ((x @ w1.T) * F.silu(x @ w3.T)) @ w2.T
+"""),
+    Mistake("swiglu", "silu applied to the product of the two projections", """
+def swiglu(x, w1, w2, w3):
+    return F.silu((x @ w1.T) * (x @ w3.T)) @ w2.T
+"""),
+    Mistake("swiglu", "sigmoid instead of silu (plain GLU)", """
+def swiglu(x, w1, w2, w3):
+    return (torch.sigmoid(x @ w1.T) * (x @ w3.T)) @ w2.T
+"""),
+    Mistake("swiglu", "GELU instead of silu", """
+def swiglu(x, w1, w2, w3):
+    return (F.gelu(x @ w1.T) * (x @ w3.T)) @ w2.T
+"""),
+    Mistake("swiglu", "two-matrix MLP: drops the up projection", """
+def swiglu(x, w1, w2, w3):
+    return F.silu(x @ w1.T) @ w2.T
+"""),
+    # ---- block_forward
+    Mistake("block_forward", "post-norm: normalizes after each residual addition", """
+def block_forward(x, p, cfg, cos, sin):
+    h = rms_norm(x + attention_forward(x, p, cfg, cos, sin), p["attention_norm.weight"],
+                 cfg.norm_eps)
+    out = h + swiglu(h, p["feed_forward.w1.weight"], p["feed_forward.w2.weight"],
+                     p["feed_forward.w3.weight"])
+    return rms_norm(out, p["ffn_norm.weight"], cfg.norm_eps)
+"""),
+    Mistake("block_forward", "adds the sublayer to the normalized x instead of x", """
+def block_forward(x, p, cfg, cos, sin):
+    xn = rms_norm(x, p["attention_norm.weight"], cfg.norm_eps)
+    h = xn + attention_forward(xn, p, cfg, cos, sin)
+    hn = rms_norm(h, p["ffn_norm.weight"], cfg.norm_eps)
+    return hn + swiglu(hn, p["feed_forward.w1.weight"], p["feed_forward.w2.weight"],
+                       p["feed_forward.w3.weight"])
+"""),
+    Mistake("block_forward", "parallel block: the MLP reads x instead of h", """
+def block_forward(x, p, cfg, cos, sin):
+    h = x + attention_forward(rms_norm(x, p["attention_norm.weight"], cfg.norm_eps), p, cfg,
+                              cos, sin)
+    xn = rms_norm(x, p["ffn_norm.weight"], cfg.norm_eps)
+    return h + swiglu(xn, p["feed_forward.w1.weight"], p["feed_forward.w2.weight"],
+                      p["feed_forward.w3.weight"])
+"""),
+    Mistake("block_forward", "swaps the two norm weights", """
+def block_forward(x, p, cfg, cos, sin):
+    h = x + attention_forward(rms_norm(x, p["ffn_norm.weight"], cfg.norm_eps), p, cfg, cos, sin)
+    hn = rms_norm(h, p["attention_norm.weight"], cfg.norm_eps)
+    return h + swiglu(hn, p["feed_forward.w1.weight"], p["feed_forward.w2.weight"],
+                      p["feed_forward.w3.weight"])
+"""),
+    Mistake("block_forward", "forgets the MLP's residual connection", """
+def block_forward(x, p, cfg, cos, sin):
+    h = x + attention_forward(rms_norm(x, p["attention_norm.weight"], cfg.norm_eps), p, cfg,
+                              cos, sin)
+    return swiglu(rms_norm(h, p["ffn_norm.weight"], cfg.norm_eps), p["feed_forward.w1.weight"],
+                  p["feed_forward.w2.weight"], p["feed_forward.w3.weight"])
+"""),
+    # ---- model_forward
+    Mistake("model_forward", "forgets the final norm", """
+def model_forward(idx, weights, cfg):
+    T = idx.shape[1]
+    cos, sin = rope_cos_sin(cfg.head_dim, T, cfg.rope_base)
+    x = weights["tok_embeddings.weight"][idx]
+    for i in range(cfg.n_layers):
+        x = block_forward(x, layer_weights(weights, i), cfg, cos, sin)
+    head = weights["tok_embeddings.weight"] if cfg.tie_embeddings else weights["output.weight"]
+    return x @ head.T
+"""),
+    Mistake("model_forward", "ignores weight tying: always reads output.weight", """
+def model_forward(idx, weights, cfg):
+    T = idx.shape[1]
+    cos, sin = rope_cos_sin(cfg.head_dim, T, cfg.rope_base)
+    x = weights["tok_embeddings.weight"][idx]
+    for i in range(cfg.n_layers):
+        x = block_forward(x, layer_weights(weights, i), cfg, cos, sin)
+    x = rms_norm(x, weights["norm.weight"], cfg.norm_eps)
+    return x @ weights["output.weight"].T
+"""),
+    Mistake("model_forward", "always uses the embedding matrix as the LM head", """
+def model_forward(idx, weights, cfg):
+    T = idx.shape[1]
+    cos, sin = rope_cos_sin(cfg.head_dim, T, cfg.rope_base)
+    x = weights["tok_embeddings.weight"][idx]
+    for i in range(cfg.n_layers):
+        x = block_forward(x, layer_weights(weights, i), cfg, cos, sin)
+    x = rms_norm(x, weights["norm.weight"], cfg.norm_eps)
+    return x @ weights["tok_embeddings.weight"].T
+"""),
+    Mistake("model_forward", "scales the embeddings by sqrt(d_model) like the 2017 Transformer", """
+def model_forward(idx, weights, cfg):
+    T = idx.shape[1]
+    cos, sin = rope_cos_sin(cfg.head_dim, T, cfg.rope_base)
+    x = weights["tok_embeddings.weight"][idx] * cfg.d_model ** 0.5
+    for i in range(cfg.n_layers):
+        x = block_forward(x, layer_weights(weights, i), cfg, cos, sin)
+    x = rms_norm(x, weights["norm.weight"], cfg.norm_eps)
+    head = weights["tok_embeddings.weight"] if cfg.tie_embeddings else weights["output.weight"]
+    return x @ head.T
+"""),
+    Mistake("model_forward", "returns probabilities (softmax) instead of logits", """
+def model_forward(idx, weights, cfg):
+    T = idx.shape[1]
+    cos, sin = rope_cos_sin(cfg.head_dim, T, cfg.rope_base)
+    x = weights["tok_embeddings.weight"][idx]
+    for i in range(cfg.n_layers):
+        x = block_forward(x, layer_weights(weights, i), cfg, cos, sin)
+    x = rms_norm(x, weights["norm.weight"], cfg.norm_eps)
+    head = weights["tok_embeddings.weight"] if cfg.tie_embeddings else weights["output.weight"]
+    return torch.softmax(x @ head.T, dim=-1)
+"""),
+    Mistake("model_forward", "runs block 0 for every layer", """
+def model_forward(idx, weights, cfg):
+    T = idx.shape[1]
+    cos, sin = rope_cos_sin(cfg.head_dim, T, cfg.rope_base)
+    x = weights["tok_embeddings.weight"][idx]
+    for i in range(cfg.n_layers):
+        x = block_forward(x, layer_weights(weights, 0), cfg, cos, sin)
+    x = rms_norm(x, weights["norm.weight"], cfg.norm_eps)
+    head = weights["tok_embeddings.weight"] if cfg.tie_embeddings else weights["output.weight"]
+    return x @ head.T
+"""),
+    Mistake("model_forward", "RoPE tables with the default base instead of cfg.rope_base", """
+def model_forward(idx, weights, cfg):
+    T = idx.shape[1]
+    cos, sin = rope_cos_sin(cfg.head_dim, T)
+    x = weights["tok_embeddings.weight"][idx]
+    for i in range(cfg.n_layers):
+        x = block_forward(x, layer_weights(weights, i), cfg, cos, sin)
+    x = rms_norm(x, weights["norm.weight"], cfg.norm_eps)
+    head = weights["tok_embeddings.weight"] if cfg.tie_embeddings else weights["output.weight"]
+    return x @ head.T
+"""),
+    # ---- count_params
+    Mistake("count_params", "counts wk and wv with n_heads instead of n_kv_heads", """
+def count_params(cfg):
+    D, hd = cfg.d_model, cfg.head_dim
+    attention = 4 * D * cfg.n_heads * hd
+    per_layer = attention + 3 * D * cfg.d_ff + 2 * D
+    return 2 * cfg.vocab_size * D + cfg.n_layers * per_layer + D - (
+        cfg.vocab_size * D if cfg.tie_embeddings else 0)
+"""),
+    Mistake("count_params", "double-counts a tied embedding", """
+def count_params(cfg):
+    D, hd = cfg.d_model, cfg.head_dim
+    attention = 2 * D * cfg.n_heads * hd + 2 * D * cfg.n_kv_heads * hd
+    per_layer = attention + 3 * D * cfg.d_ff + 2 * D
+    return 2 * cfg.vocab_size * D + cfg.n_layers * per_layer + D
+"""),
+    Mistake("count_params", "forgets the norm weights", """
+def count_params(cfg):
+    D, hd = cfg.d_model, cfg.head_dim
+    attention = 2 * D * cfg.n_heads * hd + 2 * D * cfg.n_kv_heads * hd
+    per_layer = attention + 3 * D * cfg.d_ff
+    head = 0 if cfg.tie_embeddings else cfg.vocab_size * D
+    return cfg.vocab_size * D + cfg.n_layers * per_layer + head
+"""),
+    Mistake("count_params", "forgets the final norm", """
+def count_params(cfg):
+    D, hd = cfg.d_model, cfg.head_dim
+    attention = 2 * D * cfg.n_heads * hd + 2 * D * cfg.n_kv_heads * hd
+    per_layer = attention + 3 * D * cfg.d_ff + 2 * D
+    head = 0 if cfg.tie_embeddings else cfg.vocab_size * D
+    return cfg.vocab_size * D + cfg.n_layers * per_layer + head
+"""),
+    Mistake("count_params", "a two-matrix MLP (GPT-2 style) instead of SwiGLU's three", """
+def count_params(cfg):
+    D, hd = cfg.d_model, cfg.head_dim
+    attention = 2 * D * cfg.n_heads * hd + 2 * D * cfg.n_kv_heads * hd
+    per_layer = attention + 2 * D * cfg.d_ff + 2 * D
+    head = 0 if cfg.tie_embeddings else cfg.vocab_size * D
+    return cfg.vocab_size * D + cfg.n_layers * per_layer + D + head
+"""),
+    Mistake("count_params", "counts kv projections with n_kv_heads * d_model (not head_dim)", """
+def count_params(cfg):
+    D, hd = cfg.d_model, cfg.head_dim
+    attention = 2 * D * cfg.n_heads * hd + 2 * D * cfg.n_kv_heads * D
+    per_layer = attention + 3 * D * cfg.d_ff + 2 * D
+    head = 0 if cfg.tie_embeddings else cfg.vocab_size * D
+    return cfg.vocab_size * D + cfg.n_layers * per_layer + D + head
+"""),
+    Mistake("count_params", "returns a float (uses / for the head dimension)", """
+def count_params(cfg):
+    D, hd = cfg.d_model, cfg.d_model / cfg.n_heads
+    attention = 2 * D * cfg.n_heads * hd + 2 * D * cfg.n_kv_heads * hd
+    per_layer = attention + 3 * D * cfg.d_ff + 2 * D
+    head = 0 if cfg.tie_embeddings else cfg.vocab_size * D
+    return cfg.vocab_size * D + cfg.n_layers * per_layer + D + head
+"""),
+    # ---- self-check
+    Mistake("q1", "thinks unit variance makes the two norms agree", 'answer_q1 = "A"'),
+    Mistake("q1", "thinks both divide by the same statistic", 'answer_q1 = "C"'),
+    Mistake("q2", "counts only one of wk and wv", "answer_q2 = 402.653184"),
+    Mistake("q2", "gives the total parameter count of the MHA model", "answer_q2 = 8835.567616"),
+    Mistake("q2", "answers in parameters, not millions", "answer_q2 = 805306368"),
+    Mistake("q3", "thinks the block's output is normalized", 'answer_q3 = "B"'),
+    Mistake("q3", "forgets the residual connection", 'answer_q3 = "C"'),
+]
