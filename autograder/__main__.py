@@ -1,52 +1,130 @@
-"""The course's command line for maintainers and instructors: python -m autograder COMMAND.
+"""The course's command line for instructors and maintainers: python -m autograder COMMAND.
 
-    release [DAY ...]   regenerate course/ from solutions/ (all days by default)
-    execute [DAY ...]   run solution notebooks in place so their saved outputs are current
-    days                list the days that have a solution notebook
+An instructor's term, in order (every command takes --root, the course folder, default: this
+repository, and --db, a gradebook URL, default: sqlite:///<root>/gradebook.db):
+
+    release [DAY ...]           generate course/ from solutions/, record it in the gradebook
+    collect SOURCE              import submissions: a folder <student>/<dayNN>/*.ipynb or an
+                                LMS zip of <student>_<dayNN>....ipynb files
+    grade DAY                   autograde every pending submission of DAY in parallel, each in
+                                a sandbox; prints a summary table (--force regrades)
+    export [CSV]                grades to CSV: a row per student, a column per day, a total
+    feedback DAY                feedback/<student>/DAY/DAY.html: pass/fail and messages,
+                                never the hidden tests
+
+Maintainers: `execute [DAY ...]` re-runs solution notebooks in place; `days` lists the days.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
-import tempfile
+import warnings
+from dataclasses import asdict
 from pathlib import Path
 
 from autograder.notebooks import days
+from autograder.settings import REPO_ROOT
 
 
-def _pick_days(requested: list[str]) -> list[str]:
-    known = days()
+def _pick_days(requested: list[str], root: Path) -> list[str]:
+    known = days(root)
     unknown = [d for d in requested if d not in known]
     if unknown:
         raise SystemExit(f"unknown day(s) {unknown}; the course has {known}")
     return requested or known
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--root", type=Path, default=REPO_ROOT,
+                        help="course folder with solutions/ and course/ (default: this repo)")
+    common.add_argument("--db", default=None,
+                        help="gradebook URL, e.g. postgresql://user@/tinygpt?host=/run/pg "
+                             "(default: sqlite:///<root>/gradebook.db)")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_ in [("release", "regenerate course/ from solutions/"),
+    sub.add_parser("days", parents=[common], help="list the days")
+    for name, help_ in [("release", "generate course/ from solutions/ and record it"),
                         ("execute", "run solution notebooks in place")]:
-        p = sub.add_parser(name, help=help_)
+        p = sub.add_parser(name, parents=[common], help=help_)
         p.add_argument("days", nargs="*", help="day ids such as day01_logits (default: all)")
-    sub.add_parser("days", help="list the days")
-    args = parser.parse_args(argv)
+    p = sub.add_parser("collect", parents=[common], help="import submissions")
+    p.add_argument("source", type=Path, help="a folder <student>/<dayNN>/ or a .zip")
+    p.add_argument("--pattern", default=None,
+                   help="regex with groups 'student' and 'day' for zip file names")
+    p = sub.add_parser("grade", parents=[common], help="autograde a day")
+    p.add_argument("day")
+    p.add_argument("--student", action="append", help="only these students (repeatable)")
+    p.add_argument("--workers", type=int, default=os.cpu_count(), help="parallel students")
+    p.add_argument("--force", action="store_true", help="regrade unchanged submissions too")
+    p.add_argument("--cell-timeout", type=float, default=60.0, help="seconds per cell")
+    p.add_argument("--total-timeout", type=float, default=600.0, help="seconds per notebook")
+    p.add_argument("--memory-gb", type=float, default=6.0, help="address-space limit per kernel")
+    p.add_argument("--no-sandbox", action="store_true",
+                   help="run student code without bubblewrap (only for code you trust)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    p = sub.add_parser("export", parents=[common], help="grades to CSV")
+    p.add_argument("csv", nargs="?", type=Path, default=Path("grades.csv"))
+    p = sub.add_parser("feedback", parents=[common], help="per-student HTML feedback")
+    p.add_argument("day")
+    p.add_argument("--student", action="append", help="only these students (repeatable)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    root = args.root.resolve()
+    warnings.filterwarnings("ignore", module="nbgrader")  # its SQLAlchemy session warnings
 
     if args.command == "days":
-        print("\n".join(days()))
+        print("\n".join(days(root)))
     elif args.command == "execute":
         from autograder.grading import execute_solution
 
-        for day in _pick_days(args.days):
-            print(f"executing {execute_solution(day).relative_to(Path.cwd().resolve())}")
+        for day in _pick_days(args.days, root):
+            print(f"executed {execute_solution(day, root)}")
     elif args.command == "release":
         from autograder.grading import release
 
-        for day in _pick_days(args.days):
-            with tempfile.TemporaryDirectory(prefix=f"release-{day}-") as scratch:
-                print(f"released {release(day, Path(scratch))}")
+        for day in _pick_days(args.days, root):
+            print(f"released {release(day, root, args.db)}")
+    elif args.command == "collect":
+        from autograder.collect import DEFAULT_PATTERN, collect
+
+        print(collect(args.source, root, args.pattern or DEFAULT_PATTERN).text())
+    elif args.command == "grade":
+        from autograder.grade import Limits, grade_day, summary_table
+        from autograder.sandbox import SandboxUnavailable, bwrap_path
+
+        _pick_days([args.day], root)
+        if not args.no_sandbox:
+            try:
+                bwrap_path()
+            except SandboxUnavailable as err:
+                raise SystemExit(str(err)) from None
+        limits = Limits(args.cell_timeout, args.total_timeout, int(args.memory_gb * 2**30),
+                        sandbox=not args.no_sandbox)
+        results = grade_day(args.day, root=root, db_url=args.db, students=args.student,
+                            workers=args.workers, force=args.force, limits=limits,
+                            progress=not args.no_progress)
+        print(summary_table(results))
+        if args.json:
+            args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
+    elif args.command == "export":
+        from autograder.reports import export_csv
+
+        print(f"wrote {export_csv(args.csv, root, args.db)}")
+    elif args.command == "feedback":
+        from autograder.reports import write_feedback
+
+        _pick_days([args.day], root)
+        for path in write_feedback(args.day, root, args.db, args.student):
+            print(f"wrote {path}")
     return 0
 
 

@@ -22,7 +22,8 @@ from autograder.kernel import Kernel, _error
 from autograder.notebooks import is_test, nbgrader_meta
 from autograder.sandbox import DEFAULT_MEMORY_BYTES, SandboxKernelManager, SandboxPolicy
 
-BLOCKED_HINTS = ("Network is unreachable", "Read-only file system", "Permission denied",
+BLOCKED_HINTS = ("Network is unreachable", "Connection refused", "Read-only file system",
+                 "Permission denied",
                  "/solutions", "gradebook")
 
 

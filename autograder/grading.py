@@ -13,7 +13,6 @@ from pathlib import Path
 
 from autograder.notebooks import release_path, solution_path
 from autograder.settings import (
-    RELEASE_DIR,
     REPO_ROOT,
     SOURCE_DIR,
     ensure_venv_on_path,
@@ -51,14 +50,12 @@ def generate_release(day: str, workdir: Path, source_root: Path = REPO_ROOT) -> 
     return release_path(day, workdir)
 
 
-def release(day: str, scratch: Path, root: Path = REPO_ROOT) -> Path:
-    """Regenerate course/<day>/ from solutions/<day>/ (nbgrader output, copied into place)."""
-    generated = generate_release(day, scratch, root).parent
-    target = root / RELEASE_DIR / day
-    if target.exists():
-        shutil.rmtree(target)
-    shutil.copytree(generated, target)
-    return target / f"{day}.ipynb"
+def release(day: str, root: Path = REPO_ROOT, db_url: str | None = None) -> Path:
+    """Regenerate course/<day>/ from solutions/<day>/ and record the assignment (its cells,
+    points and hidden tests) in the gradebook at `db_url` (default root/gradebook.db)."""
+    _check(_api(root, db_url).generate_assignment(day, force=True, create=True),
+           f"generate_assignment {day}")
+    return release_path(day, root)
 
 
 @dataclass(frozen=True)

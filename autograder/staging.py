@@ -110,14 +110,13 @@ def stage(release: NotebookNode, folder: Path, day: str) -> Staged:
                 "test cell missing: restored"
             repaired.append(f"{grade_id}: {what}")
         anchor = found
-    nb = nbformat.v4.new_notebook(cells=out, metadata=copy.deepcopy(release.metadata))
     seen: set[str] = set()
-    for index, cell in enumerate(nb.cells):  # fresh, unique cell ids (nbformat 4.5)
+    for index, cell in enumerate(out):  # unique cell ids (nbformat 4.5) before validation
         cell_id = str(cell.get("id") or "")
         if not cell_id or cell_id in seen:
             cell["id"] = f"staged-{index}"
         seen.add(cell["id"])
-    nbformat.validate(nb)
+    nb = nbformat.v4.new_notebook(cells=out, metadata=copy.deepcopy(release.metadata))
     return Staged(nb, "repaired" if len(repaired) > len(notes) else "ok", repaired)
 
 

@@ -1,0 +1,144 @@
+"""Import submissions into submitted/<student>/<day>/, as nbgrader expects them.
+
+Two layouts are accepted:
+- a folder of `<student>/<dayNN...>/*.ipynb` (what nbgrader's exchange or a shared drive gives);
+- a zip as learning-management systems export it: one notebook per student, the student id in
+  the file name. The default pattern reads `<student>_<dayNN>[_anything].ipynb`; pass another
+  regular expression with the named groups `student` and `day` for other exports.
+
+The day may be written `day07` or in full (`day07_sampling`); it is matched to the course's
+day ids. Every file that cannot be placed is reported with the reason, nothing is dropped
+silently. Files are written to paths we build (never to paths taken from the archive), and
+oversized entries are refused.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import shutil
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autograder.notebooks import days as course_days
+
+DEFAULT_PATTERN = (r"^(?P<student>[A-Za-z0-9][A-Za-z0-9.@-]*?)[_ -]+(?P<day>day\d\d)"
+                   r"(?:[_-][^/]*)?\.ipynb$")
+MAX_NOTEBOOK_BYTES = 50 * 1024 * 1024
+STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.@_-]{0,63}$")
+
+
+@dataclass
+class CollectReport:
+    imported: list[tuple[str, str, str]] = field(default_factory=list)  # student, day, source
+    unmatched: list[tuple[str, str]] = field(default_factory=list)  # source, why
+
+    def text(self) -> str:
+        lines = [f"imported {len(self.imported)} submission(s)"]
+        lines += [f"  {student:<20} {day:<20} <- {source}"
+                  for student, day, source in self.imported]
+        if self.unmatched:
+            lines.append(f"could not place {len(self.unmatched)} file(s):")
+            lines += [f"  {source}: {why}" for source, why in self.unmatched]
+        return "\n".join(lines)
+
+
+def resolve_day(name: str, known: list[str]) -> str | None:
+    """'day07', 'Day07' or 'day07_sampling' -> the course's day id, or None."""
+    match = re.match(r"(?i)day(\d\d)", name)
+    if not match:
+        return None
+    prefix = f"day{match.group(1)}"
+    return next((d for d in known if d.split("_")[0] == prefix and
+                 (name.lower() == prefix or name.lower() == d)), None)
+
+
+def _timestamp(when: dt.datetime) -> str:
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+
+
+def _store(root: Path, student: str, day: str, files: dict[str, bytes], when: dt.datetime) -> None:
+    target = root / "submitted" / student / day
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    for name, data in files.items():
+        (target / name).write_bytes(data)
+    (target / "timestamp.txt").write_text(_timestamp(when))
+
+
+def collect(source: Path, root: Path, pattern: str = DEFAULT_PATTERN) -> CollectReport:
+    """Import `source` (a folder or a .zip) into `root`/submitted; returns what happened."""
+    known, report = course_days(root), CollectReport()
+    if zipfile.is_zipfile(source):
+        _collect_zip(source, root, re.compile(pattern), known, report)
+    elif source.is_dir():
+        _collect_folder(source, root, known, report)
+    else:
+        raise ValueError(f"source must be a folder or a .zip file, got {source}")
+    return report
+
+
+def _collect_folder(source: Path, root: Path, known: list[str], report: CollectReport) -> None:
+    for path in sorted(source.rglob("*")):
+        if not path.is_file() or ".ipynb_checkpoints" in path.parts:
+            continue
+        rel = path.relative_to(source)
+        if len(rel.parts) != 3:
+            report.unmatched.append((str(rel), "expected <student>/<day>/<file>"))
+    for student_dir in sorted(p for p in source.iterdir() if p.is_dir()):
+        student = student_dir.name
+        for day_dir in sorted(p for p in student_dir.iterdir() if p.is_dir()):
+            rel = f"{student}/{day_dir.name}"
+            day = resolve_day(day_dir.name, known)
+            if not STUDENT_ID.match(student):
+                report.unmatched.append((rel, f"{student!r} is not a usable student id"))
+                continue
+            if day is None:
+                report.unmatched.append((rel, f"{day_dir.name!r} is not a day of this course "
+                                              f"({', '.join(known)})"))
+                continue
+            files = {p.name: p.read_bytes() for p in day_dir.iterdir() if p.is_file()
+                     and p.stat().st_size <= MAX_NOTEBOOK_BYTES}
+            newest = max((p.stat().st_mtime for p in day_dir.iterdir() if p.is_file()),
+                         default=0.0)
+            _store(root, student, day, files, dt.datetime.fromtimestamp(newest, dt.UTC))
+            report.imported.append((student, day, rel))
+
+
+def _collect_zip(source: Path, root: Path, pattern: re.Pattern, known: list[str],
+                 report: CollectReport) -> None:
+    chosen: dict[tuple[str, str], zipfile.ZipInfo] = {}
+    with zipfile.ZipFile(source) as archive:
+        for info in archive.infolist():
+            if info.is_dir() or "__MACOSX" in info.filename:
+                continue
+            name = Path(info.filename).name
+            match = pattern.match(name)
+            if not name.endswith(".ipynb"):
+                report.unmatched.append((info.filename, "not a notebook"))
+            elif match is None:
+                report.unmatched.append((info.filename, "file name does not match the pattern "
+                                                        "<student>_<dayNN>...ipynb"))
+            elif (day := resolve_day(match.group("day"), known)) is None:
+                report.unmatched.append((info.filename, f"{match.group('day')!r} is not a day "
+                                                        "of this course"))
+            elif not STUDENT_ID.match(match.group("student")):
+                report.unmatched.append((info.filename, "unusable student id"))
+            elif info.file_size > MAX_NOTEBOOK_BYTES:
+                report.unmatched.append((info.filename, f"larger than "
+                                                        f"{MAX_NOTEBOOK_BYTES // 2**20} MiB"))
+            else:
+                key = (match.group("student"), day)
+                if key in chosen:
+                    older, newer = sorted([chosen[key], info], key=lambda i: i.date_time)
+                    report.unmatched.append((older.filename, f"a later file for {key[0]} "
+                                                             f"{key[1]} was taken instead"))
+                    chosen[key] = newer
+                else:
+                    chosen[key] = info
+        for (student, day), info in sorted(chosen.items()):
+            when = dt.datetime(*info.date_time, tzinfo=dt.UTC)
+            _store(root, student, day, {f"{day}.ipynb": archive.read(info)}, when)
+            report.imported.append((student, day, info.filename))

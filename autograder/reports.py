@@ -1,0 +1,121 @@
+"""What the instructor hands out after grading: a grades CSV and per-student feedback pages.
+
+Feedback shows, for every graded cell, the points, pass or fail and the failure's message
+(our checks write messages that teach), and the student's own answers. It never shows the
+code of a test cell, so hidden tests stay hidden (nbgrader's own feedback prints them).
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import re
+from pathlib import Path
+
+from autograder.grading import _api
+from autograder.notebooks import is_answer, is_test, nbgrader_meta, read
+
+
+def export_csv(path: Path, root: Path, db_url: str | None = None) -> Path:
+    """One row per student, one column per day (its score, 0 when not submitted), a total."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    api = _api(root, db_url)
+    with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
+        days = sorted(a.name for a in gb.assignments)
+        rows = []
+        for student in sorted(gb.students, key=lambda s: s.id):
+            scores = []
+            for day in days:
+                try:
+                    scores.append(float(gb.find_submission(day, student.id).score))
+                except MissingEntry:
+                    scores.append(0.0)
+            rows.append([student.id, *[f"{s:g}" for s in scores], f"{sum(scores):g}"])
+        maxima = [float(gb.find_assignment(d).max_score) for d in days]
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["student", *days, "total"])
+        writer.writerow(["(max)", *[f"{m:g}" for m in maxima], f"{sum(maxima):g}"])
+        writer.writerows(rows)
+    return path
+
+
+def _titles(nb) -> dict[str, str]:
+    """answer grade_id -> the heading of the markdown cell that introduces it."""
+    titles, heading = {}, ""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            found = re.findall(r"^#+\s*(.+)$", cell.source, flags=re.M)
+            if found:
+                heading = found[-1].strip()
+            bold = re.match(r"\*\*(Q\d+\.)\*\*\s*(.*)", cell.source.strip())
+            if bold:
+                heading = f"{bold.group(1)} {bold.group(2).splitlines()[0]}"
+        elif is_answer(cell):
+            titles[nbgrader_meta(cell)["grade_id"]] = heading
+    return titles
+
+
+def feedback_html(day: str, student: str, notebook, grades: dict[str, tuple[float, float]]) -> str:
+    """An HTML page for one student's graded notebook (no test-cell code)."""
+    titles, answer, parts = _titles(notebook), None, []
+    total = sum(s for s, _ in grades.values())
+    maximum = sum(m for _, m in grades.values())
+    for cell in notebook.cells:
+        if is_answer(cell):
+            answer = cell
+        elif is_test(cell):
+            grade_id = nbgrader_meta(cell)["grade_id"]
+            score, max_score = grades.get(grade_id, (0.0, float(nbgrader_meta(cell)["points"])))
+            errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+            passed = score >= max_score
+            message = ""
+            if errors:
+                message = f"{errors[-1].get('ename')}: {errors[-1].get('evalue')}"
+            name = nbgrader_meta(answer)["grade_id"] if answer is not None else grade_id
+            parts.append(
+                f'<section class="{"pass" if passed else "fail"}">'
+                f"<h2>{html.escape(titles.get(name, name))}</h2>"
+                f"<p><b>{score:g} / {max_score:g}</b> &mdash; "
+                f"{'passed' if passed else 'failed'}</p>"
+                + (f"<pre class='msg'>{html.escape(message)}</pre>" if message else "")
+                + (f"<details><summary>your answer</summary><pre>"
+                   f"{html.escape(answer.source)}</pre></details>" if answer is not None else "")
+                + "</section>")
+            answer = None
+    style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}"
+             "section{border-left:6px solid;padding:.2em 1em;margin:1em 0}"
+             ".pass{border-color:#2a2}.fail{border-color:#c22}"
+             "pre{background:#f4f4f4;padding:.5em;white-space:pre-wrap}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(day)} "
+            f"feedback for {html.escape(student)}</title><style>{style}</style></head><body>"
+            f"<h1>{html.escape(day)}: {total:g} / {maximum:g}</h1>"
+            f"<p>Feedback for {html.escape(student)}. Each graded cell shows its points and, "
+            f"when it failed, the message of the check that failed.</p>"
+            + "".join(parts) + "</body></html>")
+
+
+def write_feedback(day: str, root: Path, db_url: str | None = None,
+                   students: list[str] | None = None) -> list[Path]:
+    """feedback/<student>/<day>/<day>.html for every graded student of `day`."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    api = _api(root, db_url)
+    written = []
+    with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
+        ids = students if students is not None else sorted(s.id for s in gb.students)
+        for student in ids:
+            graded = root / "autograded" / student / day / f"{day}.ipynb"
+            try:
+                submission = gb.find_submission_notebook(day, day, student)
+            except MissingEntry:
+                continue
+            if not graded.exists():
+                continue
+            grades = {g.name: (float(g.score), float(g.max_score)) for g in submission.grades}
+            target = root / "feedback" / student / day / f"{day}.html"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(feedback_html(day, student, read(graded), grades))
+            written.append(target)
+    return written
