@@ -11,6 +11,8 @@ PORT   ?= 8888
 LAB_ARGS ?=
 # Extra arguments for pytest in `make test`, e.g. PYTEST_ARGS="-k day01 -x".
 PYTEST_ARGS ?=
+# pytest-xdist workers for make test (each day's notebook checks stay on one worker).
+TEST_WORKERS ?= 2
 DAY ?=
 # Jupyter refuses to run as root (containers, CI) unless told to.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
@@ -50,7 +52,8 @@ lab: $(STAMP) ## open JupyterLab on course/ (PORT=8888, LAB_ARGS=...)
 	$(BIN)/jupyter lab --notebook-dir=course --port=$(PORT) $(ROOT_FLAG) $(LAB_ARGS)
 
 test: $(STAMP) system-deps ## everything CI checks: package tests, nbval, drift check, grading proofs
-	$(BIN)/python -m pytest tests solutions --nbval-lax -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests solutions --nbval-lax -p no:cacheprovider \
+		-n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## the quick part of make test (no notebooks, no nbgrader)
 	$(BIN)/python -m pytest tests -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)

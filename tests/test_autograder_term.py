@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import zipfile
 from pathlib import Path
@@ -184,18 +185,20 @@ def test_term_against_postgresql(tmp_path):
     bindir = postgres_binaries()
     if bindir is None:
         pytest.skip("no PostgreSQL server binaries (apt-get install postgresql; .ci/run does)")
-    data, sockets = tmp_path / "pgdata", tmp_path / "pgsock"
+    # PostgreSQL refuses to run as root, and pytest's tmp folders are private to root: give
+    # the server a folder of its own that the postgres user owns.
+    pg_home = Path(tempfile.mkdtemp(prefix="tinygpt-pg-"))
+    data, sockets = pg_home / "data", pg_home / "sock"
     sockets.mkdir()
     as_postgres = []
-    if os.geteuid() == 0:  # initdb refuses to run as root
-        shutil.chown(tmp_path, "postgres")
-        for p in (sockets,):
-            shutil.chown(p, "postgres")
+    if os.geteuid() == 0:
+        for path in (pg_home, sockets):
+            shutil.chown(path, "postgres")
         as_postgres = ["runuser", "-u", "postgres", "--"]
     subprocess.run([*as_postgres, str(bindir / "initdb"), "-D", str(data), "-A", "trust",
                     "-U", "tinygpt"], check=True, capture_output=True)
     subprocess.run([*as_postgres, str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l",
-                    str(tmp_path / "pg.log"), "-o", f"-k {sockets} -c listen_addresses=''",
+                    str(pg_home / "pg.log"), "-o", f"-k {sockets} -c listen_addresses=''",
                     "start"], check=True, capture_output=True)
     try:
         subprocess.run([str(bindir / "createdb"), "-h", str(sockets), "-U", "tinygpt",
@@ -217,3 +220,4 @@ def test_term_against_postgresql(tmp_path):
     finally:
         subprocess.run([*as_postgres, str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast",
                         "stop"], capture_output=True)
+        shutil.rmtree(pg_home, ignore_errors=True)
