@@ -21,9 +21,10 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 export PATH := $(BIN):$(PATH)
 
 .DEFAULT_GOAL := help
-# System packages the full test suite uses: bubblewrap (the grader's sandbox) and a
-# PostgreSQL server (the --db test). Tests that need them skip, saying why, when absent.
-SYSTEM_PACKAGES := bubblewrap postgresql
+# System packages the full test suite uses: bubblewrap (the grader's sandbox), a PostgreSQL
+# server (the --db test) and Chromium (the widget test drives it with Playwright; no browser
+# is ever downloaded). Tests that need them skip, saying why, when absent.
+SYSTEM_PACKAGES := bubblewrap postgresql chromium
 
 .PHONY: help env system-deps lab test test-fast release execute lint bench bench-grading \
 	collect autograde export feedback clean distclean
@@ -39,8 +40,9 @@ $(STAMP): pyproject.toml
 
 env: $(STAMP) ## create or update .venv (done automatically by every target)
 
-system-deps: ## apt-get install bubblewrap and postgresql when missing (root; CI runs this)
-	@if command -v bwrap >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+system-deps: ## apt-get install bubblewrap, postgresql, chromium when missing (as root)
+	@if command -v bwrap >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+		&& [ -x /usr/bin/chromium ]; then \
 		echo "system packages present: $(SYSTEM_PACKAGES)"; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSTEM_PACKAGES); \
