@@ -26,7 +26,8 @@ export PATH := $(BIN):$(PATH)
 # is ever downloaded). Tests that need them skip, saying why, when absent.
 SYSTEM_PACKAGES := bubblewrap postgresql chromium
 
-.PHONY: help env system-deps lab test test-fast release execute lint bench bench-grading \
+.PHONY: help env system-deps lab test test-fast release execute lint bench bench-quick \
+	bench-grading \
 	collect autograde export feedback clean distclean
 
 help: ## list the targets
@@ -65,6 +66,13 @@ release: $(STAMP) ## regenerate course/ from solutions/ with nbgrader
 
 execute: $(STAMP) ## re-run solution notebooks in place (DAY=day01_logits for one day)
 	$(BIN)/python -m autograder execute $(DAY)
+
+bench: $(STAMP) ## the speed targets of COURSE.md section 8 (JSON + table in bench-results/)
+	$(BIN)/python -m tinygpt bench --json bench-results/inference.json \
+		--plot bench-results/timeline.png
+
+bench-quick: $(STAMP) ## a one-minute smoke run of make bench
+	$(BIN)/python -m tinygpt bench --quick --json bench-results/inference-quick.json
 
 bench-grading: $(STAMP) ## grade a generated class of 50 day-01 submissions; prints submissions/min
 	$(BIN)/python -m autograder.bench_grading --json bench-results/grading.json

@@ -1,5 +1,6 @@
 """Tests of tinygpt.generate: the uncached loop, its stop conditions, streaming without leaking
-stop strings, context cropping, errors, seeds, the timing helper and the CLI."""
+stop strings, context cropping, errors, seeds, the timing helper and the CLI; then the KV-cache
+loop: identical tokens and logits at temperature 0, the same events, cropping, flags."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch import nn
 import tinygpt
 import tinygpt.model
 from tinygpt.generate import (
+    CachedLogits,
     ContextCroppedWarning,
     GenerationResult,
     crop_context,
@@ -25,6 +27,7 @@ from tinygpt.generate import (
     stream,
     time_per_token,
 )
+from tinygpt.kv_cache import CompileFallbackWarning
 from tinygpt.model import ModelConfig
 from tinygpt.sampling import VLLM_ORDER, SamplingParams
 
@@ -503,3 +506,183 @@ def test_eos_id_of():
 def test_result_type():
     result = generate(ContextModel(), [1], SamplingParams(max_new_tokens=1, seed=0))
     assert isinstance(result, GenerationResult)
+
+
+# ----------------------------------------------------------------------------------------------
+# The KV-cache loop (day 11): same tokens, same events, one token per step
+# ----------------------------------------------------------------------------------------------
+
+# fp32 next-token logits of the cached and uncached loops agree to this (observed: ~3e-7)
+LOGITS_ATOL = 1e-5
+
+
+def tiny_gpt(n_kv_heads: int = 2, max_seq_len: int = 64, seed: int = 0,
+             vocab_size: int = 40) -> tinygpt.model.TinyGPT:
+    cfg = ModelConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4,
+                      n_kv_heads=n_kv_heads, d_ff=48, max_seq_len=max_seq_len)
+    model = tinygpt.model.TinyGPT(cfg, seed=seed).eval()
+    with torch.no_grad():  # sharper logits than the 0.02 init: no near-ties for argmax
+        model.output.weight.mul_(40)
+    return model
+
+
+class CachedScriptedModel(ScriptedModel):
+    """ScriptedModel that takes a KV cache: the context length is cache.length + T. Records
+    how many tokens each call is fed."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.anchor = nn.Parameter(torch.zeros(1))  # device and dtype for KVCache.for_model
+        self.fed: list[int] = []
+
+    def forward(self, ids, input_pos=None, kv_cache=None):
+        start = 0 if kv_cache is None else kv_cache.check_step(
+            ids.shape[0], ids.shape[1], ids.device, self.anchor.dtype)
+        self.fed.append(ids.shape[1])
+        if kv_cache is not None:
+            kv_cache.advance(ids.shape[1])
+        logits = torch.zeros(ids.shape[0], ids.shape[1], self.cfg.vocab_size)
+        logits[:, -1, self.script[start + ids.shape[1] - self.prompt_len]] = 20.0
+        return logits
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("prompt_len,new_tokens", [(1, 10), (6, 1), (20, 5)])
+def test_cached_greedy_equals_uncached_exactly(n_kv_heads, prompt_len, new_tokens):
+    model = tiny_gpt(n_kv_heads, seed=n_kv_heads)
+    prompt = torch.randint(0, 40, (prompt_len,), generator=torch.Generator().manual_seed(7))
+    params = SamplingParams(temperature=0, max_new_tokens=new_tokens)
+    cached = generate(model, prompt, params, use_cache=True)
+    uncached = generate(model, prompt, params, use_cache=False)
+    assert torch.equal(torch.tensor(cached.token_ids), torch.tensor(uncached.token_ids))
+    assert len(cached.token_ids) == new_tokens and cached.stop_reason == "length"
+    # and the logits behind each choice, step by step
+    ids = torch.tensor([prompt.tolist() + uncached.token_ids])
+    cached_logits = CachedLogits(model, prompt_len, new_tokens)
+    for n in range(prompt_len, prompt_len + new_tokens):
+        got, want = cached_logits(ids[:, :n]), last_token_logits(model, ids[:, :n])
+        assert torch.allclose(got, want, atol=LOGITS_ATOL), f"step at context {n}"
+
+
+def test_cached_sampling_with_penalties_matches_uncached():
+    model = tiny_gpt(seed=3)
+    for params in (SamplingParams(temperature=0.9, top_p=0.9, max_new_tokens=20, seed=11),
+                   SamplingParams(temperature=1.2, top_k=5, repetition_penalty=1.3,
+                                  presence_penalty=0.5, frequency_penalty=0.2,
+                                  max_new_tokens=20, seed=12)):
+        cached = generate(model, [1, 2, 3], params)
+        assert cached.token_ids == generate(model, [1, 2, 3], params, use_cache=False).token_ids
+
+
+def test_default_loop_is_cached_and_feeds_one_token_per_step():
+    model, prompt = CachedScriptedModel([1, 2, 1, 2, 1], prompt_len=3,
+                                        vocab_size=len(PIECES)), [4, 5, 6]
+    result = generate(model, prompt, SamplingParams(max_new_tokens=5))
+    assert model.fed == [3, 1, 1, 1, 1]  # prefill, then the newest token only
+    assert result.token_ids == [1, 2, 1, 2, 1]
+    model.fed.clear()
+    assert generate(model, prompt, SamplingParams(max_new_tokens=5),
+                    use_cache=False).token_ids == result.token_ids
+    assert model.fed == [3, 4, 5, 6, 7]  # the day-08 loop re-reads everything
+
+
+def test_tinygpt_default_runs_one_full_forward_only():
+    model = tiny_gpt()
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(args[0].shape[1]))
+    generate(model, [1, 2, 3, 4], SamplingParams(temperature=0, max_new_tokens=6))
+    assert calls == [4], "the prompt is read once; decode steps do not re-run the context"
+    calls.clear()
+    generate(model, [1, 2, 3, 4], SamplingParams(temperature=0, max_new_tokens=6),
+             use_cache=False)
+    assert calls == [4, 5, 6, 7, 8, 9]
+
+
+@pytest.mark.parametrize("words,stop,eos_id", [
+    (["a", "S", "TO", "P", "b", "b"], ["STOP"], None),
+    (["S", "T", "x", "y"], ["STOP"], None),
+    (["a", "S", 0], ["STOP"], 0),
+    ([1, 11, 12, 2], [], None),
+    (["a", "END", "b"], ["STOP", "END"], None),
+])
+def test_cached_stream_yields_the_same_events(words, stop, eos_id):
+    script = [w if isinstance(w, int) else ID[w] for w in words]
+    params = SamplingParams(max_new_tokens=len(script), stop=stop)
+    cached_model = CachedScriptedModel(script, prompt_len=1, vocab_size=len(PIECES))
+    plain_model = ScriptedModel(script, prompt_len=1, vocab_size=len(PIECES))
+    cached = list(stream(cached_model, [1], params, tokenizer=TOK, eos_id=eos_id))
+    plain = list(stream(plain_model, [1], params, tokenizer=TOK, eos_id=eos_id))
+    assert cached == plain
+    assert cached_model.fed[0] == 1 and set(cached_model.fed[1:]) <= {1}
+    result = generate(cached_model, [1], params, tokenizer=TOK, eos_id=eos_id)
+    assert result.text == "".join(e.text for e in plain)
+
+
+def test_cached_loop_past_the_window_crops_like_the_uncached_one():
+    model = tiny_gpt(max_seq_len=16)
+    params = SamplingParams(temperature=0, max_new_tokens=8)
+    results = {}
+    for use_cache in (True, False):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            results[use_cache] = generate(model, list(range(12)), params, use_cache=use_cache)
+        cropped = [w for w in caught if issubclass(w.category, ContextCroppedWarning)]
+        assert len(cropped) == 1
+    assert results[True].token_ids == results[False].token_ids
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # filling the window exactly is no crop
+        generate(model, list(range(12)), SamplingParams(temperature=0, max_new_tokens=5))
+
+
+def test_cached_logits_refuses_a_context_that_skips_tokens():
+    model = tiny_gpt()
+    logits = CachedLogits(model, prompt_len=3, max_new_tokens=4)
+    logits(torch.tensor([[1, 2, 3]]))
+    assert logits.cache.max_len == 6  # prompt + new tokens - 1: the last one is never fed
+    with pytest.raises(ValueError, match="extend the cached context by one token"):
+        logits(torch.tensor([[1, 2, 3, 4, 5]]))
+
+
+def test_use_cache_and_compile_arguments():
+    model = tiny_gpt()
+    params = SamplingParams(temperature=0, max_new_tokens=5)
+    want = generate(model, [1, 2], params).token_ids
+    with pytest.warns(CompileFallbackWarning, match="CUDA"):
+        assert generate(model, [1, 2], params, compile=True).token_ids == want
+    with pytest.raises(ValueError, match="use_cache=True"):
+        generate(model, [1, 2], params, use_cache=False, compile=True)
+    with pytest.raises(TypeError, match="use_cache"):
+        generate(model, [1, 2], params, use_cache=1)
+    with pytest.warns(CompileFallbackWarning, match="kv_cache"):
+        generate(ContextModel(), [1, 2], params, compile=True)
+
+
+def test_time_per_token_of_the_cached_loop():
+    report = time_per_token(tiny_gpt(), [4, 16], new_tokens=3, repeats=1, use_cache=True)
+    assert report["use_cache"] is True and len(report["seconds_per_token"]) == 2
+    assert time_per_token(ContextModel(), [4], new_tokens=2, repeats=1)["use_cache"] is False
+    with pytest.raises(TypeError, match="use_cache"):
+        time_per_token(ContextModel(), [4], new_tokens=2, use_cache="yes")
+
+
+def test_cli_cached_and_uncached_print_the_same(monkeypatch, capsys):
+    model = tiny_gpt(vocab_size=len(CLI_PIECES))
+    monkeypatch.setattr(tinygpt, "load_pretrained",
+                        lambda device=None: (model, CliTokenizer(CLI_PIECES)))
+    argv = ["--prompt", "ab", "--max-new-tokens", "6", "--temperature", "0", "--device", "cpu"]
+    assert main(argv) == 0
+    cached = capsys.readouterr().out
+    assert main([*argv, "--no-cache"]) == 0
+    assert capsys.readouterr().out == cached
+
+
+@pytest.mark.gpu
+def test_cuda_cached_equals_uncached_and_compiled():
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA is not available: the GPU generate-loop test needs a GPU")
+    model = tiny_gpt(n_kv_heads=2).cuda()
+    params = SamplingParams(temperature=0, max_new_tokens=20)
+    prompt = list(range(1, 12))
+    uncached = generate(model, prompt, params, use_cache=False).token_ids
+    assert generate(model, prompt, params).token_ids == uncached
+    assert generate(model, prompt, params, compile=True).token_ids == uncached

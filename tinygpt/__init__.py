@@ -13,6 +13,10 @@ One module per concept, named after the course day that finishes it:
     generate    day 08  the generate loop, stop conditions, streaming
     flops       day 09  parameter, FLOP and byte counts
     roofline    day 10  hardware table, roofline model, measured local roofline
+    kv_cache    day 11  the static KV cache, prefill and cached decode, KV memory
+    bench       day 12  TTFT, TPOT, percentiles, goodput; the course's speed targets
+
+    testing             the checks behind every notebook test cell
 """
 
 __version__ = "0.1.0"

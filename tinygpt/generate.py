@@ -1,4 +1,4 @@
-"""Day 08: the generate loop, without a KV cache.
+"""Days 08 and 11: the generate loop, without and with a KV cache.
 
 Autoregressive generation repeats one step: run the model on the whole context, take the logits
 of the LAST position, pick a token (tinygpt.sampling), append it, and go again, until a stop
@@ -8,13 +8,16 @@ condition holds:
     "length"       max_new_tokens tokens were generated
     "stop_string"  the decoded text contains one of params.stop (it may span several tokens)
 
-This loop recomputes every position of the context at every step, so each new token costs more
-than the last (time_per_token measures it); day 11 adds a KV cache (`use_cache=True`, same
-signature) that makes a step cost one position. The pieces, in the order a step uses them:
+Without a cache (use_cache=False, day 08) the loop recomputes every position of the context at
+every step, so each new token costs more than the last (time_per_token measures it). Day 11's
+KV cache (use_cache=True, the default, same arguments and events) prefills the prompt once and
+then feeds one token per step (tinygpt.kv_cache); at temperature 0 both loops pick the same
+tokens. The pieces, in the order a step uses them:
 
     prepare_prompt      list[int] or tensor -> (1, T) long, with clear errors
     crop_context        keep the last max_seq_len ids when the text outgrows the window
     last_token_logits   model(context)[:, -1, :] under torch.inference_mode
+    CachedLogits        the same logits from a KV cache: prefill, then one decode step per call
     find_stop           where the first stop string starts in a text
     held_back_length    how much of a text's end could still become a stop string
     stream              yields one TokenEvent per new token, with the text it releases
@@ -36,6 +39,13 @@ from dataclasses import dataclass
 
 import torch
 
+from tinygpt.kv_cache import (
+    CompileFallbackWarning,
+    DecodeStep,
+    KVCache,
+    prefill,
+    supports_kv_cache,
+)
 from tinygpt.sampling import DEFAULT_ORDER, SamplingParams, check_order, sample_next_token
 
 STOP_REASONS = ("eos", "length", "stop_string")
@@ -166,6 +176,41 @@ def last_token_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor
     return logits[:, -1, :].float()
 
 
+class CachedLogits:
+    """The next-token logits of a growing context, computed with a KV cache (day 11).
+
+    Call it with the whole context ids (1, n) after each new token, as the uncached loop calls
+    last_token_logits: the first call prefills the prompt into a fresh cache, later calls feed
+    only the newest id ids[:, -1:] at offset n - 1. A preallocated cache cannot slide (its
+    keys carry RoPE angles of their positions), so once the context outgrows max_seq_len each
+    call re-reads the cropped window without the cache, exactly as the uncached loop does.
+    The cache holds min(max_seq_len, prompt_len + max_new_tokens - 1) positions: the last new
+    token is never fed back.
+    compile: opt-in CUDA-graph decode step (see tinygpt.kv_cache.DecodeStep); on another
+    device a CompileFallbackWarning says why it is not used.
+    """
+
+    def __init__(self, model: torch.nn.Module, prompt_len: int, max_new_tokens: int, *,
+                 compile: bool = False) -> None:
+        _, self.max_seq_len = model_limits(model)
+        self.model = model
+        length = min(self.max_seq_len, prompt_len + max_new_tokens - 1)
+        static = compile and model_device(model).type == "cuda"
+        self.cache = KVCache.for_model(model, batch_size=1, max_len=length, static=static)
+        self.step = DecodeStep(model, self.cache, compile=compile)
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (1, n): the prompt and every token so far -> logits (1, V) float32."""
+        if self.cache.length == 0:
+            return prefill(self.model, self.cache, ids)
+        if ids.shape[1] > self.max_seq_len:
+            return last_token_logits(self.model, crop_context(ids, self.max_seq_len))
+        if ids.shape[1] != self.cache.length + 1:
+            raise ValueError(f"ids must extend the cached context by one token: the cache holds "
+                             f"{self.cache.length} positions, ids has {ids.shape[1]}")
+        return self.step(ids[:, -1:])
+
+
 # ----------------------------------------------------------------------------------------------
 # Stop strings on decoded text
 # ----------------------------------------------------------------------------------------------
@@ -219,7 +264,8 @@ def _check_args(model, params, eos_id, tokenizer, generator, order) -> tuple[int
 
 def stream(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
            eos_id: int | None = None, tokenizer=None, generator: torch.Generator | None = None,
-           order: Sequence[str] = DEFAULT_ORDER) -> Iterator[TokenEvent]:
+           order: Sequence[str] = DEFAULT_ORDER, use_cache: bool = True,
+           compile: bool = False) -> Iterator[TokenEvent]:
     """Generate token by token, yielding a TokenEvent as soon as each token is chosen.
 
     model: maps ids (1, T) long -> logits (1, T, V) and has .cfg.vocab_size / .cfg.max_seq_len
@@ -228,6 +274,11 @@ def stream(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
     tokenizer: anything with decode(list[int]) -> str; needed for text and stop strings.
     generator: the randomness; if None, one seeded with params.seed (or torch's global one).
     order: the sampling stage order (see tinygpt.sampling).
+    use_cache: use a KV cache (CachedLogits) when the model supports one (its forward takes a
+    `kv_cache` argument, as TinyGPT's does); other models, and use_cache=False, run the
+    uncached loop. Both loops take the same arguments and yield the same kind of events.
+    compile: opt-in compiled (CUDA graph) decode step; needs use_cache=True; off CUDA it falls
+    back to the eager step with a CompileFallbackWarning saying why.
 
     Text is released only when it is final: the end that could still grow into a stop string,
     and a trailing U+FFFD (half of a multi-byte character), are held back until resolved.
@@ -236,19 +287,42 @@ def stream(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
     and a ContextCroppedWarning is issued once. Bad arguments raise here, before any event.
     """
     _, max_seq_len = _check_args(model, params, eos_id, tokenizer, generator, order)
+    for name, value in (("use_cache", use_cache), ("compile", compile)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if compile and not use_cache:
+        raise ValueError("compile=True compiles the cached decode step: it needs use_cache=True")
     device = model_device(model)
     prompt = prepare_prompt(prompt_ids, *model_limits(model)).to(device)
     if generator is None and params.seed is not None:
         generator = torch.Generator(device=device).manual_seed(params.seed)
-    return _events(model, prompt, params, eos_id, tokenizer, generator, tuple(order),
+    if use_cache and supports_kv_cache(model):
+        next_logits = CachedLogits(model, prompt.shape[1], params.max_new_tokens,
+                                   compile=compile)
+    else:
+        if compile:
+            warnings.warn(f"compile=True needs a model that supports a KV cache; "
+                          f"{type(model).__name__}.forward takes no kv_cache, so the uncached "
+                          f"loop runs", CompileFallbackWarning, stacklevel=2)
+
+        def next_logits(ids: torch.Tensor) -> torch.Tensor:
+            return last_token_logits(model, crop_context(ids, max_seq_len))
+
+    return _events(next_logits, prompt, params, eos_id, tokenizer, generator, tuple(order),
                    max_seq_len)
 
 
-def _events(model, prompt, params, eos_id, tokenizer, generator, order,
+def _events(next_logits, prompt, params, eos_id, tokenizer, generator, order,
             max_seq_len) -> Iterator[TokenEvent]:
-    """The loop behind stream(); arguments already validated, prompt (1, T) on the device."""
+    """The loop behind stream(); arguments already validated, prompt (1, T) on the device.
+
+    next_logits(ids (1, n)) -> (1, V) gives the next-token logits of the context so far.
+    """
     device = prompt.device
-    ids = prompt                     # (1, T + generated so far), on the model's device
+    prompt_len = prompt.shape[1]
+    buffer = torch.empty(1, prompt_len + params.max_new_tokens, dtype=torch.long, device=device)
+    buffer[:, :prompt_len] = prompt
+    ids = buffer[:, :prompt_len]     # (1, T + generated so far): a view, no growth by torch.cat
     generated: list[int] = []        # every new id
     text_ids: list[int] = []         # the new ids that carry text (EOS excluded)
     released = ""                    # text already yielded
@@ -261,13 +335,14 @@ def _events(model, prompt, params, eos_id, tokenizer, generator, order,
                 "tokens are fed to the model", ContextCroppedWarning, stacklevel=2)
             warned = True
         with torch.inference_mode():
-            logits = last_token_logits(model, crop_context(ids, max_seq_len))
-            generated_t = ids[:, prompt.shape[1]:]
+            logits = next_logits(ids)
+            generated_t = ids[:, prompt_len:]
             token = int(sample_next_token(logits, params, generator=generator,
                                           prompt_ids=prompt, generated_ids=generated_t,
                                           order=order)[0])
         generated.append(token)
-        ids = torch.cat([ids, torch.tensor([[token]], device=device)], dim=1)
+        buffer[0, ids.shape[1]] = token
+        ids = buffer[:, :ids.shape[1] + 1]
 
         finish = "eos" if token == eos_id else None
         if finish is None:
@@ -300,8 +375,12 @@ def _events(model, prompt, params, eos_id, tokenizer, generator, order,
 
 def generate(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
              eos_id: int | None = None, tokenizer=None, generator: torch.Generator | None = None,
-             order: Sequence[str] = DEFAULT_ORDER) -> GenerationResult:
+             order: Sequence[str] = DEFAULT_ORDER, use_cache: bool = True,
+             compile: bool = False) -> GenerationResult:
     """Run stream() to the end and collect its events; same arguments. Batch size 1.
+
+    use_cache=True (the default) runs the KV-cache loop when the model supports it,
+    use_cache=False the day-08 loop that re-reads the whole context every step.
 
     Returns a GenerationResult: the new ids (including a final EOS), the stop reason, and the
     new text when a tokenizer is given (EOS excluded, cut before the stop string).
@@ -310,7 +389,8 @@ def generate(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
     pieces: list[str] = []
     reason = None
     for event in stream(model, prompt_ids, params, eos_id=eos_id, tokenizer=tokenizer,
-                        generator=generator, order=order):
+                        generator=generator, order=order, use_cache=use_cache,
+                        compile=compile):
         token_ids.append(event.token_id)
         if event.text is not None:
             pieces.append(event.text)
@@ -325,16 +405,20 @@ def generate(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
 # ----------------------------------------------------------------------------------------------
 
 def time_per_token(model: torch.nn.Module, prompt_lengths: Sequence[int], new_tokens: int, *,
-                   repeats: int = 3, seed: int = 0) -> dict:
-    """Seconds per generated token of the uncached greedy loop, at several prompt lengths.
+                   repeats: int = 3, seed: int = 0, use_cache: bool = False) -> dict:
+    """Seconds per generated token of the greedy loop, at several prompt lengths.
+
+    use_cache=False (the default) times day 08's uncached loop, use_cache=True day 11's.
 
     For each length L a seeded random prompt of L ids is generated from, new_tokens tokens with
     no EOS; the time of the fastest of `repeats` runs (after one warm-up run) is divided by
     new_tokens. L + new_tokens must fit in cfg.max_seq_len (cropping would hide the growth).
     Returns {"prompt_lengths": [...], "seconds_per_token": [...], "tokens_per_second": [...],
-    "new_tokens": int, "repeats": int, "device": str}.
+    "new_tokens": int, "repeats": int, "device": str, "use_cache": bool}.
     """
     vocab_size, max_seq_len = model_limits(model)
+    if not isinstance(use_cache, bool):
+        raise TypeError(f"use_cache must be True or False, got {use_cache!r}")
     for name, value in (("new_tokens", new_tokens), ("repeats", repeats)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -360,18 +444,18 @@ def time_per_token(model: torch.nn.Module, prompt_lengths: Sequence[int], new_to
     seconds = []
     for length in lengths:
         prompt = torch.randint(0, vocab_size, (length,), generator=rng).tolist()
-        generate(model, prompt, params)  # warm-up
+        generate(model, prompt, params, use_cache=use_cache)  # warm-up
         best = float("inf")
         for _ in range(repeats):
             sync()
             start = time.perf_counter()
-            generate(model, prompt, params)
+            generate(model, prompt, params, use_cache=use_cache)
             sync()
             best = min(best, time.perf_counter() - start)
         seconds.append(best / new_tokens)
     return {"prompt_lengths": lengths, "seconds_per_token": seconds,
             "tokens_per_second": [1.0 / s for s in seconds], "new_tokens": new_tokens,
-            "repeats": repeats, "device": str(device)}
+            "repeats": repeats, "device": str(device), "use_cache": use_cache}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -381,7 +465,7 @@ def time_per_token(model: torch.nn.Module, prompt_lengths: Sequence[int], new_to
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tinygpt generate",
-        description="Generate text from the course's shipped checkpoint (uncached loop).")
+        description="Generate text from the course's shipped checkpoint.")
     parser.add_argument("--prompt", required=True, help="the text to continue")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
@@ -392,6 +476,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampler (default 0)")
     parser.add_argument("--device", default=None, help="cpu, cuda or mps (default: best found)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="use the uncached loop that re-reads the whole context every step")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the cached decode step with CUDA graphs (CUDA only)")
     return parser
 
 
@@ -442,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
         # Training presents every story as <|endoftext|> + text, so the prompt starts the same
         # way (which also makes an empty --prompt mean "a new story").
         prompt_ids = ([] if eos_id is None else [eos_id]) + list(tokenizer.encode(args.prompt))
-        events = stream(model, prompt_ids, params, eos_id=eos_id, tokenizer=tokenizer)
+        events = stream(model, prompt_ids, params, eos_id=eos_id, tokenizer=tokenizer,
+                        use_cache=not args.no_cache, compile=args.compile)
         print(args.prompt, end="", flush=True)
         count, reason = 0, None
         for event in events:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,9 @@ from torch import nn
 
 from tinygpt.attention import grouped_query_attention, merge_heads, split_heads
 from tinygpt.positions import apply_rope, rope_cos_sin
+
+if TYPE_CHECKING:                                   # day 11's cache; no import cycle at run time
+    from tinygpt.kv_cache import KVCache, LayerKVCache
 
 
 @dataclass(frozen=True)
@@ -153,10 +156,25 @@ class Attention(nn.Module):
         v = split_heads(self.wv(x), self.n_kv_heads)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: (B, T, D) -> (B, T, D); position t attends to positions 0 .. t."""
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: LayerKVCache | None = None,
+                cache_pos: int | torch.Tensor = 0) -> torch.Tensor:
+        """x: (B, T, D) -> (B, T, D); position t attends to positions 0 .. t.
+
+        With a kv_cache (one layer's, see tinygpt.kv_cache) the new k, v are written into it
+        first and the T queries attend over everything cached so far. cache_pos is the write
+        offset (an int) of a dynamic cache, or the positions (T,) (a tensor) of a static one.
+        """
         q, k, v = self.qkv(x, cos, sin)
-        y = grouped_query_attention(q, k, v, causal=True)       # (B, H, T, head_dim)
+        if kv_cache is None:
+            y = grouped_query_attention(q, k, v, causal=True)   # (B, H, T, head_dim)
+        elif isinstance(cache_pos, torch.Tensor):
+            k, v, mask = kv_cache.update_static(k, v, cache_pos)
+            y = grouped_query_attention(q, k, v, causal=False, mask=mask)
+        else:
+            k, v = kv_cache.update(k, v, cache_pos)             # (B, H_kv, cache_pos + T, hd)
+            # one query is the newest position and may see every cached key: no mask needed
+            y = grouped_query_attention(q, k, v, causal=q.shape[2] > 1)
         return self.wo(merge_heads(y))
 
 
@@ -170,9 +188,11 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.feed_forward = SwiGLU(cfg.d_model, cfg.d_ff)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: (B, T, D) -> (B, T, D)."""
-        h = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: LayerKVCache | None = None,
+                cache_pos: int | torch.Tensor = 0) -> torch.Tensor:
+        """x: (B, T, D) -> (B, T, D). kv_cache, cache_pos: as in Attention.forward."""
+        h = x + self.attention(self.attention_norm(x), cos, sin, kv_cache, cache_pos)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -261,23 +281,39 @@ class TinyGPT(nn.Module):
             raise ValueError(f"input_pos must lie in [0, max_seq_len={cfg.max_seq_len}), got "
                              f"values in [{low}, {high}]")
 
-    def forward(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None,
+                kv_cache: KVCache | None = None) -> torch.Tensor:
         """Next-token logits for every position.
 
         idx: LongTensor (B, T) of token ids in [0, V), T <= max_seq_len.
         input_pos: LongTensor (T,) (or (B, T), one row per sequence) of the absolute positions of
         the tokens, used by RoPE; default arange(T). Attention stays causal over the T tokens.
+        kv_cache: a tinygpt.kv_cache.KVCache (day 11). A dynamic cache holds kv_cache.length
+        earlier positions: the T tokens are written after them, input_pos defaults to
+        length .. length+T-1, attention also reads the cached positions, and kv_cache.length
+        grows by T. A static cache needs input_pos (T,): the slots written, and the caller
+        keeps kv_cache.length.
         Returns logits (B, T, V) in the model's dtype.
         """
         self._check_inputs(idx, input_pos)
         T = idx.shape[1]
+        start = 0                  # with a cache: where the T tokens go (errors for misuse)
+        if kv_cache is not None:
+            start = kv_cache.start_forward(self.cfg, idx, input_pos, self.tok_embeddings.weight)
         if input_pos is None:
-            cos, sin = self.rope_cos[:T], self.rope_sin[:T]                  # (T, head_dim)
+            cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]  # (T, hd)
         else:
             cos, sin = self.rope_cos[input_pos], self.rope_sin[input_pos]    # (.., T, head_dim)
         x = self.tok_embeddings(idx)                                         # (B, T, D)
-        for layer in self.layers:
-            x = layer(x, cos, sin)
+        if kv_cache is None:
+            for layer in self.layers:
+                x = layer(x, cos, sin)
+        else:
+            cache_pos = input_pos if kv_cache.static else start
+            for layer, layer_cache in zip(self.layers, kv_cache.layers, strict=True):
+                x = layer(x, cos, sin, layer_cache, cache_pos)
+            if not kv_cache.static:
+                kv_cache.advance(T)
         return self.output(self.norm(x))                                     # (B, T, V)
 
 

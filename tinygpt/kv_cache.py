@@ -1,0 +1,468 @@
+"""Day 11: the KV cache.
+
+Without a cache, each generated token re-runs the model over the whole context, so step t costs
+t positions of work. But under causal attention the key and value of position j depend only on
+tokens 0 .. j: once computed they never change. A KV cache stores them, and generation splits
+into two phases:
+
+    prefill      run the prompt (B, T) once; every layer writes its keys and values into
+                 positions 0 .. T-1 of its cache; the last position's logits give token 1
+    decode step  run ONE new token (B, 1) at position t = cache.length: every layer writes its
+                 k, v at offset t and attends over positions 0 .. t; RoPE rotates by t
+
+A step then costs one position of work per layer plus reading the cache. The cache here is
+preallocated: per layer, K and V buffers of shape (batch, n_kv_heads, max_len, head_dim) are
+allocated once, on the model's device and dtype, and filled in place (no torch.cat growth).
+With grouped-query attention only the n_kv_heads key/value heads are stored.
+
+TinyGPT.forward(idx, kv_cache=cache) uses the cache (tinygpt.model); the pieces here are
+
+    LayerKVCache / KVCache      the buffers, the offset, and clear errors for misuse
+    prefill, decode_step        the two phases, returning the last position's logits
+    DecodeStep                  the decode step the generate loop runs: the same computation
+                                as decode_step with far fewer kernel launches, optionally
+                                compiled for CUDA graphs, with a fallback that says why
+                                compilation was not used
+    kv_bytes_per_token, kv_cache_bytes_mha, max_batch_that_fits, max_context_that_fits
+                                the memory calculator (built on tinygpt.flops and the
+                                memory sizes of tinygpt.roofline.HARDWARE)
+
+A cache is "dynamic" (the default: each step writes a slice at the integer offset
+cache.length and attends over the filled part, whose length grows) or "static"
+(static=True: writes with index_copy_ at a tensor of positions and attends over all max_len
+slots with a mask, so every decode step has identical shapes, which CUDA graphs need).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import warnings
+
+import torch
+import torch.nn.functional as nnf
+
+from tinygpt import flops as F
+from tinygpt.model import ModelConfig, TinyGPT
+
+# torch dtype -> the dtype names of tinygpt.flops / tinygpt.roofline
+DTYPE_NAMES: dict[torch.dtype, str] = {torch.float32: "fp32", torch.bfloat16: "bf16",
+                                       torch.float16: "fp16"}
+
+
+class CompileFallbackWarning(UserWarning):
+    """A compiled decode step was asked for but cannot be used; the message says why."""
+
+
+def _check_positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# the cache
+
+
+class LayerKVCache:
+    """One layer's keys and values: k, v of shape (batch, n_kv_heads, max_len, head_dim)."""
+
+    def __init__(self, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int, *,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        shape = (batch_size, n_kv_heads, max_len, head_dim)
+        with torch.inference_mode(False):       # ordinary tensors: writable in and out of it
+            self.k = torch.zeros(shape, device=device, dtype=dtype)
+            self.v = torch.zeros(shape, device=device, dtype=dtype)
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, start: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v (B, H_kv, T, head_dim) at positions start .. start+T-1 of rows 0 .. B-1.
+
+        Returns the filled part, views of shape (B, H_kv, start + T, head_dim): the keys and
+        values of positions 0 .. start+T-1 that the T new queries attend over (causally, the
+        new queries being the last T positions). Bounds are checked by KVCache.check_step.
+        """
+        batch, end = k.shape[0], start + k.shape[2]
+        self.k[:batch, :, start:end] = k
+        self.v[:batch, :, start:end] = v
+        return self.k[:batch, :, :end], self.v[:batch, :, :end]
+
+    def update_static(self, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Write k, v (B, H_kv, T, head_dim) at the positions input_pos (T,), in place.
+
+        Returns all max_len slots, (B, H_kv, max_len, head_dim) each, and a boolean mask
+        (T, max_len) that lets query i see slot j iff j <= input_pos[i]. The shapes do not
+        depend on how much of the cache is filled, so a compiled step can be replayed.
+        """
+        batch = k.shape[0]
+        keys, values = self.k[:batch], self.v[:batch]
+        keys.index_copy_(2, input_pos, k)
+        values.index_copy_(2, input_pos, v)
+        slots = torch.arange(self.k.shape[2], device=input_pos.device)
+        return keys, values, slots[None, :] <= input_pos[:, None]
+
+
+class KVCache:
+    """A preallocated cache for every layer of a model, and the offset of the next write.
+
+    layers[i].k, layers[i].v: (batch_size, n_kv_heads, max_len, head_dim) on `device`, `dtype`.
+    length: positions 0 .. length-1 are filled (a dynamic cache advances it on every forward;
+    for a static cache the caller keeps it, see `static`). Use KVCache.for_model(model).
+    """
+
+    def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_len: int,
+                 head_dim: int, *, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, static: bool = False) -> None:
+        for name, value in (("n_layers", n_layers), ("batch_size", batch_size),
+                            ("n_kv_heads", n_kv_heads), ("max_len", max_len),
+                            ("head_dim", head_dim)):
+            _check_positive(name, value)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating point torch.dtype, got {dtype!r}")
+        self.batch_size, self.max_len = batch_size, max_len
+        self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
+        self.device, self.dtype, self.static = torch.device(device), dtype, bool(static)
+        self.layers = [LayerKVCache(batch_size, n_kv_heads, max_len, head_dim,
+                                    device=self.device, dtype=dtype) for _ in range(n_layers)]
+        self.length = 0
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, batch_size: int = 1, max_len: int | None = None,
+                  *, static: bool = False) -> KVCache:
+        """A cache shaped for `model` (a TinyGPT), on the device and in the dtype of its weights.
+
+        max_len defaults to model.cfg.max_seq_len and may not exceed it (RoPE has no angles for
+        later positions).
+        """
+        cfg = getattr(model, "cfg", None)
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"model must carry a tinygpt ModelConfig as .cfg, got {cfg!r}")
+        max_len = cfg.max_seq_len if max_len is None else _check_positive("max_len", max_len)
+        if max_len > cfg.max_seq_len:
+            raise ValueError(f"max_len ({max_len}) must be <= the model's max_seq_len "
+                             f"({cfg.max_seq_len})")
+        weight = next(model.parameters())
+        return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, max_len, cfg.head_dim,
+                   device=weight.device, dtype=weight.dtype, static=static)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """Shape of every K (and V) buffer: (batch_size, n_kv_heads, max_len, head_dim)."""
+        return (self.batch_size, self.n_kv_heads, self.max_len, self.head_dim)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all K and V buffers (equals flops.kv_cache_bytes for max_len tokens)."""
+        return sum(layer.k.nbytes + layer.v.nbytes for layer in self.layers)
+
+    def reset(self) -> None:
+        """Forget the contents: the next forward writes from position 0 again."""
+        self.length = 0
+
+    def check_step(self, batch: int, n_new: int, device: torch.device,
+                   dtype: torch.dtype) -> int:
+        """Validate a forward of `n_new` tokens for `batch` sequences; return its start offset.
+
+        Raises ValueError when the batch is larger than the cache's, when the cache is on
+        another device or holds another dtype than the model, or (dynamic cache) when
+        length + n_new exceeds max_len. A static cache returns 0 without reading `length`:
+        its positions come as a tensor, and a compiled step must not depend on a Python int
+        that changes every step (it would recompile).
+        """
+        if batch > self.batch_size:
+            raise ValueError(f"batch size {batch} is larger than the KV cache's batch_size "
+                             f"{self.batch_size}; make a cache with batch_size >= {batch}")
+        if torch.device(device) != self.device and not (
+                device.type == self.device.type and self.device.index is None):
+            raise ValueError(f"the KV cache is on {self.device} but the model runs on {device}; "
+                             f"create it with KVCache.for_model(model) after moving the model")
+        if dtype != self.dtype:
+            raise ValueError(f"the KV cache holds {self.dtype} but the model computes in {dtype}; "
+                             f"create it with KVCache.for_model(model) after casting the model")
+        if not self.static and self.length + n_new > self.max_len:
+            raise ValueError(f"the KV cache is full: it holds max_len={self.max_len} positions, "
+                             f"{self.length} are filled, and {n_new} more were given; reset() "
+                             f"it or create a longer cache")
+        return 0 if self.static else self.length
+
+    def start_forward(self, cfg: ModelConfig, idx: torch.Tensor,
+                      input_pos: torch.Tensor | None, weight: torch.Tensor) -> int:
+        """Every check TinyGPT.forward(idx (B, T), input_pos, kv_cache=self) needs; returns
+        the offset the T tokens are written at (0 for a static cache, see check_step).
+
+        weight: a model weight, giving the device and dtype the cache must match.
+        """
+        batch, n_new = idx.shape
+        start = self.check_step(batch, n_new, weight.device, weight.dtype)
+        if len(self.layers) != cfg.n_layers:
+            raise ValueError(f"the KV cache has {len(self.layers)} layers but the model has "
+                             f"n_layers={cfg.n_layers}")
+        if self.static and (input_pos is None or input_pos.ndim != 1):
+            raise ValueError("a static KV cache needs input_pos of shape (T,): the slots to "
+                             "write")
+        if start + n_new > cfg.max_seq_len:
+            raise ValueError(f"positions up to {start + n_new - 1} exceed max_seq_len="
+                             f"{cfg.max_seq_len}; the KV cache is longer than the model's window")
+        return start
+
+    def advance(self, n_new: int) -> None:
+        """Record that positions length .. length + n_new - 1 were written."""
+        self.length += n_new
+
+
+def supports_kv_cache(model: torch.nn.Module) -> bool:
+    """True when model.forward accepts a `kv_cache` argument (TinyGPT does)."""
+    try:
+        return "kv_cache" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+# --------------------------------------------------------------------------------------------
+# the two phases
+
+
+@torch.inference_mode()
+def prefill(model: torch.nn.Module, cache: KVCache, ids: torch.Tensor) -> torch.Tensor:
+    """Run a prompt through the model, filling the cache: ids (B, T) -> last logits (B, V).
+
+    Writes positions cache.length .. cache.length + T - 1 (0 .. T-1 for a fresh cache) in one
+    forward pass and advances cache.length by T. Logits come back in float32.
+    """
+    if not cache.static:
+        return model(ids, kv_cache=cache)[:, -1, :].float()
+    start, n_new = cache.length, ids.shape[1]
+    if start + n_new > cache.max_len:
+        raise ValueError(f"the KV cache is full: it holds max_len={cache.max_len} positions, "
+                         f"{start} are filled, and {n_new} more were given")
+    positions = torch.arange(start, start + n_new, device=ids.device)
+    logits = model(ids, input_pos=positions, kv_cache=cache)[:, -1, :].float()
+    cache.advance(n_new)
+    return logits
+
+
+@torch.inference_mode()
+def decode_step(model: torch.nn.Module, cache: KVCache, token: torch.Tensor) -> torch.Tensor:
+    """Feed one new token per sequence at position cache.length: token (B, 1) -> logits (B, V).
+
+    The token's keys and values are written at offset cache.length, attention reads positions
+    0 .. cache.length, and cache.length grows by one. Logits come back in float32.
+    """
+    if token.ndim != 2 or token.shape[1] != 1:
+        raise ValueError(f"token must have shape (B, 1), got {tuple(token.shape)}")
+    return model(token, kv_cache=cache)[:, -1, :].float()
+
+
+def _static_step(model: torch.nn.Module, cache: KVCache, token: torch.Tensor,
+                 pos: torch.Tensor) -> torch.Tensor:
+    """One static-shape decode step: token (B, 1) at position pos (1,) -> logits (B, V)."""
+    return model(token, input_pos=pos, kv_cache=cache)[:, -1, :].float()
+
+
+def _fused_weights(model: TinyGPT) -> list[tuple[torch.Tensor, ...]]:
+    """Per layer: (attention_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2) weight tensors."""
+    return [(b.attention_norm.weight, b.attention.wq.weight, b.attention.wk.weight,
+             b.attention.wv.weight, b.attention.wo.weight, b.ffn_norm.weight,
+             b.feed_forward.w1.weight, b.feed_forward.w3.weight, b.feed_forward.w2.weight)
+            for b in model.layers]
+
+
+class DecodeStep:
+    """A callable decode step: step(token (B, 1)) -> logits (B, V) float32; advances the cache.
+
+    With a dynamic cache and a TinyGPT, the eager step is decode_step's computation written
+    for one token: torch's fused kernels (F.rms_norm, F.scaled_dot_product_attention with
+    GQA), RoPE as x * cos + roll(x) * sin_signed, the weights looked up once instead of
+    through module attributes, and no module calls. At batch 1 a small model's decode step is
+    bound by per-kernel overhead, and this cuts the kernels per layer by about two thirds.
+    Logits agree with decode_step to float rounding (tests check it); other models run
+    decode_step itself.
+
+    compile=True (opt-in, CUDA only) runs a static-shape step through
+    torch.compile(mode="reduce-overhead"), which captures it in a CUDA graph and replays it,
+    removing the per-kernel launch cost that dominates small-batch decode. The cache must
+    then be static (KVCache.for_model(model, static=True)). When compilation cannot be used
+    (no CUDA device, a dynamic cache, or torch.compile failing) the step runs eagerly, a
+    CompileFallbackWarning gives the reason, and `reason` keeps it; `compiled` tells which
+    path runs.
+    """
+
+    def __init__(self, model: torch.nn.Module, cache: KVCache, compile: bool = False) -> None:
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+        self.model, self.cache = model, cache
+        self.compiled, self.reason = False, None
+        self._compiled_fn = None
+        self._weights = None
+        if isinstance(model, TinyGPT) and not cache.static:
+            self._weights = _fused_weights(model)
+            half = model.cfg.head_dim // 2
+            sin = model.rope_sin
+            # rotate_half(x) * sin == roll(x, half) * sin_signed: one kernel instead of four
+            self._sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+        if compile:
+            self._try_compile()
+
+    def _fall_back(self, reason: str) -> None:
+        self.compiled, self.reason = False, reason
+        warnings.warn(reason, CompileFallbackWarning, stacklevel=3)
+
+    def _try_compile(self) -> None:
+        cache = self.cache
+        if cache.device.type != "cuda":
+            self._fall_back(f"compile=True needs a CUDA device for CUDA graphs; the cache is on "
+                            f"{cache.device}, so the eager step is used")
+        elif not cache.static:
+            self._fall_back("compile=True needs a static cache (KVCache.for_model(model, "
+                            "static=True)): a dynamic cache changes shape every step; the eager "
+                            "step is used")
+        else:
+            for layer in cache.layers:      # fixed addresses: no copies into the CUDA graph
+                torch._dynamo.mark_static_address(layer.k)
+                torch._dynamo.mark_static_address(layer.v)
+            self._compiled_fn = torch.compile(_static_step, mode="reduce-overhead",
+                                              fullgraph=True)
+            self.compiled = True
+
+    @torch.inference_mode()
+    def _fused(self, token: torch.Tensor) -> torch.Tensor:
+        """decode_step for a TinyGPT, in fewer kernels: token (B, 1) -> logits (B, V)."""
+        model, cache, cfg = self.model, self.cache, self.model.cfg
+        embedding = model.tok_embeddings.weight
+        if token.ndim != 2 or token.shape[1] != 1:
+            raise ValueError(f"token must have shape (B, 1), got {tuple(token.shape)}")
+        batch = token.shape[0]
+        start = cache.check_step(batch, 1, embedding.device, embedding.dtype)
+        if start + 1 > cfg.max_seq_len:
+            raise ValueError(f"position {start} exceeds max_seq_len={cfg.max_seq_len}")
+        if not torch.compiler.is_compiling():
+            model._check_inputs(token, None)
+        n_heads, n_kv, head_dim, dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, (cfg.d_model,)
+        gqa, half, eps = n_heads != n_kv, head_dim // 2, cfg.norm_eps
+        cos, sin = model.rope_cos[start], self._sin_signed[start]             # (head_dim,)
+        x = nnf.embedding(token, embedding)                                   # (B, 1, D)
+        for (attention_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2), layer in zip(
+                self._weights, cache.layers, strict=True):
+            h = nnf.rms_norm(x, dim, attention_norm, eps)
+            q = nnf.linear(h, wq).view(batch, n_heads, 1, head_dim)
+            k = nnf.linear(h, wk).view(batch, n_kv, 1, head_dim)
+            v = nnf.linear(h, wv).view(batch, n_kv, 1, head_dim)
+            q = q * cos + q.roll(half, -1) * sin
+            k = k * cos + k.roll(half, -1) * sin
+            keys = layer.k if batch == cache.batch_size else layer.k[:batch]
+            values = layer.v if batch == cache.batch_size else layer.v[:batch]
+            keys.narrow(2, start, 1).copy_(k)
+            values.narrow(2, start, 1).copy_(v)
+            y = nnf.scaled_dot_product_attention(q, keys.narrow(2, 0, start + 1),
+                                                 values.narrow(2, 0, start + 1), enable_gqa=gqa)
+            x = x + nnf.linear(y.view(batch, 1, n_heads * head_dim), wo)     # (B,H,1,hd) order
+            h = nnf.rms_norm(x, dim, ffn_norm, eps)
+            x = x + nnf.linear(nnf.silu(nnf.linear(h, w1)) * nnf.linear(h, w3), w2)
+        cache.advance(1)
+        x = nnf.rms_norm(x[:, -1], dim, model.norm.weight, eps)
+        return nnf.linear(x, model.output.weight).float()
+
+    def _eager(self, token: torch.Tensor) -> torch.Tensor:
+        if self._weights is not None:
+            return self._fused(token)
+        if not self.cache.static:
+            return decode_step(self.model, self.cache, token)
+        pos = torch.tensor([self.cache.length], device=token.device)
+        if self.cache.length + 1 > self.cache.max_len:
+            raise ValueError(f"the KV cache is full: it holds max_len={self.cache.max_len} "
+                             f"positions; reset() it or create a longer cache")
+        with torch.inference_mode():
+            logits = _static_step(self.model, self.cache, token, pos)
+        self.cache.advance(1)
+        return logits
+
+    def __call__(self, token: torch.Tensor) -> torch.Tensor:
+        if not self.compiled:
+            return self._eager(token)
+        cache = self.cache
+        if cache.length + 1 > cache.max_len:
+            raise ValueError(f"the KV cache is full: it holds max_len={cache.max_len} "
+                             f"positions; reset() it or create a longer cache")
+        pos = torch.tensor([cache.length], device=token.device)
+        try:
+            with torch.inference_mode():
+                logits = self._compiled_fn(self.model, cache, token, pos).clone()
+        except Exception as err:  # noqa: BLE001 - any compiler failure means: run eagerly
+            self._fall_back(f"torch.compile failed ({type(err).__name__}: {err}); the eager "
+                            f"step is used")
+            return self._eager(token)
+        cache.advance(1)
+        return logits
+
+
+# --------------------------------------------------------------------------------------------
+# memory calculator
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: str = "bf16") -> int:
+    """Cache bytes one token adds per sequence: 2 x layers x kv_heads x head_dim x bytes."""
+    return F.kv_cache_bytes(cfg, 1, 1, dtype)
+
+
+def kv_cache_bytes_mha(cfg: ModelConfig, tokens: int, batch: int, dtype: str = "bf16") -> int:
+    """The cache the same model would need without GQA (one K/V head per query head).
+
+    kv_cache_bytes_mha / flops.kv_cache_bytes = n_heads / n_kv_heads, the GQA saving.
+    """
+    F._check_cfg(cfg)
+    return F.kv_cache_bytes(dataclasses.replace(cfg, n_kv_heads=cfg.n_heads), tokens, batch,
+                            dtype)
+
+
+def _free_bytes(cfg: ModelConfig, hw, dtype: str, reserve_bytes: int) -> int:
+    """Device memory left for the KV cache next to the weights (may be negative)."""
+    from tinygpt.roofline import Hardware, get_hardware
+
+    if isinstance(hw, str):
+        hw = get_hardware(hw)
+    if not isinstance(hw, Hardware):
+        raise TypeError(f"hw must be a tinygpt.roofline.Hardware or a HARDWARE name, got "
+                        f"{type(hw).__name__}")
+    F._check_int("reserve_bytes", reserve_bytes, minimum=0)
+    return int(hw.memory) - F.weight_bytes(cfg, dtype) - reserve_bytes
+
+
+def max_batch_that_fits(cfg: ModelConfig, hw, context_len: int, dtype: str = "bf16", *,
+                        kv_dtype: str | None = None, reserve_bytes: int = 0) -> int:
+    """Largest batch whose KV cache of `context_len` tokens per sequence fits next to the weights.
+
+    hw: a tinygpt.roofline.Hardware or a name in HARDWARE (its `memory` in bytes is used).
+    dtype: weight dtype; kv_dtype: cache dtype (default dtype). reserve_bytes: memory kept
+    for activations and the framework. Returns 0 when not even one sequence fits (or the
+    weights alone do not). Memory only: the context is not compared with cfg.max_seq_len.
+    """
+    F._check_int("context_len", context_len)
+    kv = dtype if kv_dtype is None else kv_dtype
+    free = _free_bytes(cfg, hw, dtype, reserve_bytes)
+    per_sequence = F.kv_cache_bytes(cfg, context_len, 1, kv)
+    if free < per_sequence:
+        return 0
+    batch = free // per_sequence
+    while F.kv_cache_bytes(cfg, context_len, batch + 1, kv) <= free:   # int4 rounding
+        batch += 1
+    return batch
+
+
+def max_context_that_fits(cfg: ModelConfig, hw, batch: int = 1, dtype: str = "bf16", *,
+                          kv_dtype: str | None = None, reserve_bytes: int = 0) -> int:
+    """Largest tokens per sequence whose KV cache for `batch` sequences fits next to the weights.
+
+    Arguments as in max_batch_that_fits. Returns 0 when nothing fits. Memory only: compare
+    the answer with cfg.max_seq_len, the longest context the model itself accepts.
+    """
+    F._check_int("batch", batch)
+    kv = dtype if kv_dtype is None else kv_dtype
+    free = _free_bytes(cfg, hw, dtype, reserve_bytes)
+    per_token = F.kv_cache_bytes(cfg, 1, batch, kv)
+    if free < per_token:
+        return 0
+    tokens = free // per_token
+    while F.kv_cache_bytes(cfg, tokens + 1, batch, kv) <= free:        # int4 rounding
+        tokens += 1
+    return tokens
