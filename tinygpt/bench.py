@@ -45,6 +45,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -748,6 +749,7 @@ def format_table(report: dict) -> str:
 
 def write_json(report: dict, path: str) -> None:
     """Write the report as indented JSON (no NaN: missing values are null)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(report, handle, indent=2, allow_nan=False)
         handle.write("\n")
@@ -843,6 +845,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(report, args.json)
         print(f"wrote {args.json}")
     if args.plot:
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         plot_timeline(trace).savefig(args.plot, dpi=120, bbox_inches="tight")
         print(f"wrote {args.plot}")
     return 1 if args.strict and not report["all_targets_met"] else 0
