@@ -1,0 +1,201 @@
+"""Day 12 mistakes: each must lose its exercise's points."""
+
+from autograder.mistakes import Mistake
+
+_CHECKS = """
+    times = [float(t) for t in token_times]
+    if not times:
+        raise ValueError("token_times must hold at least one timestamp")
+    if times[0] < start or any(b < a for a, b in zip(times, times[1:])):
+        raise ValueError("bad trace")
+"""
+
+_GOODPUT_HEAD = """
+def goodput(requests, ttft_slo, tpot_slo, duration):
+    for name, value in (("ttft_slo", ttft_slo), ("tpot_slo", tpot_slo), ("duration", duration)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0")
+    good = 0
+    for start, times in requests:
+        ttft, _ = ttft_and_itls(start, times)
+        tpot, _ = tpot_and_e2e(start, times)
+"""
+
+MISTAKES = [
+    # ---------------------------------------------------------------- TTFT and ITLs
+    Mistake("ttft_itls", "TTFT is the first timestamp itself (start not subtracted)",
+            "def ttft_and_itls(start, token_times):" + _CHECKS + """
+    return times[0], [b - a for a, b in zip(times, times[1:])]
+"""),
+    Mistake("ttft_itls", "counts the wait for the first token as an ITL (n gaps)",
+            "def ttft_and_itls(start, token_times):" + _CHECKS + """
+    gaps = [b - a for a, b in zip([start] + times, times)]
+    return times[0] - start, gaps
+"""),
+    Mistake("ttft_itls", "ITLs measured from the submission time (cumulative)",
+            "def ttft_and_itls(start, token_times):" + _CHECKS + """
+    return times[0] - start, [t - start for t in times[1:]]
+"""),
+    Mistake("ttft_itls", "no validation: a malformed trace gives numbers", """
+def ttft_and_itls(start, token_times):
+    times = [float(t) for t in token_times]
+    if not times:
+        return 0.0, []
+    return times[0] - start, [b - a for a, b in zip(times, times[1:])]
+"""),
+    # ---------------------------------------------------------------- TPOT and e2e
+    Mistake("tpot_e2e", "TPOT as e2e / n: the prefill mixed into the per-token figure", """
+def tpot_and_e2e(start, token_times):
+    ttft_and_itls(start, token_times)
+    e2e = float(token_times[-1]) - start
+    return e2e / len(token_times), e2e
+"""),
+    Mistake("tpot_e2e", "divides the decode span by n instead of n - 1", """
+def tpot_and_e2e(start, token_times):
+    ttft_and_itls(start, token_times)
+    n = len(token_times)
+    tpot = (token_times[-1] - token_times[0]) / n if n > 1 else None
+    return tpot, float(token_times[-1]) - start
+"""),
+    Mistake("tpot_e2e", "a one-token response gets TPOT 0 instead of None", """
+def tpot_and_e2e(start, token_times):
+    _, itls = ttft_and_itls(start, token_times)
+    tpot = sum(itls) / len(itls) if itls else 0.0
+    return tpot, float(token_times[-1]) - start
+"""),
+    Mistake("tpot_e2e", "end-to-end measured from the first token, not the submission", """
+def tpot_and_e2e(start, token_times):
+    _, itls = ttft_and_itls(start, token_times)
+    tpot = sum(itls) / len(itls) if itls else None
+    return tpot, float(token_times[-1]) - float(token_times[0])
+"""),
+    # ---------------------------------------------------------------- percentile
+    Mistake("percentile", "nearest-rank instead of linear interpolation", """
+def percentile(values, q):
+    if not 0 <= q <= 100:
+        raise ValueError("q must be in [0, 100]")
+    ordered = sorted(float(v) for v in values)
+    if not ordered:
+        raise ValueError("values must not be empty")
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+"""),
+    Mistake("percentile", "position q/100 * N instead of q/100 * (N - 1)", """
+def percentile(values, q):
+    if not 0 <= q <= 100:
+        raise ValueError("q must be in [0, 100]")
+    ordered = sorted(float(v) for v in values)
+    if not ordered:
+        raise ValueError("values must not be empty")
+    r = min(q / 100 * len(ordered), len(ordered) - 1)
+    low = math.floor(r)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (r - low) * (ordered[high] - ordered[low])
+"""),
+    Mistake("percentile", "forgets to sort", """
+def percentile(values, q):
+    if not 0 <= q <= 100:
+        raise ValueError("q must be in [0, 100]")
+    ordered = [float(v) for v in values]
+    if not ordered:
+        raise ValueError("values must not be empty")
+    r = q / 100 * (len(ordered) - 1)
+    low = math.floor(r)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (r - low) * (ordered[high] - ordered[low])
+"""),
+    Mistake("percentile", "takes the lower neighbour without interpolating", """
+def percentile(values, q):
+    if not 0 <= q <= 100:
+        raise ValueError("q must be in [0, 100]")
+    ordered = sorted(float(v) for v in values)
+    if not ordered:
+        raise ValueError("values must not be empty")
+    return ordered[math.floor(q / 100 * (len(ordered) - 1))]
+"""),
+    Mistake("percentile", "sorts the caller's list in place", """
+def percentile(values, q):
+    if not 0 <= q <= 100:
+        raise ValueError("q must be in [0, 100]")
+    if len(values) == 0:
+        raise ValueError("values must not be empty")
+    values.sort()
+    r = q / 100 * (len(values) - 1)
+    low = math.floor(r)
+    high = min(low + 1, len(values) - 1)
+    return float(values[low] + (r - low) * (values[high] - values[low]))
+"""),
+    Mistake("percentile", "silently clamps q into [0, 100]", """
+def percentile(values, q):
+    q = min(max(q, 0), 100)
+    ordered = sorted(float(v) for v in values)
+    if not ordered:
+        raise ValueError("values must not be empty")
+    r = q / 100 * (len(ordered) - 1)
+    low = math.floor(r)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (r - low) * (ordered[high] - ordered[low])
+"""),
+    # ---------------------------------------------------------------- goodput
+    Mistake("goodput", "counts a request meeting EITHER objective", _GOODPUT_HEAD + """
+        if ttft <= ttft_slo or (tpot is None or tpot <= tpot_slo):
+            good += 1
+    return good / duration
+"""),
+    Mistake("goodput", "strict < : a request exactly at the limit fails", _GOODPUT_HEAD + """
+        if ttft < ttft_slo and (tpot is None or tpot < tpot_slo):
+            good += 1
+    return good / duration
+"""),
+    Mistake("goodput", "a one-token request (no TPOT) never counts", _GOODPUT_HEAD + """
+        if tpot is not None and ttft <= ttft_slo and tpot <= tpot_slo:
+            good += 1
+    return good / duration
+"""),
+    Mistake("goodput", "returns the fraction of good requests, not a rate per second",
+            _GOODPUT_HEAD + """
+        if ttft <= ttft_slo and (tpot is None or tpot <= tpot_slo):
+            good += 1
+    return good / max(len(requests), 1)
+"""),
+    Mistake("goodput", "counts good tokens instead of good requests", _GOODPUT_HEAD + """
+        if ttft <= ttft_slo and (tpot is None or tpot <= tpot_slo):
+            good += len(times)
+    return good / duration
+"""),
+    # ---------------------------------------------------------------- throughput
+    Mistake("throughput", "averages each request's own tokens per second", """
+def output_throughput(requests):
+    if not requests:
+        raise ValueError("requests must not be empty")
+    return sum(len(t) / (t[-1] - s) for s, t in requests) / len(requests)
+"""),
+    Mistake("throughput", "divides by the sum of the requests' latencies", """
+def output_throughput(requests):
+    if not requests:
+        raise ValueError("requests must not be empty")
+    return sum(len(t) for _, t in requests) / sum(t[-1] - s for s, t in requests)
+"""),
+    Mistake("throughput", "span from the first request in the list to the last one's end", """
+def output_throughput(requests):
+    if not requests:
+        raise ValueError("requests must not be empty")
+    return sum(len(t) for _, t in requests) / (requests[-1][1][-1] - requests[0][0])
+"""),
+    # ---------------------------------------------------------------- self-check
+    Mistake("q1", "looks at the streaming speed", """
+answer_q1 = "A"
+"""),
+    Mistake("q2", "TTFT + n x TPOT (counts the first token twice)", """
+answer_q2 = 300 + 50 * 20
+"""),
+    Mistake("q2", "n x TPOT only, forgetting the TTFT", """
+answer_q2 = 50 * 20
+"""),
+    Mistake("q3", "reads p99 as the typical value", """
+answer_q3 = "A"
+"""),
+    Mistake("q4", "goodput follows throughput", """
+answer_q4 = "A"
+"""),
+]
