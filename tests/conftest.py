@@ -66,13 +66,3 @@ def graded_days(tmp_path_factory):
 
     return get
 
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (--dist loadgroup), keep each day's notebook work on one worker:
-    nbval's cells share a kernel, and the day's nbgrader run (graded_days) is then done once."""
-    for item in items:
-        path = Path(str(item.fspath))
-        if path.suffix == ".ipynb":
-            item.add_marker(pytest.mark.xdist_group(path.stem))
-        elif getattr(item, "callspec", None) is not None and "day" in item.callspec.params:
-            item.add_marker(pytest.mark.xdist_group(item.callspec.params["day"]))

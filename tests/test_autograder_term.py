@@ -207,13 +207,13 @@ def test_term_against_postgresql(tmp_path):
         root = course_root(tmp_path)
         export = tmp_path / "export"
         for case in bad_submissions.CASES:
-            if case.student in ("control-full", "corrupt-json", "control-blank"):
+            if case.student in ("control-full", "corrupt-json"):
                 case.build(export / case.student / DAY, {})
         cli(root, "release", DAY, db=db)
         cli(root, "collect", str(export), db=db)
         cli(root, "grade", DAY, *LIMITS, "--json", str(tmp_path / "r.json"), db=db)
         scores = {r["student"]: r["score"] for r in json.loads((tmp_path / "r.json").read_text())}
-        assert scores == {"control-full": 13.0, "corrupt-json": 0.0, "control-blank": 0.0}
+        assert scores == {"control-full": 13.0, "corrupt-json": 0.0}
         cli(root, "export", str(tmp_path / "grades.csv"), db=db)
         assert "control-full,13,13" in (tmp_path / "grades.csv").read_text()
         assert not (root / "gradebook.db").exists(), "--db was ignored: SQLite was used"
