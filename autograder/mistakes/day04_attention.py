@@ -1,0 +1,223 @@
+"""Day 04 mistakes: each must lose its exercise's points."""
+
+from autograder.mistakes import Mistake
+
+MISTAKES = [
+    Mistake("causal_mask", "off by one: masks the diagonal too (triu with k=0)", """
+def causal_mask(t_q, t_k=None):
+    t_k = t_q if t_k is None else t_k
+    if t_k < t_q:
+        raise ValueError("t_k must be >= t_q")
+    return np.triu(np.full((t_q, t_k), -np.inf), k=t_k - t_q)
+"""),
+    Mistake("causal_mask", "top-left alignment: ignores the offset t_k - t_q", """
+def causal_mask(t_q, t_k=None):
+    t_k = t_q if t_k is None else t_k
+    if t_k < t_q:
+        raise ValueError("t_k must be >= t_q")
+    return np.triu(np.full((t_q, t_k), -np.inf), k=1)
+"""),
+    Mistake("causal_mask", "masks the past instead of the future (tril)", """
+def causal_mask(t_q, t_k=None):
+    t_k = t_q if t_k is None else t_k
+    if t_k < t_q:
+        raise ValueError("t_k must be >= t_q")
+    return np.tril(np.full((t_q, t_k), -np.inf), k=t_k - t_q - 1)
+"""),
+    Mistake("causal_mask", "accepts t_k < t_q silently", """
+def causal_mask(t_q, t_k=None):
+    t_k = t_q if t_k is None else t_k
+    return np.triu(np.full((t_q, t_k), -np.inf), k=t_k - t_q + 1)
+"""),
+    Mistake("attention_numpy", "forgets the 1/sqrt(d) scale", """
+def attention_numpy(q, k, v, mask=None):
+    scores = q @ np.swapaxes(k, -1, -2)
+    if mask is not None:
+        scores = scores + mask
+    return softmax(scores) @ v
+"""),
+    Mistake("attention_numpy", "softmax over the queries (axis -2) instead of the keys", """
+def attention_numpy(q, k, v, mask=None):
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores + mask
+    return np.swapaxes(softmax(np.swapaxes(scores, -1, -2)), -1, -2) @ v
+"""),
+    Mistake("attention_numpy", "scales by sqrt(d_v) (the values' size) instead of sqrt(d)", """
+def attention_numpy(q, k, v, mask=None):
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(v.shape[-1])
+    if mask is not None:
+        scores = scores + mask
+    return softmax(scores) @ v
+"""),
+    Mistake("attention_numpy", "applies the mask after the softmax (zeroes weights, no renormalisation)", """
+def attention_numpy(q, k, v, mask=None):
+    weights = softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]))
+    if mask is not None:
+        weights = weights * (mask == 0)
+    return weights @ v
+"""),
+    Mistake("attention_torch", "softmax over the queries (dim=-2)", """
+def attention_weights(q, k, causal=True):
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        allowed = torch.ones(t_q, t_k, dtype=torch.bool).tril(diagonal=t_k - t_q)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores, dim=-2)
+
+
+def scaled_dot_product_attention(q, k, v, causal=True):
+    return attention_weights(q, k, causal) @ v
+"""),
+    Mistake("attention_torch", "mask off by one: the diagonal is masked (row 0 becomes NaN)", """
+def attention_weights(q, k, causal=True):
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        allowed = torch.ones(t_q, t_k, dtype=torch.bool).tril(diagonal=t_k - t_q - 1)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def scaled_dot_product_attention(q, k, v, causal=True):
+    return attention_weights(q, k, causal) @ v
+"""),
+    Mistake("attention_torch", "top-left aligned mask (tril() without the offset)", """
+def attention_weights(q, k, causal=True):
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        allowed = torch.ones(t_q, t_k, dtype=torch.bool).tril()
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def scaled_dot_product_attention(q, k, v, causal=True):
+    return attention_weights(q, k, causal) @ v
+"""),
+    Mistake("attention_torch", "divides by d instead of sqrt(d)", """
+def attention_weights(q, k, causal=True):
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    scores = q @ k.transpose(-2, -1) / q.shape[-1]
+    if causal:
+        allowed = torch.ones(t_q, t_k, dtype=torch.bool).tril(diagonal=t_k - t_q)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def scaled_dot_product_attention(q, k, v, causal=True):
+    return attention_weights(q, k, causal) @ v
+"""),
+    Mistake("attention_torch", "ignores causal=False (always masks)", """
+def attention_weights(q, k, causal=True):
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    allowed = torch.ones(t_q, t_k, dtype=torch.bool).tril(diagonal=t_k - t_q)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def scaled_dot_product_attention(q, k, v, causal=True):
+    return attention_weights(q, k, causal) @ v
+"""),
+    Mistake("heads", "split_heads with a direct view(B, H, T, d): heads cut the sequence", """
+def split_heads(x, n_heads):
+    B, T, D = x.shape
+    if D % n_heads:
+        raise ValueError(f"D ({D}) must be divisible by n_heads ({n_heads})")
+    return x.reshape(B, n_heads, T, D // n_heads)
+
+
+def merge_heads(x):
+    B, H, T, d = x.shape
+    return x.reshape(B, T, H * d)
+"""),
+    Mistake("heads", "merge_heads reshapes without transposing back", """
+def split_heads(x, n_heads):
+    B, T, D = x.shape
+    if D % n_heads:
+        raise ValueError(f"D ({D}) must be divisible by n_heads ({n_heads})")
+    return x.view(B, T, n_heads, D // n_heads).transpose(1, 2)
+
+
+def merge_heads(x):
+    B, H, T, d = x.shape
+    return x.reshape(B, T, H * d)
+"""),
+    Mistake("heads", "merge_heads with the wrong transpose: (B, T, d, H) interleaves the heads", """
+def split_heads(x, n_heads):
+    B, T, D = x.shape
+    if D % n_heads:
+        raise ValueError(f"D ({D}) must be divisible by n_heads ({n_heads})")
+    return x.view(B, T, n_heads, D // n_heads).transpose(1, 2)
+
+
+def merge_heads(x):
+    B, H, T, d = x.shape
+    return x.permute(0, 2, 3, 1).reshape(B, T, H * d)
+"""),
+    Mistake("heads", "no divisibility check: D // n_heads silently drops channels", """
+def split_heads(x, n_heads):
+    B, T, D = x.shape
+    d = D // n_heads
+    return x[..., : n_heads * d].reshape(B, T, n_heads, d).transpose(1, 2)
+
+
+def merge_heads(x):
+    B, H, T, d = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * d)
+"""),
+    Mistake("repeat_kv", "tensor.repeat tiles the block: head h gets kv head h % H_kv", """
+def repeat_kv(x, n_rep):
+    if n_rep < 1:
+        raise ValueError(f"n_rep must be >= 1, got {n_rep}")
+    return x.repeat(1, n_rep, 1, 1)
+"""),
+    Mistake("repeat_kv", "repeats along the positions (dim 2) instead of the heads", """
+def repeat_kv(x, n_rep):
+    if n_rep < 1:
+        raise ValueError(f"n_rep must be >= 1, got {n_rep}")
+    return torch.repeat_interleave(x, n_rep, dim=2)
+"""),
+    Mistake("repeat_kv", "n_rep = 0 silently returns zero heads", """
+def repeat_kv(x, n_rep):
+    return torch.repeat_interleave(x, n_rep, dim=1)
+"""),
+    Mistake("gqa", "tiles the KV heads (repeat) instead of repeat_interleave", """
+def grouped_query_attention(q, k, v, causal=True):
+    n_heads, n_kv_heads = q.shape[1], k.shape[1]
+    if n_heads % n_kv_heads:
+        raise ValueError("n_kv_heads must divide n_heads")
+    n_rep = n_heads // n_kv_heads
+    return scaled_dot_product_attention(q, k.repeat(1, n_rep, 1, 1), v.repeat(1, n_rep, 1, 1), causal)
+"""),
+    Mistake("gqa", "n_rep = H_kv instead of H // H_kv", """
+def grouped_query_attention(q, k, v, causal=True):
+    n_heads, n_kv_heads = q.shape[1], k.shape[1]
+    if n_heads % n_kv_heads:
+        raise ValueError("n_kv_heads must divide n_heads")
+    return scaled_dot_product_attention(q, repeat_kv(k, n_kv_heads), repeat_kv(v, n_kv_heads), causal)
+"""),
+    Mistake("gqa", "no divisibility check: H=6, H_kv=4 fails with a shape error, not a ValueError", """
+def grouped_query_attention(q, k, v, causal=True):
+    n_rep = q.shape[1] // k.shape[1]
+    return scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), causal)
+"""),
+    Mistake("gqa", "always causal: drops the causal argument", """
+def grouped_query_attention(q, k, v, causal=True):
+    n_heads, n_kv_heads = q.shape[1], k.shape[1]
+    if n_heads % n_kv_heads:
+        raise ValueError("n_kv_heads must divide n_heads")
+    n_rep = n_heads // n_kv_heads
+    return scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep))
+"""),
+    Mistake("q1", "thinks the mask aligns top-left (PyTorch's is_causal)", 'answer_q1 = "B"'),
+    Mistake("q1", "thinks a token cannot see itself", 'answer_q1 = "D"'),
+    Mistake("q2", "tiles instead of grouping: 13 % 8", "answer_q2 = 13 % 8"),
+    Mistake("q2", "divides by the number of KV heads: 13 // 8", "answer_q2 = 13 // 8"),
+    Mistake("q3", "thinks large scores flatten the softmax", 'answer_q3 = "B"'),
+    Mistake("q3", "confuses multiplying with adding a constant", 'answer_q3 = "C"'),
+    Mistake("q4", "counts the query heads instead of the KV heads", "answer_q4 = 2 * 32 * 32 * 128 * 2"),
+    Mistake("q4", "forgets the factor 2 for keys and values", "answer_q4 = 32 * 8 * 128 * 2"),
+]

@@ -1,0 +1,332 @@
+"""Day 07 mistakes: each must lose its exercise's points."""
+
+from autograder.mistakes import Mistake
+
+MISTAKES = [
+    # ---- top-k -------------------------------------------------------------------------------
+    Mistake("top_k", "keeps exactly k indices (torch.topk indices): drops tokens tied with the "
+                     "k-th", """
+def top_k_filter(logits, k):
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    if k == 0 or k >= logits.shape[-1]:
+        return logits.clone()
+    idx = torch.topk(logits, k, dim=-1).indices
+    keep = torch.zeros_like(logits, dtype=torch.bool).scatter(1, idx, True)
+    return logits.masked_fill(~keep, float("-inf"))
+"""),
+    Mistake("top_k", "one threshold for the whole batch instead of one per row", """
+def top_k_filter(logits, k):
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    if k == 0 or k >= logits.shape[-1]:
+        return logits.clone()
+    kth = torch.topk(logits.flatten(), k).values[-1]
+    return logits.masked_fill(logits < kth, float("-inf"))
+"""),
+    Mistake("top_k", "modifies the caller's logits in place", """
+def top_k_filter(logits, k):
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    if k == 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[:, -1:]
+    logits[logits < kth] = float("-inf")
+    return logits
+"""),
+    Mistake("top_k", "no guard for k >= V: torch.topk raises for k > V", """
+def top_k_filter(logits, k):
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    if k == 0:
+        return logits.clone()
+    kth = torch.topk(logits, k, dim=-1).values[:, -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+"""),
+    Mistake("top_k", "treats a negative k as off instead of raising", """
+def top_k_filter(logits, k):
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits.clone()
+    kth = torch.topk(logits, k, dim=-1).values[:, -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+"""),
+    # ---- top-p -------------------------------------------------------------------------------
+    Mistake("top_p", "cumulative <= p: drops the token that crosses p", """
+def top_p_filter(logits, p):
+    if not 0 < p <= 1:
+        raise ValueError(f"p must be in (0, 1], got {p}")
+    if p == 1:
+        return logits.clone()
+    probs = torch.softmax(logits, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    keep_sorted = torch.cumsum(sorted_probs, dim=-1) <= p
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
+"""),
+    Mistake("top_p", "drops the crossing token but always keeps the top one", """
+def top_p_filter(logits, p):
+    if not 0 < p <= 1:
+        raise ValueError(f"p must be in (0, 1], got {p}")
+    if p == 1:
+        return logits.clone()
+    probs = torch.softmax(logits, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    keep_sorted = torch.cumsum(sorted_probs, dim=-1) <= p
+    keep_sorted[:, 0] = True
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
+"""),
+    Mistake("top_p", "applies the sorted mask to the unsorted logits (forgets to scatter back)", """
+def top_p_filter(logits, p):
+    if not 0 < p <= 1:
+        raise ValueError(f"p must be in (0, 1], got {p}")
+    if p == 1:
+        return logits.clone()
+    probs = torch.softmax(logits, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    keep_sorted = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < p
+    return logits.masked_fill(~keep_sorted, float("-inf"))
+"""),
+    Mistake("top_p", "no special case for p = 1: rounding drops tail tokens", """
+def top_p_filter(logits, p):
+    if not 0 < p <= 1:
+        raise ValueError(f"p must be in (0, 1], got {p}")
+    probs = torch.softmax(logits, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    keep_sorted = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < p
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
+"""),
+    Mistake("top_p", "silently clamps p into (0, 1] instead of raising", """
+def top_p_filter(logits, p):
+    p = min(max(p, 1e-6), 1.0)
+    if p == 1:
+        return logits.clone()
+    probs = torch.softmax(logits, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    keep_sorted = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < p
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
+"""),
+    # ---- min-p -------------------------------------------------------------------------------
+    Mistake("min_p", "absolute threshold: probs >= min_p, not min_p * the largest", """
+def min_p_filter(logits, min_p):
+    if not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+    if min_p == 0:
+        return logits.clone()
+    probs = torch.softmax(logits, dim=-1)
+    return logits.masked_fill(probs < min_p, float("-inf"))
+"""),
+    Mistake("min_p", "compares logits instead of probabilities", """
+def min_p_filter(logits, min_p):
+    if not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+    if min_p == 0:
+        return logits.clone()
+    threshold = min_p * logits.max(dim=-1, keepdim=True).values
+    return logits.masked_fill(logits < threshold, float("-inf"))
+"""),
+    Mistake("min_p", "strict > : min_p = 1 removes every token", """
+def min_p_filter(logits, min_p):
+    if not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+    if min_p == 0:
+        return logits.clone()
+    probs = torch.softmax(logits, dim=-1)
+    threshold = min_p * probs.max(dim=-1, keepdim=True).values
+    return logits.masked_fill(~(probs > threshold), float("-inf"))
+"""),
+    Mistake("min_p", "uses the largest probability of the whole batch, not of each row", """
+def min_p_filter(logits, min_p):
+    if not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+    if min_p == 0:
+        return logits.clone()
+    probs = torch.softmax(logits, dim=-1)
+    return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+"""),
+    # ---- typical -----------------------------------------------------------------------------
+    Mistake("typical", "sorts by probability (that is top-p), not by distance to the entropy", """
+def typical_filter(logits, typical_p):
+    if not 0 < typical_p <= 1:
+        raise ValueError(f"typical_p must be in (0, 1], got {typical_p}")
+    if typical_p == 1:
+        return logits.clone()
+    probs = torch.softmax(logits, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    keep_sorted = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < typical_p
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
+"""),
+    Mistake("typical", "entropy as -(p * log p).sum(): nan when a token is already removed", """
+def typical_filter(logits, typical_p):
+    if not 0 < typical_p <= 1:
+        raise ValueError(f"typical_p must be in (0, 1], got {typical_p}")
+    if typical_p == 1:
+        return logits.clone()
+    log_probs = torch.log_softmax(logits, dim=-1)
+    probs = log_probs.exp()
+    entropy = -(probs * log_probs).sum(dim=-1, keepdim=True)
+    distance = (-log_probs - entropy).abs()
+    _, order = torch.sort(distance, dim=-1, stable=True)
+    sorted_probs = probs.gather(1, order)
+    keep_sorted = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < typical_p
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
+"""),
+    Mistake("typical", "cumulative <= typical_p: drops the crossing token", """
+def typical_filter(logits, typical_p):
+    if not 0 < typical_p <= 1:
+        raise ValueError(f"typical_p must be in (0, 1], got {typical_p}")
+    if typical_p == 1:
+        return logits.clone()
+    log_probs = torch.log_softmax(logits, dim=-1)
+    probs = log_probs.exp()
+    entropy = -torch.where(probs > 0, probs * log_probs, torch.zeros_like(probs)).sum(dim=-1, keepdim=True)
+    distance = (-log_probs - entropy).abs()
+    _, order = torch.sort(distance, dim=-1, stable=True)
+    sorted_probs = probs.gather(1, order)
+    keep_sorted = torch.cumsum(sorted_probs, dim=-1) <= typical_p
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
+"""),
+    Mistake("typical", "signed distance (no abs): ranks the least surprising tokens first", """
+def typical_filter(logits, typical_p):
+    if not 0 < typical_p <= 1:
+        raise ValueError(f"typical_p must be in (0, 1], got {typical_p}")
+    if typical_p == 1:
+        return logits.clone()
+    log_probs = torch.log_softmax(logits, dim=-1)
+    probs = log_probs.exp()
+    entropy = -torch.where(probs > 0, probs * log_probs, torch.zeros_like(probs)).sum(dim=-1, keepdim=True)
+    distance = -log_probs - entropy
+    _, order = torch.sort(distance, dim=-1, stable=True)
+    sorted_probs = probs.gather(1, order)
+    keep_sorted = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < typical_p
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
+"""),
+    # ---- sampling_probs ----------------------------------------------------------------------
+    Mistake("sampling_probs", "applies the temperature after the filters, whatever the order", """
+def sampling_probs(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                   order=HF_ORDER):
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    x = logits
+    for stage in order:
+        if stage == "top_k":
+            x = top_k_filter(x, top_k)
+        elif stage == "top_p":
+            x = top_p_filter(x, top_p)
+        elif stage == "min_p":
+            x = min_p_filter(x, min_p)
+        elif stage == "typical":
+            x = typical_filter(x, typical_p)
+    return torch.softmax(x / temperature, dim=-1)
+"""),
+    Mistake("sampling_probs", "ignores `order`: always Hugging Face's order", """
+def sampling_probs(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                   order=HF_ORDER):
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    x = logits / temperature
+    x = top_k_filter(x, top_k)
+    x = top_p_filter(x, top_p)
+    x = min_p_filter(x, min_p)
+    x = typical_filter(x, typical_p)
+    return torch.softmax(x, dim=-1)
+"""),
+    Mistake("sampling_probs", "does not renormalize: the raw probabilities with removed tokens "
+                              "zeroed", """
+def sampling_probs(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                   order=HF_ORDER):
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    x = logits
+    for stage in order:
+        if stage == "temperature":
+            x = x / temperature
+        elif stage == "top_k":
+            x = top_k_filter(x, top_k)
+        elif stage == "top_p":
+            x = top_p_filter(x, top_p)
+        elif stage == "min_p":
+            x = min_p_filter(x, min_p)
+        elif stage == "typical":
+            x = typical_filter(x, typical_p)
+    return torch.softmax(logits / temperature, dim=-1).masked_fill(torch.isneginf(x), 0.0)
+"""),
+    Mistake("sampling_probs", "multiplies by the temperature instead of dividing", """
+def sampling_probs(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                   order=HF_ORDER):
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    x = logits
+    for stage in order:
+        if stage == "temperature":
+            x = x * temperature
+        elif stage == "top_k":
+            x = top_k_filter(x, top_k)
+        elif stage == "top_p":
+            x = top_p_filter(x, top_p)
+        elif stage == "min_p":
+            x = min_p_filter(x, min_p)
+        elif stage == "typical":
+            x = typical_filter(x, typical_p)
+    return torch.softmax(x, dim=-1)
+"""),
+    # ---- sample_next_token -------------------------------------------------------------------
+    Mistake("sample_next_token", "ignores the generator: draws from torch's global RNG", """
+def sample_next_token(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                      order=HF_ORDER, generator=None):
+    if temperature == 0:
+        return torch.argmax(logits, dim=-1)
+    probs = sampling_probs(logits, temperature, top_k, top_p, min_p, typical_p, order)
+    return torch.multinomial(probs, num_samples=1).squeeze(1)
+"""),
+    Mistake("sample_next_token", "returns multinomial's (B, 1) without squeezing", """
+def sample_next_token(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                      order=HF_ORDER, generator=None):
+    if temperature == 0:
+        return torch.argmax(logits, dim=-1, keepdim=True)
+    probs = sampling_probs(logits, temperature, top_k, top_p, min_p, typical_p, order)
+    return torch.multinomial(probs, num_samples=1, generator=generator)
+"""),
+    Mistake("sample_next_token", "draws from the raw softmax: the filters are ignored", """
+def sample_next_token(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                      order=HF_ORDER, generator=None):
+    if temperature == 0:
+        return torch.argmax(logits, dim=-1)
+    if temperature < 0:
+        raise ValueError("temperature must be >= 0")
+    probs = torch.softmax(logits / temperature, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+"""),
+    Mistake("sample_next_token", "greedy after the filters: typical sampling can change the "
+                                 "argmax", """
+def sample_next_token(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                      order=HF_ORDER, generator=None):
+    if temperature == 0:
+        x = typical_filter(min_p_filter(top_p_filter(top_k_filter(logits, top_k), top_p), min_p),
+                           typical_p)
+        return torch.argmax(x, dim=-1)
+    probs = sampling_probs(logits, temperature, top_k, top_p, min_p, typical_p, order)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+"""),
+    Mistake("sample_next_token", "treats any temperature <= 0 as greedy (no error for -1)", """
+def sample_next_token(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                      order=HF_ORDER, generator=None):
+    if temperature <= 0:
+        return torch.argmax(logits, dim=-1)
+    probs = sampling_probs(logits, temperature, top_k, top_p, min_p, typical_p, order)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+"""),
+    # ---- self-check ----------------------------------------------------------------------------
+    Mistake("q1", "drops the crossing token", 'answer_q1 = "B"'),
+    Mistake("q1", "counts every token below the cumulative 0.95", 'answer_q1 = "D"'),
+    Mistake("q2", "thinks top-k is slower", 'answer_q2 = "A"'),
+    Mistake("q2", "confuses top-k with typical sampling", 'answer_q2 = "C"'),
+    Mistake("q3", "filters before the temperature (min-p on the raw distribution)", "answer_q3 = 2"),
+    Mistake("q3", "counts every token", "answer_q3 = 5"),
+]
