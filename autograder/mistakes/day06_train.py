@@ -1,0 +1,279 @@
+"""Day 06 mistakes: each must lose its exercise's points."""
+
+from autograder.mistakes import Mistake
+
+MISTAKES = [
+    # ---- get_batch ------------------------------------------------------------------------
+    Mistake("get_batch", "targets not shifted: y = x", """
+def get_batch(data, batch_size, block_size, generator):
+    starts = torch.randint(0, len(data) - block_size, (batch_size,), generator=generator)
+    x = torch.stack([data[s:s + block_size] for s in starts.tolist()])
+    return x, x.clone()
+"""),
+    Mistake("get_batch", "shifted the wrong way: y is the token before x", """
+def get_batch(data, batch_size, block_size, generator):
+    starts = torch.randint(1, len(data) - block_size + 1, (batch_size,), generator=generator)
+    x = torch.stack([data[s:s + block_size] for s in starts.tolist()])
+    y = torch.stack([data[s - 1:s - 1 + block_size] for s in starts.tolist()])
+    return x, y
+"""),
+    Mistake("get_batch", "upper bound one too small: the last window is never drawn", """
+def get_batch(data, batch_size, block_size, generator):
+    starts = torch.randint(0, len(data) - block_size - 1, (batch_size,), generator=generator)
+    x = torch.stack([data[s:s + block_size] for s in starts.tolist()])
+    y = torch.stack([data[s + 1:s + block_size + 1] for s in starts.tolist()])
+    return x, y
+"""),
+    Mistake("get_batch", "ignores the generator (global RNG: not reproducible)", """
+def get_batch(data, batch_size, block_size, generator):
+    starts = torch.randint(0, len(data) - block_size, (batch_size,))
+    x = torch.stack([data[s:s + block_size] for s in starts.tolist()])
+    y = torch.stack([data[s + 1:s + block_size + 1] for s in starts.tolist()])
+    return x, y
+"""),
+    Mistake("get_batch", "draws separate starts for x and y", """
+def get_batch(data, batch_size, block_size, generator):
+    sx = torch.randint(0, len(data) - block_size, (batch_size,), generator=generator)
+    sy = torch.randint(0, len(data) - block_size, (batch_size,), generator=generator)
+    x = torch.stack([data[s:s + block_size] for s in sx.tolist()])
+    y = torch.stack([data[s + 1:s + block_size + 1] for s in sy.tolist()])
+    return x, y
+"""),
+    # ---- lm_loss --------------------------------------------------------------------------
+    Mistake("lm_loss", "passes (B, T, V) logits to F.cross_entropy without flattening", """
+def lm_loss(logits, targets):
+    return F.cross_entropy(logits, targets)
+"""),
+    Mistake("lm_loss", "softmax before cross_entropy (softmax applied twice)", """
+def lm_loss(logits, targets):
+    probs = torch.softmax(logits, dim=-1)
+    return F.cross_entropy(probs.reshape(-1, probs.shape[-1]), targets.reshape(-1))
+"""),
+    Mistake("lm_loss", "sums over positions instead of averaging", """
+def lm_loss(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                           reduction="sum")
+"""),
+    Mistake("lm_loss", "targets flattened in a different order than the logits", """
+def lm_loss(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.t().reshape(-1))
+"""),
+    Mistake("lm_loss", "returns a Python float: backward() is impossible", """
+def lm_loss(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).item()
+"""),
+    Mistake("lm_loss", "log of softmax written out: overflows to inf for large logits", """
+def lm_loss(logits, targets):
+    e = torch.exp(logits)
+    p = e / e.sum(dim=-1, keepdim=True)
+    return -torch.log(p.gather(-1, targets[..., None])).mean()
+"""),
+    # ---- lr_at ----------------------------------------------------------------------------
+    Mistake("lr_at", "warm-up starts at 0 (step / warmup_steps): the first step is wasted", """
+def lr_at(step, steps, max_lr, warmup_steps, min_lr):
+    if not 0 <= step < steps:
+        raise ValueError(f"step must be in [0, {steps}), got {step}")
+    if step < warmup_steps:
+        return max_lr * step / warmup_steps
+    progress = (step - warmup_steps) / max(steps - warmup_steps - 1, 1)
+    return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+"""),
+    Mistake("lr_at", "cosine decays to 0 instead of min_lr", """
+def lr_at(step, steps, max_lr, warmup_steps, min_lr):
+    if not 0 <= step < steps:
+        raise ValueError(f"step must be in [0, {steps}), got {step}")
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(steps - warmup_steps - 1, 1)
+    return 0.5 * max_lr * (1.0 + math.cos(math.pi * progress))
+"""),
+    Mistake("lr_at", "progress divided by steps - warmup: never reaches min_lr", """
+def lr_at(step, steps, max_lr, warmup_steps, min_lr):
+    if not 0 <= step < steps:
+        raise ValueError(f"step must be in [0, {steps}), got {step}")
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / (steps - warmup_steps)
+    return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+"""),
+    Mistake("lr_at", "clamps an out-of-range step instead of raising", """
+def lr_at(step, steps, max_lr, warmup_steps, min_lr):
+    step = min(max(step, 0), steps - 1)
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(steps - warmup_steps - 1, 1)
+    return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+"""),
+    Mistake("lr_at", "full cosine period: goes down and comes back up", """
+def lr_at(step, steps, max_lr, warmup_steps, min_lr):
+    if not 0 <= step < steps:
+        raise ValueError(f"step must be in [0, {steps}), got {step}")
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(steps - warmup_steps - 1, 1)
+    return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(2 * math.pi * progress))
+"""),
+    # ---- train_step -----------------------------------------------------------------------
+    Mistake("train_step", "forgets zero_grad: gradients accumulate over steps", """
+def train_step(model, optimizer, x, y, grad_clip):
+    loss = lm_loss(model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss.item()
+"""),
+    Mistake("train_step", "steps before backward: the step sees no gradient, nothing is learned", """
+def train_step(model, optimizer, x, y, grad_clip):
+    optimizer.zero_grad()
+    loss = lm_loss(model(x), y)
+    optimizer.step()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    return loss.item()
+"""),
+    Mistake("train_step", "clips after the optimizer step (too late)", """
+def train_step(model, optimizer, x, y, grad_clip):
+    optimizer.zero_grad()
+    loss = lm_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    return loss.item()
+"""),
+    Mistake("train_step", "clips each gradient value instead of the norm", """
+def train_step(model, optimizer, x, y, grad_clip):
+    optimizer.zero_grad()
+    loss = lm_loss(model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_value_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss.item()
+"""),
+    Mistake("train_step", "returns the loss tensor instead of a float", """
+def train_step(model, optimizer, x, y, grad_clip):
+    optimizer.zero_grad()
+    loss = lm_loss(model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss
+"""),
+    Mistake("train_step", "returns the loss recomputed after the update", """
+def train_step(model, optimizer, x, y, grad_clip):
+    optimizer.zero_grad()
+    loss = lm_loss(model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    with torch.no_grad():
+        return lm_loss(model(x), y).item()
+"""),
+    # ---- sequence_log_prob ----------------------------------------------------------------
+    Mistake("sequence_log_prob", "off by one: reads the logits at the token's own position", """
+def sequence_log_prob(model, context_ids, continuation_ids):
+    if len(context_ids) == 0:
+        raise ValueError("empty context")
+    ids = torch.tensor([list(context_ids) + list(continuation_ids)])
+    with torch.no_grad():
+        log_probs = torch.log_softmax(model(ids)[0], dim=-1)
+    start = len(context_ids)
+    return float(sum(log_probs[min(start + i, ids.shape[1] - 1), t]
+                     for i, t in enumerate(continuation_ids)))
+"""),
+    Mistake("sequence_log_prob", "scores every token with the last context position's logits", """
+def sequence_log_prob(model, context_ids, continuation_ids):
+    if len(context_ids) == 0:
+        raise ValueError("empty context")
+    with torch.no_grad():
+        log_probs = torch.log_softmax(model(torch.tensor([list(context_ids)]))[0, -1], dim=-1)
+    return float(sum(log_probs[t] for t in continuation_ids))
+"""),
+    Mistake("sequence_log_prob", "adds raw logits instead of log-probabilities", """
+def sequence_log_prob(model, context_ids, continuation_ids):
+    if len(context_ids) == 0:
+        raise ValueError("empty context")
+    ids = torch.tensor([list(context_ids) + list(continuation_ids)])
+    with torch.no_grad():
+        logits = model(ids)[0]
+    start = len(context_ids) - 1
+    return float(sum(logits[start + i, t] for i, t in enumerate(continuation_ids)))
+"""),
+    Mistake("sequence_log_prob", "log base 2 instead of the natural log", """
+def sequence_log_prob(model, context_ids, continuation_ids):
+    if len(context_ids) == 0:
+        raise ValueError("empty context")
+    ids = torch.tensor([list(context_ids) + list(continuation_ids)])
+    with torch.no_grad():
+        probs = torch.softmax(model(ids)[0], dim=-1)
+    start = len(context_ids) - 1
+    return float(sum(torch.log2(probs[start + i, t]) for i, t in enumerate(continuation_ids)))
+"""),
+    # ---- kl_divergence --------------------------------------------------------------------
+    Mistake("kl_divergence", "reversed: KL(q || p)", """
+def kl_divergence(p, q):
+    support = [w for w, pw in p.items() if pw > 0]
+    for w in support:
+        if q.get(w, 0.0) <= 0:
+            raise ValueError(f"q gives {w!r} no probability")
+    mass = sum(q[w] for w in support)
+    return float(sum(q[w] / mass * math.log((q[w] / mass) / p[w]) for w in support))
+"""),
+    Mistake("kl_divergence", "log base 2 (bits) instead of nats", """
+def kl_divergence(p, q):
+    support = [w for w, pw in p.items() if pw > 0]
+    for w in support:
+        if q.get(w, 0.0) <= 0:
+            raise ValueError(f"q gives {w!r} no probability")
+    mass = sum(q[w] for w in support)
+    return float(sum(p[w] * math.log2(p[w] / (q[w] / mass)) for w in support))
+"""),
+    Mistake("kl_divergence", "does not renormalise q over p's words", """
+def kl_divergence(p, q):
+    support = [w for w, pw in p.items() if pw > 0]
+    for w in support:
+        if q.get(w, 0.0) <= 0:
+            raise ValueError(f"q gives {w!r} no probability")
+    return float(sum(p[w] * math.log(p[w] / q[w]) for w in support))
+"""),
+    Mistake("kl_divergence", "skips words the model gives no probability (hides an infinite KL)", """
+def kl_divergence(p, q):
+    support = [w for w, pw in p.items() if pw > 0 and q.get(w, 0.0) > 0]
+    mass = sum(q[w] for w in support)
+    return float(sum(p[w] * math.log(p[w] / (q[w] / mass)) for w in support))
+"""),
+    Mistake("kl_divergence", "clamps q to a tiny epsilon instead of raising", """
+def kl_divergence(p, q):
+    support = [w for w, pw in p.items() if pw > 0]
+    qs = {w: max(q.get(w, 0.0), 1e-12) for w in support}
+    mass = sum(qs.values())
+    return float(sum(p[w] * math.log(p[w] / (qs[w] / mass)) for w in support))
+"""),
+    Mistake("kl_divergence", "renormalises q over all its words instead of p's", """
+def kl_divergence(p, q):
+    support = [w for w, pw in p.items() if pw > 0]
+    for w in support:
+        if q.get(w, 0.0) <= 0:
+            raise ValueError(f"q gives {w!r} no probability")
+    mass = sum(q.values())
+    return float(sum(p[w] * math.log(p[w] / (q[w] / mass)) for w in support))
+"""),
+    # ---- self-check -----------------------------------------------------------------------
+    Mistake("q1", "answers in bits: log2(1000)", """
+answer_q1 = math.log2(1000)
+"""),
+    Mistake("q1", "answers the probability 1/V instead of the loss", """
+answer_q1 = 1 / 1000
+"""),
+    Mistake("q2", "thinks the missing word drops out of the sum", """
+answer_q2 = "B"
+"""),
+    Mistake("q2", "thinks KL is the missed probability", """
+answer_q2 = "D"
+"""),
+    Mistake("q3", "blames the model size", """
+answer_q3 = "B"
+"""),
+    Mistake("q3", "blames the learning-rate schedule", """
+answer_q3 = "C"
+"""),
+]
