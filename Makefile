@@ -11,7 +11,8 @@ PORT   ?= 8888
 LAB_ARGS ?=
 # Extra arguments for pytest in `make test`, e.g. PYTEST_ARGS="-k day01 -x".
 PYTEST_ARGS ?=
-# pytest-xdist workers for make test: notebooks run whole on one worker each (nbval, loadfile);
+# pytest-xdist workers for make test (one torch thread each, so 2 workers fill 2 cores without
+# oversubscription): notebooks run whole on one worker each (nbval, loadfile);
 # the tests keep each day's nbgrader checks on one worker (loadgroup, see conftest.py).
 TEST_WORKERS ?= 2
 DAY ?=
@@ -56,9 +57,9 @@ lab: $(STAMP) ## open JupyterLab on course/ (PORT=8888, LAB_ARGS=...)
 	$(BIN)/jupyter lab --notebook-dir=course --port=$(PORT) $(ROOT_FLAG) $(LAB_ARGS)
 
 test: $(STAMP) system-deps ## everything CI checks: package tests, nbval, drift check, grading proofs
-	$(BIN)/python -m pytest solutions --nbval-lax -p no:cacheprovider \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest solutions --nbval-lax -p no:cacheprovider \
 		-n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
-	$(BIN)/python -m pytest tests -p no:cacheprovider \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -p no:cacheprovider \
 		-n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## the quick part of make test (no notebooks, no nbgrader)

@@ -46,3 +46,10 @@ def test_make_help_lists_the_readme_targets():
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (REPO_ROOT / ".ci" / "run").read_text()
     assert "make test" in (REPO_ROOT / "README.md").read_text()
+
+
+def test_readme_links_point_at_files_that_exist():
+    readme = (REPO_ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(((?:course|solutions|tinygpt|autograder)/[^)#]+)\)", readme)
+    missing = [link for link in links if not (REPO_ROOT / link).exists()]
+    assert links and not missing, f"README links to missing files: {missing}"

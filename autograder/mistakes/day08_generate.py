@@ -1,0 +1,419 @@
+"""Day 08 mistakes: each must lose its exercise's points."""
+
+from autograder.mistakes import Mistake
+
+MISTAKES = [
+    # ---------------------------------------------------------------- repetition penalty
+    Mistake("repetition_penalty", "multiplies positive logits and divides negative ones "
+            "(the branches swapped: seen tokens become MORE likely)", """
+def apply_repetition_penalty(logits, seen_ids, penalty):
+    if penalty <= 0:
+        raise ValueError(f"penalty must be > 0, got {penalty}")
+    seen = torch.zeros_like(logits, dtype=torch.bool)
+    seen.scatter_(1, seen_ids, True)
+    penalized = torch.where(logits > 0, logits * penalty, logits / penalty)
+    return torch.where(seen, penalized, logits)
+"""),
+    Mistake("repetition_penalty", "divides every seen logit, whatever its sign", """
+def apply_repetition_penalty(logits, seen_ids, penalty):
+    if penalty <= 0:
+        raise ValueError(f"penalty must be > 0, got {penalty}")
+    seen = torch.zeros_like(logits, dtype=torch.bool)
+    seen.scatter_(1, seen_ids, True)
+    return torch.where(seen, logits / penalty, logits)
+"""),
+    Mistake("repetition_penalty", "penalizes once per occurrence instead of once per distinct "
+            "token", """
+def apply_repetition_penalty(logits, seen_ids, penalty):
+    if penalty <= 0:
+        raise ValueError(f"penalty must be > 0, got {penalty}")
+    out = logits.clone()
+    for b in range(seen_ids.shape[0]):
+        for t in seen_ids[b].tolist():
+            x = out[b, t]
+            out[b, t] = x / penalty if x > 0 else x * penalty
+    return out
+"""),
+    Mistake("repetition_penalty", "writes into the caller's logits in place", """
+def apply_repetition_penalty(logits, seen_ids, penalty):
+    if penalty <= 0:
+        raise ValueError(f"penalty must be > 0, got {penalty}")
+    seen = torch.zeros_like(logits, dtype=torch.bool)
+    seen.scatter_(1, seen_ids, True)
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    logits[seen] = penalized[seen]
+    return logits
+"""),
+    Mistake("repetition_penalty", "uses the first row's seen ids for every row", """
+def apply_repetition_penalty(logits, seen_ids, penalty):
+    if penalty <= 0:
+        raise ValueError(f"penalty must be > 0, got {penalty}")
+    seen = torch.zeros(logits.shape[1], dtype=torch.bool)
+    seen[seen_ids[0]] = True
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen[None, :], penalized, logits)
+"""),
+    Mistake("repetition_penalty", "accepts a penalty <= 0 silently", """
+def apply_repetition_penalty(logits, seen_ids, penalty):
+    seen = torch.zeros_like(logits, dtype=torch.bool)
+    seen.scatter_(1, seen_ids, True)
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits)
+"""),
+    # ---------------------------------------------------------------- frequency / presence
+    Mistake("frequency_presence", "charges the presence penalty once per occurrence", """
+def apply_frequency_presence_penalty(logits, generated_ids, frequency, presence):
+    counts = torch.zeros_like(logits)
+    counts.scatter_add_(1, generated_ids, torch.ones_like(generated_ids, dtype=logits.dtype))
+    return logits - counts * (frequency + presence)
+"""),
+    Mistake("frequency_presence", "scatter_ instead of scatter_add_: every count is 1", """
+def apply_frequency_presence_penalty(logits, generated_ids, frequency, presence):
+    counts = torch.zeros_like(logits)
+    counts.scatter_(1, generated_ids, 1.0)
+    return logits - counts * frequency - (counts > 0).to(logits.dtype) * presence
+"""),
+    Mistake("frequency_presence", "adds the penalties instead of subtracting them", """
+def apply_frequency_presence_penalty(logits, generated_ids, frequency, presence):
+    counts = torch.zeros_like(logits)
+    counts.scatter_add_(1, generated_ids, torch.ones_like(generated_ids, dtype=logits.dtype))
+    return logits + counts * frequency + (counts > 0).to(logits.dtype) * presence
+"""),
+    Mistake("frequency_presence", "counts over the whole batch instead of per row", """
+def apply_frequency_presence_penalty(logits, generated_ids, frequency, presence):
+    counts = torch.bincount(generated_ids.flatten(), minlength=logits.shape[1]).to(logits.dtype)
+    counts = counts[None, :]
+    return logits - counts * frequency - (counts > 0).to(logits.dtype) * presence
+"""),
+    Mistake("frequency_presence", "subtracts in place from the caller's logits", """
+def apply_frequency_presence_penalty(logits, generated_ids, frequency, presence):
+    counts = torch.zeros_like(logits)
+    counts.scatter_add_(1, generated_ids, torch.ones_like(generated_ids, dtype=logits.dtype))
+    logits -= counts * frequency + (counts > 0).to(logits.dtype) * presence
+    return logits
+"""),
+    # ---------------------------------------------------------------- stop-string matcher
+    Mistake("safe_text", "never holds text back: streams the start of a stop string", """
+def safe_text_length(text, stop):
+    starts = [text.find(s) for s in stop if s in text]
+    if starts:
+        return min(starts), True
+    return len(text), False
+"""),
+    Mistake("safe_text", "holds back only from the last occurrence of a stop string's first "
+            "character", """
+def safe_text_length(text, stop):
+    starts = [text.find(s) for s in stop if s in text]
+    if starts:
+        return min(starts), True
+    held = 0
+    for s in stop:
+        i = text.rfind(s[0])
+        if i >= 0 and s.startswith(text[i:]) and len(text) - i < len(s):
+            held = max(held, len(text) - i)
+    return len(text) - held, False
+"""),
+    Mistake("safe_text", "holds back a single character at most", """
+def safe_text_length(text, stop):
+    starts = [text.find(s) for s in stop if s in text]
+    if starts:
+        return min(starts), True
+    if any(len(s) > 1 and text.endswith(s[0]) for s in stop):
+        return len(text) - 1, False
+    return len(text), False
+"""),
+    Mistake("safe_text", "lets the stop string itself through", """
+def safe_text_length(text, stop):
+    ends = [text.find(s) + len(s) for s in stop if s in text]
+    if ends:
+        return min(ends), True
+    held = 0
+    for s in stop:
+        for n in range(min(len(s) - 1, len(text)), held, -1):
+            if text.endswith(s[:n]):
+                held = n
+                break
+    return len(text) - held, False
+"""),
+    Mistake("safe_text", "the first stop string of the list wins, not the earliest in the text",
+            """
+def safe_text_length(text, stop):
+    for s in stop:
+        if s in text:
+            return text.find(s), True
+    held = 0
+    for s in stop:
+        for n in range(min(len(s) - 1, len(text)), held, -1):
+            if text.endswith(s[:n]):
+                held = n
+                break
+    return len(text) - held, False
+"""),
+    Mistake("safe_text", "holds back for the first stop string only", """
+def safe_text_length(text, stop):
+    starts = [text.find(s) for s in stop if s in text]
+    if starts:
+        return min(starts), True
+    held = 0
+    for s in stop[:1]:
+        for n in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:n]):
+                held = n
+                break
+    return len(text) - held, False
+"""),
+    # ---------------------------------------------------------------- the loop
+    Mistake("generate_loop", "off by one: generates max_new_tokens + 1 tokens", """
+def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
+    max_seq_len = model.cfg.max_seq_len
+    if generator is None and params.seed is not None:
+        generator = torch.Generator().manual_seed(params.seed)
+    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    ids, new = prompt, []
+    with torch.inference_mode():
+        while len(new) <= params.max_new_tokens:
+            logits = model(ids[:, -max_seq_len:])[:, -1, :]
+            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
+                                          generated_ids=ids[:, prompt.shape[1]:]))
+            new.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            if eos_id is not None and token == eos_id:
+                return new, "eos"
+    return new, "length"
+"""),
+    Mistake("generate_loop", "`if eos_id and ...`: an EOS id of 0 never stops the loop", """
+def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
+    max_seq_len = model.cfg.max_seq_len
+    if generator is None and params.seed is not None:
+        generator = torch.Generator().manual_seed(params.seed)
+    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    ids, new = prompt, []
+    with torch.inference_mode():
+        while True:
+            logits = model(ids[:, -max_seq_len:])[:, -1, :]
+            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
+                                          generated_ids=ids[:, prompt.shape[1]:]))
+            new.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            if eos_id and token == eos_id:
+                return new, "eos"
+            if len(new) == params.max_new_tokens:
+                return new, "length"
+"""),
+    Mistake("generate_loop", "drops the EOS id from the returned ids", """
+def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
+    max_seq_len = model.cfg.max_seq_len
+    if generator is None and params.seed is not None:
+        generator = torch.Generator().manual_seed(params.seed)
+    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    ids, new = prompt, []
+    with torch.inference_mode():
+        while True:
+            logits = model(ids[:, -max_seq_len:])[:, -1, :]
+            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
+                                          generated_ids=ids[:, prompt.shape[1]:]))
+            if eos_id is not None and token == eos_id:
+                return new, "eos"
+            new.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            if len(new) == params.max_new_tokens:
+                return new, "length"
+"""),
+    Mistake("generate_loop", "checks the length limit before EOS: a final EOS reports "
+            "'length'", """
+def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
+    max_seq_len = model.cfg.max_seq_len
+    if generator is None and params.seed is not None:
+        generator = torch.Generator().manual_seed(params.seed)
+    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    ids, new = prompt, []
+    with torch.inference_mode():
+        while True:
+            logits = model(ids[:, -max_seq_len:])[:, -1, :]
+            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
+                                          generated_ids=ids[:, prompt.shape[1]:]))
+            new.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            if len(new) == params.max_new_tokens:
+                return new, "length"
+            if eos_id is not None and token == eos_id:
+                return new, "eos"
+"""),
+    Mistake("generate_loop", "frequency / presence penalties counted over the prompt too "
+            "(generated_ids = the whole context)", """
+def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
+    max_seq_len = model.cfg.max_seq_len
+    if generator is None and params.seed is not None:
+        generator = torch.Generator().manual_seed(params.seed)
+    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    ids, new = prompt, []
+    with torch.inference_mode():
+        while True:
+            logits = model(ids[:, -max_seq_len:])[:, -1, :]
+            token = int(sample_next_token(logits, params, generator=generator, generated_ids=ids))
+            new.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            if eos_id is not None and token == eos_id:
+                return new, "eos"
+            if len(new) == params.max_new_tokens:
+                return new, "length"
+"""),
+    Mistake("generate_loop", "repetition penalty over the generated tokens only (prompt "
+            "forgotten)", """
+def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
+    max_seq_len = model.cfg.max_seq_len
+    if generator is None and params.seed is not None:
+        generator = torch.Generator().manual_seed(params.seed)
+    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    ids, new = prompt, []
+    with torch.inference_mode():
+        while True:
+            logits = model(ids[:, -max_seq_len:])[:, -1, :]
+            token = int(sample_next_token(logits, params, generator=generator,
+                                          generated_ids=ids[:, prompt.shape[1]:]))
+            new.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            if eos_id is not None and token == eos_id:
+                return new, "eos"
+            if len(new) == params.max_new_tokens:
+                return new, "length"
+"""),
+    Mistake("generate_loop", "no generator: sample_next_token re-seeds at every step", """
+def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
+    max_seq_len = model.cfg.max_seq_len
+    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    ids, new = prompt, []
+    with torch.inference_mode():
+        while True:
+            logits = model(ids[:, -max_seq_len:])[:, -1, :]
+            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
+                                          generated_ids=ids[:, prompt.shape[1]:]))
+            new.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            if eos_id is not None and token == eos_id:
+                return new, "eos"
+            if len(new) == params.max_new_tokens:
+                return new, "length"
+"""),
+    Mistake("generate_loop", "takes the logits of the first position instead of the last", """
+def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
+    max_seq_len = model.cfg.max_seq_len
+    if generator is None and params.seed is not None:
+        generator = torch.Generator().manual_seed(params.seed)
+    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    ids, new = prompt, []
+    with torch.inference_mode():
+        while True:
+            logits = model(ids[:, -max_seq_len:])[:, 0, :]
+            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
+                                          generated_ids=ids[:, prompt.shape[1]:]))
+            new.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            if eos_id is not None and token == eos_id:
+                return new, "eos"
+            if len(new) == params.max_new_tokens:
+                return new, "length"
+"""),
+    Mistake("generate_loop", "never crops: the context outgrows the model's window", """
+def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
+    if generator is None and params.seed is not None:
+        generator = torch.Generator().manual_seed(params.seed)
+    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    ids, new = prompt, []
+    with torch.inference_mode():
+        while True:
+            logits = model(ids)[:, -1, :]
+            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
+                                          generated_ids=ids[:, prompt.shape[1]:]))
+            new.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            if eos_id is not None and token == eos_id:
+                return new, "eos"
+            if len(new) == params.max_new_tokens:
+                return new, "length"
+"""),
+    Mistake("generate_loop", "returns the prompt together with the new ids", """
+def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
+    max_seq_len = model.cfg.max_seq_len
+    if generator is None and params.seed is not None:
+        generator = torch.Generator().manual_seed(params.seed)
+    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    ids, new = prompt, []
+    with torch.inference_mode():
+        while True:
+            logits = model(ids[:, -max_seq_len:])[:, -1, :]
+            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
+                                          generated_ids=ids[:, prompt.shape[1]:]))
+            new.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            if eos_id is not None and token == eos_id:
+                return ids[0].tolist(), "eos"
+            if len(new) == params.max_new_tokens:
+                return ids[0].tolist(), "length"
+"""),
+    # ---------------------------------------------------------------- streaming
+    Mistake("stream_text", "releases everything it decodes: a stop string split across tokens "
+            "leaks", """
+def stream_text(token_ids, decode, stop):
+    pieces, released = [], 0
+    for i in range(len(token_ids)):
+        text = decode(list(token_ids[:i + 1]))
+        at, stopped = safe_text_length(text, stop)
+        end = at if stopped else len(text)
+        pieces.append(text[released:end])
+        released = end
+        if stopped:
+            return pieces, True
+    return pieces, False
+"""),
+    Mistake("stream_text", "checks each token's own text for a stop string, not the whole "
+            "text", """
+def stream_text(token_ids, decode, stop):
+    pieces = []
+    for i in range(len(token_ids)):
+        piece = decode([token_ids[i]])
+        at, stopped = safe_text_length(piece, stop)
+        if stopped:
+            pieces.append(piece[:at])
+            return pieces, True
+        pieces.append(piece)
+    return pieces, False
+"""),
+    Mistake("stream_text", "never releases the held-back text after the last token", """
+def stream_text(token_ids, decode, stop):
+    pieces, released = [], 0
+    for i in range(len(token_ids)):
+        text = decode(list(token_ids[:i + 1]))
+        safe, stopped = safe_text_length(text, stop)
+        pieces.append(text[released:safe])
+        released = safe
+        if stopped:
+            return pieces, True
+    return pieces, False
+"""),
+    Mistake("stream_text", "keeps consuming tokens after the stop string", """
+def stream_text(token_ids, decode, stop):
+    pieces, released, stopped_any = [], 0, False
+    for i in range(len(token_ids)):
+        text = decode(list(token_ids[:i + 1]))
+        safe, stopped = safe_text_length(text, stop)
+        stopped_any = stopped_any or stopped
+        if stopped_any:
+            pieces.append("")
+            continue
+        if i == len(token_ids) - 1:
+            safe = len(text)
+        pieces.append(text[released:safe])
+        released = safe
+    return pieces, stopped_any
+"""),
+    # ---------------------------------------------------------------- self-check
+    Mistake("q1", "divides the negative logit (moves it towards 0)", 'answer_q1 = "A"'),
+    Mistake("q1", "penalizes once per occurrence", 'answer_q1 = "C"'),
+    Mistake("q2", "counts the prompt occurrences too", "answer_q2 = 2.0 - 7 * 0.5 - 1.0"),
+    Mistake("q2", "charges presence per occurrence", "answer_q2 = 2.0 - 3 * 0.5 - 3 * 1.0"),
+    Mistake("q3", "counts only the new positions", "answer_q3 = 16"),
+    Mistake("q3", "counts the prompt once per step but forgets the growth", "answer_q3 = 64 * 16"),
+    Mistake("q4", "streams the start of the stop string", 'answer_q4 = "A"'),
+    Mistake("q4", "holds back only the last character", 'answer_q4 = "D"'),
+]
