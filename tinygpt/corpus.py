@@ -38,7 +38,11 @@ The grammar is written once, as a small program (``_story``) that asks a *choose
 choice (``pick``) and reports each word it produces (``say``). Sampling drives it with a random
 number generator. ``next_word_distribution`` drives it with *every* sequence of choices that
 reproduces the prefix (a depth-first search that prunes as soon as a word disagrees), and adds up
-the probability of each derivation by the word it produces next. Nothing is estimated.
+the probability of each derivation by the word it produces next. Nothing is estimated: the sums
+use exact fractions (0.35 is 7/20) and become floats only at the end, and when two derivations
+give the same words ("The boy ... The boy" is the same noun repeated, or a new noun phrase that
+happens to be a boy) both are counted. A prefix is the beginning of *one* story; it cannot
+contain END or run into the next story.
 """
 
 from __future__ import annotations
@@ -340,10 +344,10 @@ def generate_corpus(n_stories: int, seed: int) -> str:
 
 
 def sample_prefixes(n_prefixes: int, seed: int) -> list[str]:
-    """`n_prefixes` story prefixes: a sampled story cut before a uniformly chosen word.
+    """`n_prefixes` story prefixes: each a fresh sampled story cut before a uniformly chosen
+    word, END included, so a prefix is anything from "" (next word: the first one) to the
+    whole story (next word: END), in the corpus's own frequencies.
 
-    The cut can fall anywhere from before the first word ("") to just before the final "."
-    is followed by END (the full story text), so prefixes come in the corpus's own frequencies.
     Use a seed different from the training corpus's for a held-out set.
     """
     _check_int("n_prefixes", n_prefixes, 1)
