@@ -64,7 +64,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from tqdm.auto import tqdm
 
 from tinygpt import corpus
@@ -361,7 +361,9 @@ def save_checkpoint(path: str | Path, model: TinyGPT, tokenizer: BPETokenizer,
     path.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.detach().to("cpu", torch.float32).contiguous()
                for name, t in _weights(model).items()}
-    save_file(tensors, path / WEIGHTS_FILE, metadata={"format": CHECKPOINT_FORMAT})
+    # safetensors.torch.save gives the bytes of save_file; writing them ourselves keeps the
+    # usual file permissions (save_file creates the file readable by its owner only).
+    (path / WEIGHTS_FILE).write_bytes(save(tensors, metadata={"format": CHECKPOINT_FORMAT}))
     meta = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION,
             "weights_sha256": _sha256(path / WEIGHTS_FILE),
             "model_config": dataclasses.asdict(model.cfg),
