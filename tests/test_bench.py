@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -140,6 +143,9 @@ def test_measure_decode_step_counts_the_bytes_it_must_read():
     assert step["bytes_per_step"] == F.decode_step_bytes(TINY, 1, step["context_len"], "fp32")
     assert len(step["step_s_all"]) == 4 and step["step_s"] > 0
     assert step["compiled"] is False and step["compile_note"] is None
+    assert step["packed"] is False and step["pack_note"] is None
+    packed = B.measure_decode_step(model, context_len=8, steps=2, warmup=1, pack_weights=True)
+    assert packed["packed"] is True and packed["pack_note"] is None
 
 
 def test_measure_read_bandwidth():
@@ -179,6 +185,19 @@ def test_compare_roofline_by_hand():
     assert c.value == pytest.approx(0.5) and not c.met and "-50%" in c.reason
 
 
+def test_median_round_keeps_one_real_round():
+    def c(value):
+        return B.Comparison("x", "", value, 0.5, ">=", "fraction", value >= 0.5, None,
+                            {"step_s": value})
+    rounds = [c(0.7), c(0.2), c(0.55)]
+    chosen = B.median_round(rounds)
+    assert chosen is rounds[2] and chosen.details == {"step_s": 0.55,
+                                                      "round_values": [0.7, 0.2, 0.55]}
+    assert B.median_round([c(0.1), c(0.9)]).value == 0.9
+    with pytest.raises(ValueError, match="rounds"):
+        B.median_round([])
+
+
 def test_compare_cache_and_hf_on_a_tiny_model():
     model = tiny_model()
     c = B.compare_cache(model, prompt_len=8, new_tokens=4, repeats=1)
@@ -203,7 +222,7 @@ def micro_plan() -> B.BenchPlan:
         request_model=TINY, cache_model=TINY, cache_prompt_len=6, cache_new_tokens=3,
         cache_repeats=1, hf_model=TINY, hf_prompt_len=4, hf_new_tokens=3, hf_repeats=1,
         hf_info_model=TINY, bandwidth_model=TINY, bandwidth_bytes=2**20, bandwidth_repeats=1,
-        decode_context=4, decode_steps=2, roofline_seconds=0.05)
+        decode_context=4, decode_steps=2, decode_rounds=2, roofline_seconds=0.05)
 
 
 @pytest.fixture(scope="module")
@@ -228,12 +247,20 @@ def test_report_schema(micro_report, tmp_path):
     assert req["requests"] == 2 and req["model"]["parameters"] == F.param_count(TINY)
     names = [c["name"] for c in report["comparisons"]]
     assert names == ["kv_cache_speedup", "hf_generate_speedup", "hf_generate_speedup_0m",
-                     "decode_bandwidth", "roofline_prediction"]
+                     "decode_bandwidth", "decode_bandwidth_unpacked", "roofline_prediction"]
     for c in report["comparisons"]:
         assert set(c) == {"name", "description", "value", "target", "direction", "unit", "met",
                           "reason", "details", "targeted"}
         assert c["direction"] in (">=", "<=") and (c["reason"] is None) == c["met"]
         assert math.isfinite(c["value"])
+    by_name = {c["name"]: c for c in report["comparisons"]}
+    for name in ("decode_bandwidth", "decode_bandwidth_unpacked", "roofline_prediction"):
+        values = by_name[name]["details"]["round_values"]
+        assert len(values) == 2 and by_name[name]["value"] == max(values)   # upper median
+    assert by_name["decode_bandwidth"]["details"]["packed"] is True
+    assert by_name["decode_bandwidth_unpacked"]["details"]["packed"] is False
+    roof = by_name["roofline_prediction"]["details"]
+    assert roof["hardware_bandwidth"] > 0 and roof["local_roofline_bandwidth"] > 0
     targeted = [c for c in report["comparisons"] if c["targeted"]]
     assert len(targeted) == 4
     assert report["all_targets_met"] == all(c["met"] for c in targeted)
@@ -303,6 +330,22 @@ def test_cli_writes_json_and_plot(micro_report, monkeypatch, tmp_path, capsys):
     assert B.main([]) == 0 and B.main(["--strict"]) == 1
 
 
+def test_bench_cli_sets_the_openmp_wait_policy_only_before_torch_loads(monkeypatch):
+    probe = ("import os; from tinygpt.__main__ import main; main(['bench', '--help']); "
+             "print('policy', os.environ.get('OMP_WAIT_POLICY'))")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    for preset, expected in ((None, "ACTIVE"), ("PASSIVE", "PASSIVE")):
+        run_env = env if preset is None else {**env, "OMP_WAIT_POLICY": preset}
+        out = subprocess.run([sys.executable, "-c", probe], env=run_env, capture_output=True,
+                             text=True, check=True).stdout
+        assert f"policy {expected}" in out
+    # in a process that already loaded torch (a notebook, this test) nothing is changed
+    from tinygpt.__main__ import main as dispatch
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert dispatch(["bench", "--help"]) == 0 and "OMP_WAIT_POLICY" not in os.environ
+
+
 def test_standard_plans_keep_the_targets_workloads():
     for quick in (True, False):
         plan = B.bench_plan(quick)
@@ -326,5 +369,5 @@ def test_bench_quick_smoke(tmp_path, capsys):
     finally:
         torch.set_num_threads(threads)
     report = json.loads((tmp_path / "q.json").read_text())
-    assert report["plan"] == "quick" and len(report["comparisons"]) == 4
+    assert report["plan"] == "quick" and len(report["comparisons"]) == 5
     assert "all targets met" in capsys.readouterr().out
