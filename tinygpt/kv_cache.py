@@ -343,7 +343,8 @@ class DecodeStep:
     at memory bandwidth; but torch's default CPU path runs such a product on one core. The
     step then keeps a prepacked copy of the weights (q/k/v stacked, gate/up stacked, oneDNN's
     blocked layout) and runs oneDNN's inner product, which uses every core: on a 2-core
-    machine it reads a 600 MB model about 1.7x faster (python -m tinygpt bench measures it).
+    machine its step on a 600 MB model was 1.3x and 1.9x faster in two runs of
+    `make bench` (the README's table).
     The copy doubles the weights' memory and is a snapshot, and each product pays a fixed
     ~30 us, so it loses on tiny models. Packing is checked against the plain products when
     the step is built; when it cannot be used a PackFallbackWarning says why, `pack_reason`
