@@ -221,7 +221,8 @@ def micro_plan() -> B.BenchPlan:
         name="micro", requests=2, request_new_tokens=3, request_prompt_lengths=(4, 6),
         request_model=TINY, cache_model=TINY, cache_prompt_len=6, cache_new_tokens=3,
         cache_repeats=1, hf_model=TINY, hf_prompt_len=4, hf_new_tokens=3, hf_repeats=1,
-        hf_info_model=TINY, bandwidth_model=TINY, bandwidth_bytes=2**20, bandwidth_repeats=1,
+        hf_info_model=TINY, bandwidth_model=TINY, cuda_bandwidth_model=TINY,
+        bandwidth_bytes=2**20, bandwidth_repeats=1,
         decode_context=4, decode_steps=2, decode_rounds=2, roofline_seconds=0.05)
 
 
@@ -268,6 +269,20 @@ def test_report_schema(micro_report, tmp_path):
     path = tmp_path / "bench.json"
     B.write_json(report, str(path))
     assert json.loads(path.read_text()) == json.loads(json.dumps(report))
+
+
+@pytest.mark.gpu
+def test_bench_on_cuda_compiles_the_step_in_bf16():
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA is not available: the GPU benchmark test needs a GPU")
+    report, _ = B.run_bench(micro_plan(), device="cuda", threads=1, log=lambda line: None)
+    by_name = {c["name"]: c for c in report["comparisons"]}
+    assert "decode_bandwidth_unpacked" not in by_name            # packing is a CPU option
+    step = by_name["decode_bandwidth"]["details"]
+    assert step["model"]["dtype"] == "torch.bfloat16" and step["model"]["device"] == "cuda:0"
+    assert step["compiled"], step["compile_note"]
+    assert by_name["decode_bandwidth"]["target"] == 0.6
+    assert by_name["roofline_prediction"]["description"].endswith("bf16")
 
 
 def test_table_shows_every_comparison_and_never_hides_a_miss(micro_report):
@@ -355,6 +370,7 @@ def test_standard_plans_keep_the_targets_workloads():
         kv = F.kv_cache_bytes(plan.bandwidth_model, plan.decode_context + plan.decode_steps + 3,
                               1, "fp32")
         assert weights > 100 * kv and weights > 128 * 2**20  # weights dwarf cache and L3
+        assert 0.9e9 < F.param_count(plan.cuda_bandwidth_model) < 1.3e9   # "about 1B" (bf16)
 
 
 @pytest.mark.slow

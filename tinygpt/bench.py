@@ -512,6 +512,13 @@ def bandwidth_model_config() -> ModelConfig:
                        d_ff=2816, max_seq_len=1024)
 
 
+def cuda_bandwidth_model_config() -> ModelConfig:
+    """The GPU's bandwidth model: ~1.1B parameters (2.2 GB in bf16), shaped like Llama 3.2 1B
+    (d_model 2048, 16 layers, 32 query and 8 KV heads, d_ff 8192) with a 32k vocabulary."""
+    return ModelConfig(vocab_size=32000, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8,
+                       d_ff=8192, max_seq_len=2048)
+
+
 def _model_info(model: TinyGPT) -> dict:
     dtype = next(model.parameters()).dtype
     return {"config": dataclasses.asdict(model.cfg), "parameters": F.param_count(model.cfg),
@@ -519,8 +526,9 @@ def _model_info(model: TinyGPT) -> dict:
             "dtype": str(dtype), "device": str(model_device(model))}
 
 
-def _build(cfg: ModelConfig, device: torch.device, seed: int = 0) -> TinyGPT:
-    return TinyGPT(cfg, seed=seed).to(device).eval()
+def _build(cfg: ModelConfig, device: torch.device, seed: int = 0,
+           dtype: torch.dtype = torch.float32) -> TinyGPT:
+    return TinyGPT(cfg, seed=seed).to(device=device, dtype=dtype).eval()
 
 
 def run_requests(model: TinyGPT, n_requests: int, new_tokens: int,
@@ -558,7 +566,8 @@ class BenchPlan:
     requests / request_new_tokens / request_prompt_lengths: the streamed-request metrics, on
     the course-sized model.   cache_*: the cached-vs-uncached comparison.   hf_*: the Hugging
     Face comparison (hf_info_model: an extra, untargeted run at another size, or None).
-    bandwidth_*: the decode-bandwidth model, the bytes of the bandwidth-measuring buffers, the
+    bandwidth_*: the decode-bandwidth model (fp32 on CPU; on a GPU cuda_bandwidth_model in
+    bf16, as COURSE.md section 8 asks), the bytes of the bandwidth-measuring buffers, the
     prefilled context, the timed decode steps per round and the rounds (each round measures
     the bandwidths and then the decode steps, so every ratio divides figures taken seconds
     apart; the median round is reported).   roofline_seconds: budget of
@@ -580,6 +589,7 @@ class BenchPlan:
     hf_repeats: int
     hf_info_model: ModelConfig | None
     bandwidth_model: ModelConfig
+    cuda_bandwidth_model: ModelConfig
     bandwidth_bytes: int
     bandwidth_repeats: int
     decode_context: int
@@ -604,6 +614,7 @@ def bench_plan(quick: bool = False) -> BenchPlan:
         hf_model=course, hf_prompt_len=32, hf_new_tokens=128, hf_repeats=3 if quick else 5,
         hf_info_model=None if quick else medium_model_config(),
         bandwidth_model=bandwidth_model_config(),
+        cuda_bandwidth_model=cuda_bandwidth_model_config(),
         bandwidth_bytes=2**28, bandwidth_repeats=3 if quick else 5,
         decode_context=64, decode_steps=10 if quick else 30, decode_rounds=3 if quick else 5,
         roofline_seconds=1.0 if quick else 4.0)
@@ -665,12 +676,13 @@ def run_bench(plan: BenchPlan | None = None, *, device: str = "cpu",
     models.clear()
 
     log("roofline_prediction: this machine's measured roofline ...")
-    big = model(plan.bandwidth_model)
+    on_cpu = dev.type == "cpu"
+    big = (_build(plan.bandwidth_model, dev, seed) if on_cpu else
+           _build(plan.cuda_bandwidth_model, dev, seed, torch.bfloat16))
     dtype = DTYPE_NAMES[next(big.parameters()).dtype]
     hw = R.measure_local_roofline(plan.roofline_seconds, device=dev, dtypes=(dtype,))
 
     log(f"decode_bandwidth: {plan.decode_rounds} rounds of bandwidth + decode step ...")
-    on_cpu = dev.type == "cpu"
     bw_target = 0.5 if on_cpu else 0.6
     packed, unpacked, predicted = [], [], []
     for _ in range(plan.decode_rounds):
