@@ -216,6 +216,10 @@ def test_compare_cache_and_hf_on_a_tiny_model():
 # the report
 
 
+# the row groups of days 11-12 (later days test their own rows directly)
+CORE = ["requests", "kv_cache", "hf_generate", "decode_bandwidth"]
+
+
 def micro_plan() -> B.BenchPlan:
     return B.BenchPlan(
         name="micro", requests=2, request_new_tokens=3, request_prompt_lengths=(4, 6),
@@ -230,7 +234,7 @@ def micro_plan() -> B.BenchPlan:
 def micro_report():
     threads = torch.get_num_threads()
     try:
-        report, one = B.run_bench(micro_plan(), threads=1, log=lambda line: None)
+        report, one = B.run_bench(micro_plan(), threads=1, log=lambda line: None, only=CORE)
     finally:
         torch.set_num_threads(threads)
     return report, one
@@ -239,7 +243,8 @@ def micro_report():
 def test_report_schema(micro_report, tmp_path):
     report, one = micro_report
     assert set(report) == {"schema_version", "tool", "created_utc", "plan", "machine",
-                           "settings", "requests", "comparisons", "all_targets_met", "seconds"}
+                           "settings", "requests", "comparisons", "groups", "all_targets_met", "seconds"}
+    assert report["groups"] == CORE[1:]
     assert report["schema_version"] == B.SCHEMA_VERSION and report["plan"] == "micro"
     assert report["settings"]["threads"] == 1 and report["machine"]["torch_threads"] == 1
     req = report["requests"]
@@ -332,7 +337,7 @@ def test_cli_writes_json_and_plot(micro_report, monkeypatch, tmp_path, capsys):
         seen["plan"], seen["kwargs"] = plan, kwargs
         return report, one
 
-    monkeypatch.setattr(B, "run_bench", fake_run)
+    monkeypatch.setattr(B.cli, "run_bench", fake_run)
     out_json, out_png = tmp_path / "r.json", tmp_path / "t.png"
     assert B.main(["--quick", "--json", str(out_json), "--plot", str(out_png), "--threads",
                    "1"]) == 0
@@ -341,7 +346,7 @@ def test_cli_writes_json_and_plot(micro_report, monkeypatch, tmp_path, capsys):
     assert out_png.read_bytes().startswith(b"\x89PNG")
     assert "kv_cache_speedup" in capsys.readouterr().out
     failing = {**report, "all_targets_met": False}
-    monkeypatch.setattr(B, "run_bench", lambda plan, **kwargs: (failing, one))
+    monkeypatch.setattr(B.cli, "run_bench", lambda plan, **kwargs: (failing, one))
     assert B.main([]) == 0 and B.main(["--strict"]) == 1
 
 
@@ -387,3 +392,53 @@ def test_bench_quick_smoke(tmp_path, capsys):
     report = json.loads((tmp_path / "q.json").read_text())
     assert report["plan"] == "quick" and len(report["comparisons"]) == 5
     assert "all targets met" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# the registry of row groups
+
+
+def test_row_groups_are_ordered_by_day_and_selectable():
+    groups = B.row_groups()
+    days = [g.day for g in groups]
+    assert days == sorted(days) and days[:3] == [11, 11, 12]
+    assert [g.name for g in B.row_groups(["decode_bandwidth", "kv_cache"])] == [
+        "kv_cache", "decode_bandwidth"]
+    with pytest.raises(ValueError, match="unknown bench row group.*'nope'.*kv_cache"):
+        B.row_groups(["nope"])
+
+
+def test_register_refuses_bad_names_days_and_a_second_owner():
+    with pytest.raises(ValueError, match="name"):
+        B.register("has space", day=13)
+    with pytest.raises(ValueError, match="day"):
+        B.register("fine", day=0)
+
+    def kv_cache(ctx):      # another function under an existing group's name
+        return []
+
+    with pytest.raises(ValueError, match="already registered"):
+        B.register("kv_cache", day=11)(kv_cache)
+
+
+def test_only_some_groups_and_other_units_in_the_table(monkeypatch):
+    def rows(ctx):
+        assert ctx.quick and ctx.on_cpu and ctx.seed == 3
+        return [B.Comparison("toy_rate", "a rate", 1234.5, 1000.0, ">=", "tokens/s", True, None,
+                             {"summary": "1234.5 tokens/s on a toy"})]
+
+    monkeypatch.setitem(B.registry._GROUPS, "toy", B.registry.RowGroup("toy", 99, rows))
+    report, trace = B.run_bench(B.bench_plan(quick=True), threads=1, seed=3,
+                                log=lambda line: None, only=["toy"])
+    assert trace is None and report["requests"] is None and report["groups"] == ["toy"]
+    table = B.format_table(report)
+    assert "1234 tokens/s" in table and ">= 1000 tokens/s" in table
+    assert "toy_rate: 1234.5 tokens/s on a toy" in table and "requests:" not in table
+
+
+def test_cli_lists_groups_and_rejects_unknown_ones(capsys):
+    assert B.main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "requests" in listed and "kv_cache" in listed and "decode_bandwidth" in listed
+    assert B.main(["--only", "nope"]) == 2
+    assert "unknown bench row group" in capsys.readouterr().err

@@ -1,0 +1,153 @@
+"""Measuring on a device: clocks, bandwidth, random prompts, streamed requests, and the
+Comparison record every row of `python -m tinygpt bench` produces."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tinygpt import flops as F
+from tinygpt import roofline as R
+from tinygpt.bench.metrics import RequestTrace
+from tinygpt.generate import model_device, stream
+from tinygpt.model import TinyGPT
+from tinygpt.sampling import SamplingParams
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued work on `device` (CUDA and MPS run asynchronously; CPU does not)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def trace_request(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
+                  clock: Callable[[], float] = time.perf_counter,
+                  **stream_kwargs) -> tuple[RequestTrace, list[int]]:
+    """Stream one request and timestamp every token: returns (trace, new token ids).
+
+    The clock starts before stream() is called (argument checks and cache allocation count
+    toward TTFT) and is read after each event, with the device synchronized first.
+    stream_kwargs go to tinygpt.generate.stream (use_cache, eos_id, tokenizer, ...).
+    """
+    device = model_device(model)
+    synchronize(device)
+    start = clock()
+    times, ids = [], []
+    for event in stream(model, prompt_ids, params, **stream_kwargs):
+        synchronize(device)
+        times.append(clock())
+        ids.append(event.token_id)
+    prompt_len = len(prompt_ids) if not isinstance(prompt_ids, torch.Tensor) \
+        else prompt_ids.shape[-1]
+    return RequestTrace(start, tuple(times), prompt_len), ids
+
+
+def measure_read_bandwidth(nbytes: int = 2**28, repeats: int = 5, warmup: int = 1, *,
+                           device=None) -> float:
+    """Read-only memory bandwidth in bytes/s: summing a float32 buffer of `nbytes` bytes.
+
+    A sum reads every byte once and writes one number, like a decode step reading weights;
+    tinygpt.roofline.measure_copy_bandwidth instead counts a copy's reads and writes. Use a
+    buffer far larger than the last-level cache (default 256 MiB).
+    """
+    F._check_int("nbytes", nbytes, minimum=4)
+    F._check_int("repeats", repeats)
+    F._check_int("warmup", warmup, minimum=0)
+    device = R._resolve_device(device)
+    buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    with torch.inference_mode():
+        seconds = R._median_seconds(buffer.sum, repeats, warmup, device)
+    return buffer.numel() * 4 / seconds
+
+
+def random_prompt(length: int, vocab_size: int, seed: int) -> list[int]:
+    """A seeded list of `length` uniformly random token ids in [0, vocab_size)."""
+    F._check_int("length", length)
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (length,), generator=generator).tolist()
+
+
+def _median_run(fn: Callable[[], object], repeats: int, device: torch.device
+                ) -> tuple[float, object]:
+    """(median wall seconds of `repeats` calls of fn, fn's last result); no warm-up."""
+    seconds, result = [], None
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        result = fn()
+        synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds), result
+
+
+@dataclass
+class Comparison:
+    """One side-by-side measurement against a target.
+
+    value: the measured figure (a ratio, or a fraction for utilization / error).
+    target: the threshold, read with `direction`: ">=" (value must reach it) or "<=".
+    met: whether every condition held; reason: why not (None when met).
+    details: everything measured along the way, for the JSON report.
+    targeted: False for an extra row shown for information (not a course target).
+    """
+
+    name: str
+    description: str
+    value: float
+    target: float
+    direction: str
+    unit: str
+    met: bool
+    reason: str | None
+    details: dict = dataclasses.field(default_factory=dict)
+    targeted: bool = True
+
+
+def median_round(rounds: Sequence[Comparison]) -> Comparison:
+    """The round whose value is the median (the upper median for an even count), judged as it
+    stands, with every round's value in details["round_values"]. Taking one real round keeps
+    the reported step time and bandwidths consistent with each other."""
+    if not rounds:
+        raise ValueError("rounds must hold at least one Comparison")
+    chosen = sorted(rounds, key=lambda c: c.value)[len(rounds) // 2]
+    chosen.details["round_values"] = [c.value for c in rounds]
+    return chosen
+
+
+
+def run_requests(model: TinyGPT, n_requests: int, new_tokens: int,
+                 prompt_lengths: Sequence[int] = (16, 64, 128, 256), *, seed: int = 0,
+                 warmup: int = 1) -> list[RequestTrace]:
+    """Stream `n_requests` greedy requests one after another; prompts cycle through
+    `prompt_lengths` (seeded random ids). Returns their traces (warm-up requests excluded)."""
+    F._check_int("n_requests", n_requests)
+    params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
+    prompts = [random_prompt(prompt_lengths[i % len(prompt_lengths)], model.cfg.vocab_size,
+                             seed + i) for i in range(n_requests)]
+    for prompt in prompts[:warmup]:
+        trace_request(model, prompt, params)
+    return [trace_request(model, prompt, params)[0] for prompt in prompts]
+
+
+def machine_info(threads: int) -> dict:
+    """Where the numbers come from: CPU, cores, threads, load, versions."""
+    try:
+        load = os.getloadavg()
+    except (OSError, AttributeError):
+        load = None
+    return {"platform": platform.platform(), "processor": platform.processor(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "cpu_count": os.cpu_count(), "torch_threads": threads,
+            "load_average_1_5_15": load,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+

@@ -1,0 +1,82 @@
+"""run_bench: the streamed-request metrics, then every registered row group, into one report.
+
+The report: {"schema_version", "tool", "created_utc", "plan", "machine", "settings",
+"requests" (request_metrics + "model", or None when not selected), "comparisons" (Comparison
+dicts, in day order), "groups" (the row groups that ran), "all_targets_met" (over the targeted
+comparisons), "seconds"}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import time
+from collections.abc import Callable
+
+import torch
+
+from tinygpt import flops as F
+from tinygpt.bench.harness import Comparison, machine_info, run_requests
+from tinygpt.bench.metrics import RequestTrace, request_metrics
+from tinygpt.bench.models import model_info
+from tinygpt.bench.plan import BenchPlan, bench_plan
+from tinygpt.bench.registry import BenchContext, row_groups
+
+SCHEMA_VERSION = 1
+REQUESTS = "requests"       # the name --only uses for the streamed-request metrics
+
+
+def run_bench(plan: BenchPlan | None = None, *, device: str = "cpu",
+              threads: int | None = None, ttft_slo: float = 0.1, tpot_slo: float = 0.02,
+              seed: int = 0, log: Callable[[str], None] = print,
+              only: list[str] | None = None) -> tuple[dict, RequestTrace | None]:
+    """Run the measurements of `plan` (default: the full plan); returns (report dict, the
+    trace of one request for a timeline plot, or None when the requests were not run).
+
+    device: where the models run ("cpu" for the course's CPU targets; on "cuda" the decode
+    step is compiled and the bandwidth target is 60%). threads: torch threads (default: the
+    number of usable cores). only: names of row groups to run ("requests" for the streamed
+    requests; see registry.row_groups), default all.
+    """
+    plan = bench_plan(False) if plan is None else plan
+    began = time.perf_counter()
+    if threads is None:
+        threads = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                   else os.cpu_count() or 1)
+    F._check_int("threads", threads)
+    torch.set_num_threads(threads)
+    dev = torch.device(device)
+    groups = row_groups(None if only is None else [n for n in only if n != REQUESTS])
+    ctx = BenchContext(plan=plan, device=dev, seed=seed, threads=threads, log=log)
+
+    requests, trace = None, None
+    if only is None or REQUESTS in only:
+        log("requests: streamed timings ...")
+        request_model = ctx.build(plan.request_model)
+        traces = run_requests(request_model, plan.requests, plan.request_new_tokens,
+                              plan.request_prompt_lengths, seed=seed)
+        requests = request_metrics(traces, ttft_slo, tpot_slo)
+        requests["model"] = model_info(request_model)
+        trace = traces[0]
+        del request_model
+
+    comparisons: list[Comparison] = []
+    for group in groups:
+        comparisons.extend(group.run(ctx))
+
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        "tool": "python -m tinygpt bench",
+        "created_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "plan": plan.name,
+        "machine": machine_info(threads),
+        "settings": {"device": str(dev), "threads": threads, "seed": seed,
+                     "ttft_slo_s": ttft_slo, "tpot_slo_s": tpot_slo},
+        "requests": requests,
+        "comparisons": [dataclasses.asdict(c) for c in comparisons],
+        "groups": [g.name for g in groups],
+        "all_targets_met": all(c.met for c in comparisons if c.targeted),
+        "seconds": time.perf_counter() - began,
+    }
+    return report, trace
