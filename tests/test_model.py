@@ -377,3 +377,45 @@ def test_from_hf_llama_rejects_bad_state_dict():
 def test_hf_key_map_covers_state_dict():
     for cfg in (CFG, dataclasses.replace(CFG, tie_embeddings=True)):
         assert set(hf_llama_key_map(cfg)) == set(TinyGPT(cfg, seed=None).state_dict())
+
+
+# ----------------------------------------------------------------------------------------------
+# building inside a device context (torch.device("cuda") used to fail: a CPU generator was
+# paired with tensors created on the context's device)
+
+
+def test_init_draws_on_the_cpu_whatever_the_device_context(monkeypatch):
+    devices = []
+    real_randn = torch.randn
+
+    def spy(*args, **kwargs):
+        devices.append(torch.device(kwargs.get("device") or torch.get_default_device()))
+        return real_randn(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "randn", spy)
+    with torch.device("meta"):
+        meta = TinyGPT(CFG, seed=0)
+    assert devices and all(d.type == "cpu" for d in devices), devices
+    assert meta.output.weight.device.type == "meta"
+
+
+def test_a_cpu_device_context_builds_the_same_weights():
+    with torch.device("cpu"):
+        inside = TinyGPT(CFG, seed=3)
+    outside = TinyGPT(CFG, seed=3)
+    for (name, a), b in zip(inside.state_dict().items(), outside.state_dict().values(),
+                            strict=True):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.gpu
+def test_building_inside_a_cuda_device_context():
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA is not available: building under torch.device('cuda') needs a GPU")
+    with torch.device("cuda"):
+        model = TinyGPT(CFG, seed=3)
+    reference = TinyGPT(CFG, seed=3)
+    assert model.output.weight.device.type == "cuda"
+    for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values(),
+                            strict=True):
+        assert torch.equal(a.cpu(), b), name

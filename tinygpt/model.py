@@ -233,6 +233,8 @@ class TinyGPT(nn.Module):
         The projections that write into the residual stream (wo, w2) get std 0.02 / sqrt(2 L)
         (GPT-2's scaled init) so the residual does not grow with depth. Draws come from a CPU
         generator seeded with `seed`, in parameter order, so the result is the same on any device.
+        The draws are made on the CPU explicitly, so building the model inside a device context
+        (`with torch.device("cuda"):`) does not pair a CPU generator with a CUDA tensor.
         """
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {seed!r}")
@@ -243,7 +245,7 @@ class TinyGPT(nn.Module):
                 p.fill_(1.0)
                 continue
             std = resid_std if name.endswith(("wo.weight", "w2.weight")) else 0.02
-            p.copy_(torch.randn(p.shape, generator=gen) * std)
+            p.copy_(torch.randn(p.shape, generator=gen, device="cpu") * std)
 
     def _check_inputs(self, idx: torch.Tensor, input_pos: torch.Tensor | None) -> None:
         """Raise a clear TypeError / ValueError for malformed `idx` or `input_pos`."""
