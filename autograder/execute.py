@@ -9,6 +9,7 @@ zero) plus a status and a reason in the report file the trusted side reads.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tempfile
@@ -18,7 +19,14 @@ from pathlib import Path
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Bool, Float, Integer, Unicode
 
-from autograder.kernel import Kernel, _error
+from autograder.integrity import (
+    GUARD_EXPRESSION,
+    Evidence,
+    GuardSpec,
+    guard_install_code,
+    read_guard_reply,
+)
+from autograder.kernel import Kernel, _error, error_text
 from autograder.notebooks import is_test, nbgrader_meta
 from autograder.sandbox import DEFAULT_MEMORY_BYTES, SandboxKernelManager, SandboxPolicy
 
@@ -32,19 +40,35 @@ def _label(cell, index: int) -> str:
 
 
 def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: float,
-                  memory_bytes: int = DEFAULT_MEMORY_BYTES, sandbox: bool = True) -> dict:
-    """Run `nb`'s code cells in place (outputs filled in); return {"status", "reason"}.
+                  memory_bytes: int = DEFAULT_MEMORY_BYTES, sandbox: bool = True,
+                  guard: GuardSpec | None = None) -> dict:
+    """Run `nb`'s code cells in place (outputs filled in); return {"status", "reason",
+    "evidence"}.
 
     status: "graded" (ran to the end; failing tests are just failing tests), "timeout",
     "crashed" (the kernel died), "memory-limit" or "blocked" (the sandbox refused something).
+    guard: when given, the integrity guard (autograder/integrity.py) is installed before the
+    first cell and, before every test cell, restores what student code changed; "evidence"
+    lists what it found (as dicts of Evidence).
     """
     manager = SandboxKernelManager(SandboxPolicy(scratch, memory_bytes)) if sandbox else None
     start, problems, status = time.monotonic(), [], "graded"
+    evidence: list[Evidence] = []
     with Kernel(scratch, timeout=cell_timeout, manager=manager) as kernel:
+        if guard is not None:
+            failed = error_text(kernel.run(guard_install_code(guard)))
+            if failed:
+                problems.append(f"integrity guard not installed: {failed[:160]}")
+                guard = None
         count = 0
         for index, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue
+            if guard is not None and is_test(cell) and not kernel.dead:
+                for found in read_guard_reply(guard, kernel.evaluate(GUARD_EXPRESSION),
+                                              _label(cell, index)):
+                    if (found.kind, found.detail) not in {(e.kind, e.detail) for e in evidence}:
+                        evidence.append(found)
             remaining = total_timeout - (time.monotonic() - start)
             if remaining <= 0:
                 cell.outputs = [_error("CellNotRun", f"not run: the total time limit of "
@@ -74,7 +98,8 @@ def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: floa
     if status == "timeout" and not any("time limit" in p or "Timeout" in p for p in problems):
         problems.append(f"total time limit of {total_timeout:.0f} s reached")
     reason = "; ".join(dict.fromkeys(problems))  # distinct, in order
-    return {"status": status, "reason": reason[:1000]}
+    return {"status": status, "reason": reason[:1000],
+            "evidence": [dataclasses.asdict(e) for e in evidence]}
 
 
 class SandboxExecute(NbGraderPreprocessor):
@@ -88,6 +113,8 @@ class SandboxExecute(NbGraderPreprocessor):
     files_dir = Unicode("", help="folder whose non-notebook files the kernel gets").tag(
         config=True)
     report_path = Unicode("", help="where to write the JSON report").tag(config=True)
+    guard = Unicode("", help="integrity guard spec (GuardSpec JSON); empty: no guard").tag(
+        config=True)
 
     def preprocess(self, nb, resources):
         with tempfile.TemporaryDirectory(prefix="tinygpt-grade-") as tmp:
@@ -100,7 +127,9 @@ class SandboxExecute(NbGraderPreprocessor):
                         copy(item, scratch / item.name)
             report = execute_cells(nb, scratch, cell_timeout=self.cell_timeout,
                                    total_timeout=self.total_timeout,
-                                   memory_bytes=self.memory_bytes, sandbox=self.sandbox)
+                                   memory_bytes=self.memory_bytes, sandbox=self.sandbox,
+                                   guard=GuardSpec.from_json(self.guard) if self.guard
+                                   else None)
         if self.report_path:
             Path(self.report_path).write_text(json.dumps(report))
         return nb, resources

@@ -12,8 +12,10 @@ Three steps, so that untrusted code runs in parallel while the gradebook stays c
    executed notebooks into the instructor's gradebook (SQLite by default, or --db).
 
 Every student ends with exactly one submission in the gradebook and one line in the summary:
-student, score, max, status (graded / repaired / timeout / crashed / memory-limit / blocked /
-missing / invalid / error / unchanged) and the reason.
+student, score, max, status (graded / repaired / flagged / timeout / crashed / memory-limit /
+blocked / missing / invalid / error / unchanged) and the reason. `flagged`: the submission ran,
+but showed signs of tampering with the tests (autograder/integrity.py); the evidence is in the
+result, the summary and the feedback, for manual review.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 import nbformat
 
 from autograder.grading import GradingError, _api, _check, generate_release
+from autograder.integrity import FLAGGED, Evidence, guard_spec, scan_submission, summarize
 from autograder.kernel import _error
 from autograder.notebooks import is_test, read
 from autograder.preprocessors import StderrToStdout
@@ -49,6 +52,7 @@ class Result:
     max_score: float
     status: str
     reason: str
+    evidence: str = ""  # signs of tampering found (autograder/integrity.py), for review
 
 
 @dataclass
@@ -88,10 +92,15 @@ def students_for(day: str, root: Path, api) -> list[str]:
     return sorted(found)
 
 
-def _run_worker(work: Path, day: str, student: str, limits: Limits, files: Path) -> tuple:
+def _run_worker(work: Path, day: str, student: str, limits: Limits, files: Path,
+                guard: Path | None = None) -> tuple:
+    """Execute one student's notebook in its own process: (notebook or None, status, reason,
+    runtime evidence as a list of Evidence)."""
     cmd = [sys.executable, "-m", "autograder.worker", str(work), day, student,
            "--cell-timeout", str(limits.cell_timeout), "--total-timeout",
            str(limits.total_timeout), "--memory", str(limits.memory_bytes), "--files", str(files)]
+    if guard is not None:
+        cmd += ["--guard", str(guard)]
     if not limits.sandbox:
         cmd.append("--no-sandbox")
     with open(work / "worker.log", "wb") as log:
@@ -102,14 +111,17 @@ def _run_worker(work: Path, day: str, student: str, limits: Limits, files: Path)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            return None, "timeout", f"killed after the time limit ({limits.total_timeout:.0f} s)"
+            return (None, "timeout",
+                    f"killed after the time limit ({limits.total_timeout:.0f} s)", [])
     executed = work / "autograded" / student / day / f"{day}.ipynb"
     report_path = work / "report.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    evidence = [Evidence(**e) for e in report.get("evidence", [])]
     if proc.returncode != 0 or not executed.exists():
         tail = (work / "worker.log").read_text(errors="replace").strip().splitlines()[-1:]
-        return None, "error", report.get("reason") or f"grader error: {' '.join(tail)[:300]}"
-    return read(executed), report.get("status", "graded"), report.get("reason", "")
+        return (None, "error", report.get("reason") or f"grader error: {' '.join(tail)[:300]}",
+                evidence)
+    return read(executed), report.get("status", "graded"), report.get("reason", ""), evidence
 
 
 def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
@@ -136,9 +148,11 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
     template = generate_release(day, work / "template", source_root=root)
     release_nb = read(template)
     files = root / RELEASE_DIR / day
+    guard = work / "guard.json"     # the in-kernel integrity guard (autograder/integrity.py)
+    guard.write_text(guard_spec(release_nb).to_json())
 
     results: dict[str, Result] = {}
-    outcomes: dict[str, tuple] = {}  # student -> (notebook, status, reason)
+    outcomes: dict[str, tuple] = {}  # student -> (notebook, status, reason, evidence)
     jobs: dict[str, tuple] = {}
     for student in students:
         folder = root / "submitted" / student / day
@@ -154,7 +168,7 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
         notes = "; ".join(staged.notes)
         if staged.notebook is None:
             outcomes[student] = (zero_notebook(release_nb, staged.status, notes),
-                                 staged.status, notes)
+                                 staged.status, notes, [])
             continue
         wroot = work / "workers" / student
         target = wroot / "submitted" / student / day
@@ -163,12 +177,12 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
         if (folder / "timestamp.txt").exists():
             shutil.copy(folder / "timestamp.txt", target / "timestamp.txt")
         shutil.copy(work / "template" / "gradebook.db", wroot / "gradebook.db")
-        jobs[student] = (wroot, staged, notes)
+        jobs[student] = (wroot, staged, notes, scan_submission(release_nb, staged.notebook))
 
     workers = max(1, workers or os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_run_worker, wroot, day, student, limits, files): student
-                   for student, (wroot, _, _) in jobs.items()}
+        futures = {pool.submit(_run_worker, wroot, day, student, limits, files, guard): student
+                   for student, (wroot, *_) in jobs.items()}
         done = as_completed(futures)
         if progress and futures:
             from tqdm import tqdm
@@ -177,17 +191,21 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
                         file=sys.stderr)
         for future in done:
             student = futures[future]
-            _, staged, notes = jobs[student]
+            _, staged, notes, evidence = jobs[student]
             try:
-                nb, status, reason = future.result()
+                nb, status, reason, found = future.result()
             except Exception as err:  # noqa: BLE001 (one student's failure stays theirs)
                 nb, status, reason = None, "error", f"grader error: {type(err).__name__}: {err}"
+                found = []
+            evidence = evidence + found
             if status == "graded" and staged.status == "repaired":
                 status = "repaired"
             reason = "; ".join(r for r in (notes, reason) if r)
             if nb is None:
                 nb = zero_notebook(staged.notebook, status, reason)
-            outcomes[student] = (nb, status, reason)
+            if evidence and status in ("graded", "repaired"):
+                status = FLAGGED
+            outcomes[student] = (nb, status, reason, evidence)
 
     record_grades(day, root, db_url, work, outcomes, results)
     return [results[s] for s in students]
@@ -215,7 +233,7 @@ def record_grades(day: str, root: Path, db_url: str | None, work: Path, outcomes
     config.Autograde.autograde_preprocessors = [StderrToStdout, LimitOutput, SaveAutoGrades,
                                                 AssignLatePenalties, CheckCellMetadata]
     api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
-    for student, (nb, status, reason) in outcomes.items():
+    for student, (nb, status, reason, evidence) in outcomes.items():
         target = executed_dir / student / day
         target.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, str(target / f"{day}.ipynb"))
@@ -236,7 +254,8 @@ def record_grades(day: str, root: Path, db_url: str | None, work: Path, outcomes
         with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
             submission = gb.find_submission(day, student)
             score, max_score = float(submission.score), float(submission.max_score)
-        results[student] = Result(student, score, max_score, status, reason)
+        results[student] = Result(student, score, max_score, status, reason,
+                                  summarize(evidence) if evidence else "")
         record = root / "autograded" / student / day / RECORD_FILE
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps({"fingerprint": fingerprint(root / "submitted" / student

@@ -98,6 +98,26 @@ class Kernel:
                                           f"the cell ran past the {timeout:.0f} s limit"))
         return outputs
 
+    def evaluate(self, expression: str, timeout: float = 30.0) -> dict | None:
+        """Evaluate `expression` through the execute request's user_expressions (IPython
+        evaluates them without input transformers or cell hooks); returns the expression's
+        reply ({"status", "data": {"text/plain": repr}, ...}) or None if none came."""
+        if self.dead:
+            return None
+        msg_id = self.client.execute("", silent=True, store_history=False,
+                                     user_expressions={"value": expression}, allow_stdin=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                msg = self.client.get_shell_msg(timeout=0.2)
+            except queue.Empty:
+                if not self.manager.is_alive():
+                    return None
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg["content"].get("user_expressions", {}).get("value")
+        return None
+
     def _exit_reason(self) -> str:
         process = getattr(self.manager.provisioner, "process", None)
         code = process.poll() if process is not None else None

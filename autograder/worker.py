@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory", type=int, default=DEFAULT_MEMORY_BYTES)
     parser.add_argument("--files", default="")
     parser.add_argument("--no-sandbox", action="store_true")
+    parser.add_argument("--guard", type=Path, default=None,
+                        help="a file with the integrity guard's spec (GuardSpec JSON)")
     args = parser.parse_args(argv)
 
     from nbgrader.apps import NbGraderAPI
@@ -49,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     config.SandboxExecute.sandbox = not args.no_sandbox
     config.SandboxExecute.files_dir = args.files
     config.SandboxExecute.report_path = str(report)
+    if args.guard is not None:
+        config.SandboxExecute.guard = args.guard.read_text()
     api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
     result = api.autograde(args.day, args.student, force=True, create=True)
     if not result.get("success"):

@@ -1,0 +1,163 @@
+"""Grading integrity (autograder/integrity.py): the static scan, the in-kernel guard, and the
+cheating corpus (autograder/cheats.py), each case graded by stock nbgrader (full marks: the
+corpus is honest) and by ours (prevented or flagged, as stated). Honest solutions of every day
+are never flagged."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder import cheats
+from autograder.execute import execute_cells
+from autograder.grading import autograde, generate_release
+from autograder.integrity import (
+    GuardSpec,
+    guard_install_code,
+    guard_spec,
+    read_guard_reply,
+    scan_source,
+    scan_submission,
+)
+from autograder.kernel import error_text
+from autograder.notebooks import is_test, release_path, solution_path
+from autograder.settings import REPO_ROOT
+from tests.conftest import DAYS
+from tests.test_autograder_term import LIMITS, cli, need_bwrap
+
+ALIASES = {"np": "numpy", "torch": "torch", "tinygpt": "tinygpt", "ref": "tinygpt.numerics"}
+PROTECTED = {"check_close", "check_true", "np", "torch"}
+
+
+def kinds(source: str, exercise_names: frozenset = frozenset({"softmax"})) -> set[str]:
+    return {kind for kind, _ in scan_source(source, aliases=ALIASES, protected=PROTECTED,
+                                            exercise_names=set(exercise_names))}
+
+
+@pytest.mark.parametrize(("source", "kind"), [
+    ("def check_close(*a, **k):\n    pass", "patched-checks"),
+    ("check_true = print", "patched-checks"),
+    ("np = None", "patched-checks"),
+    ("np.allclose = lambda *a, **k: True", "patched-module"),
+    ("torch.Tensor.__eq__ = lambda a, b: True", "patched-module"),
+    ("setattr(np, 'isclose', max)", "patched-module"),
+    ("get_ipython().input_transformers_cleanup.append(f)", "ipython-hooks"),
+    ("ip.events.register('pre_run_cell', f)", "ipython-hooks"),
+    ("ip.set_custom_exc((Exception,), f)", "ipython-hooks"),
+    ("import sys\nsys.settrace(f)", "introspection"),
+    ("frame = sys._getframe(1).f_locals", "introspection"),
+    ("import inspect", "introspection"),
+    ("import builtins\nbuiltins.len = max", "patched-builtins"),
+    ("__builtins__['abs'] = max", "patched-builtins"),
+    ("exec(code)", "dynamic-code"),
+    ("m = __import__('numpy')", "dynamic-code"),
+    ("print(_ih[-1])", "reads-tests"),
+    ("print(In[3])", "reads-tests"),
+    ("open('day01_logits.ipynb').read()", "reads-tests"),
+    ("class A:\n    def __eq__(self, other):\n        return True", "comparison-override"),
+    ("from tinygpt.numerics import softmax", "reference-copy"),
+    ("softmax = ref.softmax", "reference-copy"),
+])
+def test_the_static_scan_finds_each_means_of_tampering(source, kind):
+    assert kind in kinds(source), f"{source!r}: expected {kind}, found {kinds(source)}"
+
+
+@pytest.mark.parametrize("source", [
+    "import numpy as np\ndef softmax(x):\n    e = np.exp(x - x.max())\n    return e / e.sum()",
+    "from tinygpt.numerics import log_softmax\nvalue = log_softmax(x)",  # an earlier day's
+    "class RMSNorm(torch.nn.Module):\n    def forward(self, x):\n        return x",
+    "answer_q1 = 'B'",
+    "%matplotlib inline\nx = 1",
+    "def f(:",          # a syntax error fails on its own
+])
+def test_ordinary_code_is_not_suspect(source):
+    assert kinds(source) == set()
+
+
+@pytest.mark.parametrize("day", DAYS)
+def test_no_honest_solution_is_flagged_by_the_static_scan(day):
+    solution = nbformat.read(str(solution_path(day)), as_version=4)
+    release = nbformat.read(str(release_path(day)), as_version=4)
+    found = scan_submission(release, solution)
+    assert not found, f"{day}: an honest solution was flagged: {[e.text() for e in found]}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("day", DAYS)
+def test_the_guard_never_flags_an_honest_solution(day, tmp_path):
+    """Every day's solution, run with the guard (sandboxed where bubblewrap exists): all its
+    test cells pass and the guard reports nothing."""
+    nb = nbformat.read(str(solution_path(day)), as_version=4)
+    release = nbformat.read(str(release_path(day)), as_version=4)
+    for item in (release_path(day).parent).iterdir():    # data files the day ships
+        if item.suffix != ".ipynb" and item.is_file():
+            shutil.copy(item, tmp_path / item.name)
+    report = execute_cells(nb, tmp_path, cell_timeout=300, total_timeout=1200,
+                           sandbox=shutil.which("bwrap") is not None, guard=guard_spec(release))
+    failing = [error_text(c.outputs) for c in nb.cells if c.cell_type == "code" and is_test(c)
+               and error_text(c.outputs)]
+    assert report["status"] == "graded" and not failing, (report, failing[:3])
+    assert report["evidence"] == [], f"{day}: the guard flagged an honest solution: " \
+                                     f"{report['evidence']}"
+
+
+def test_a_blocked_or_forged_guard_answer_is_evidence():
+    spec = GuardSpec(("math",), (), "abc123")
+    assert read_guard_reply(spec, None, "t")[0].kind == "guard-blocked"
+    assert read_guard_reply(spec, {"status": "error"}, "t")[0].kind == "guard-blocked"
+    forged = {"status": "ok", "data": {"text/plain": repr(json.dumps(
+        {"nonce": "guess", "evidence": []}))}}
+    assert read_guard_reply(spec, forged, "t")[0].detail.startswith("the grader's integrity")
+    honest = {"status": "ok", "data": {"text/plain": repr(json.dumps(
+        {"nonce": "abc123", "evidence": [["patched-module", "replaced numpy.allclose"]]}))}}
+    assert [e.text() for e in read_guard_reply(spec, honest, "t")] == [
+        "patched-module in t: replaced numpy.allclose"]
+    assert "'abc123'" in guard_install_code(spec)
+
+
+@pytest.mark.slow
+def test_the_cheating_corpus_fools_stock_nbgrader_but_not_ours(tmp_path):
+    need_bwrap()
+    cases = cheats.build(tmp_path / "export")
+    assert len({c.student for c in cases}) == len(cases) >= 8
+    days = sorted({c.day for c in cases})
+
+    # 1. nbgrader's own autograde gives every case full marks: the corpus is honest
+    for day in days:
+        work = Path(tempfile.mkdtemp(dir=tmp_path, prefix=f"stock-{day}-"))
+        generate_release(day, work)
+        mine = [c for c in cases if c.day == day]
+        grades = autograde(day, work, {c.student: tmp_path / "export" / c.student / day /
+                                       f"{day}.ipynb" for c in mine})
+        short = {c.student: sum(g.score for g in grades[c.student]) for c in mine
+                 if sum(g.score for g in grades[c.student]) != c.full}
+        assert not short, f"stock nbgrader already caught these cases (so they prove " \
+                          f"nothing): {short}"
+
+    # 2. our grader prevents or flags every one of them, with the stated evidence
+    root = tmp_path / "course-root"
+    for day in days:
+        for folder in ("solutions", "course"):
+            shutil.copytree(REPO_ROOT / folder / day, root / folder / day)
+    cli(root, "release", *days)
+    cli(root, "collect", str(tmp_path / "export"))
+    got = {}
+    for day in days:
+        results = tmp_path / f"results-{day}.json"
+        cli(root, "grade", day, *LIMITS, "--json", str(results))
+        ours = {c.student for c in cases if c.day == day}     # others show up as missing
+        got.update({r["student"]: r for r in json.loads(results.read_text())
+                    if r["student"] in ours})
+    wrong = []
+    for case in cases:
+        result = got[case.student]
+        missing = [k for k in case.evidence if f"{k} in " not in result["evidence"]]
+        if result["status"] != "flagged" or result["score"] != case.score or missing:
+            wrong.append(f"{case.student}: expected flagged {case.score:g} with {case.evidence}, "
+                         f"got {result['status']} {result['score']:g} ({result['evidence']})")
+    assert not wrong, "\n".join(wrong)
