@@ -14,7 +14,8 @@ One module per concept, named after the course day that finishes it:
     flops       day 09  parameter, FLOP and byte counts
     roofline    day 10  hardware table, roofline model, measured local roofline
     kv_cache    day 11  the static KV cache, prefill and cached decode, KV memory
-    bench       day 12  TTFT, TPOT, percentiles, goodput; the course's speed targets
+    bench       day 12  TTFT, TPOT, percentiles, goodput; the course's speed targets (a package)
+    device_sampling     the token choice of a captured GPU step: per-row knobs, no host sync
 
     testing             the checks behind every notebook test cell
 """
