@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-gb", type=float, default=6.0, help="address-space limit per kernel")
     p.add_argument("--no-sandbox", action="store_true",
                    help="run student code without bubblewrap (only for code you trust)")
+    p.add_argument("--no-integrity", action="store_true",
+                   help="skip the integrity guard and scan (only to measure what they cost)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p = sub.add_parser("export", parents=[common], help="grades to CSV")
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             except SandboxUnavailable as err:
                 raise SystemExit(str(err)) from None
         limits = Limits(args.cell_timeout, args.total_timeout, int(args.memory_gb * 2**30),
-                        sandbox=not args.no_sandbox)
+                        sandbox=not args.no_sandbox, integrity=not args.no_integrity)
         results = grade_day(args.day, root=root, db_url=args.db, students=args.student,
                             workers=args.workers, force=args.force, limits=limits,
                             progress=not args.no_progress)

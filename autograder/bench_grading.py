@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--cell-timeout", type=float, default=20.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--integrity-cost", action="store_true",
+                        help="grade the class a second time without the integrity guard and "
+                             "scan, and report what they cost")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
@@ -87,13 +90,18 @@ def main(argv: list[str] | None = None) -> int:
                        capture_output=True)
         subprocess.run([*run, "collect", str(Path(tmp) / "export"), "--root", str(root)],
                        check=True, capture_output=True)
+        grade = [*run, "grade", DAY, "--root", str(root), "--workers", str(args.workers),
+                 "--cell-timeout", str(args.cell_timeout), "--no-progress", "--force"]
         start = time.perf_counter()
-        subprocess.run([*run, "grade", DAY, "--root", str(root), "--workers", str(args.workers),
-                        "--cell-timeout", str(args.cell_timeout), "--no-progress",
-                        "--json", str(Path(tmp) / "results.json")], check=True,
+        subprocess.run([*grade, "--json", str(Path(tmp) / "results.json")], check=True,
                        capture_output=True)
         seconds = time.perf_counter() - start
         results = json.loads((Path(tmp) / "results.json").read_text())
+        without = None
+        if args.integrity_cost:
+            start = time.perf_counter()
+            subprocess.run([*grade, "--no-integrity"], check=True, capture_output=True)
+            without = time.perf_counter() - start
     per_minute = 60.0 * len(results) / seconds
     budget = TARGET_SECONDS_FOR_50 * len(results) / 50
     report = {
@@ -104,10 +112,16 @@ def main(argv: list[str] | None = None) -> int:
         "target": f"{len(results)} submissions within {budget:.0f} s",
         "target_met": seconds <= budget,
     }
+    if without is not None:
+        report["seconds_without_integrity"] = round(without, 1)
+        report["integrity_cost_s"] = round(seconds - without, 1)
     print(f"graded {len(results)} submissions ({dict(kinds)}) in {seconds:.1f} s with "
           f"{args.workers} workers: {per_minute:.1f} submissions/minute")
     print(f"statuses: {report['statuses']}")
     print(f"target {report['target']}: {'met' if report['target_met'] else 'NOT met'}")
+    if without is not None:
+        print(f"without the integrity guard and scan: {without:.1f} s (they cost "
+              f"{seconds - without:+.1f} s, {(seconds - without) / without:+.1%})")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1))

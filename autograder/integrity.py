@@ -245,11 +245,13 @@ def _code_sources(nb) -> list[str]:
     return [c.source for c in nb.cells if c.cell_type == "code"]
 
 
-def scan_submission(release, submission) -> list[Evidence]:
+def scan_submission(release, submission, source=None) -> list[Evidence]:
     """Static evidence from every code cell of `submission` that is not a test cell and not
-    identical to a cell of the released notebook (what the student wrote or edited)."""
+    identical to a code cell of the released notebook or of the instructor's `source`
+    notebook (a test cell that lost its metadata, hidden tests included): what the student
+    wrote or edited."""
     release_sources = _code_sources(release)
-    original = {s.strip() for s in release_sources}
+    original = {s.strip() for s in release_sources + (_code_sources(source) if source else [])}
     aliases = module_aliases(release_sources + _code_sources(submission))
     protected = check_names(release_sources) | {a for a, m in aliases.items()
                                                 if m in ("numpy", "torch", "math")}

@@ -161,3 +161,21 @@ def test_the_cheating_corpus_fools_stock_nbgrader_but_not_ours(tmp_path):
             wrong.append(f"{case.student}: expected flagged {case.score:g} with {case.evidence}, "
                          f"got {result['status']} {result['score']:g} ({result['evidence']})")
     assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("day", DAYS)
+def test_no_mistake_of_the_corpus_is_flagged(day):
+    """The mistakes corpus is hundreds of honest wrong answers of the kind students write:
+    none of them may look like tampering."""
+    from autograder import mistakes
+
+    release = nbformat.read(str(release_path(day)), as_version=4)
+    submission = nbformat.read(str(solution_path(day)), as_version=4)
+    cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in submission.cells}
+    flagged = []
+    for mistake in mistakes.for_day(day):
+        cell = cells[mistake.grade_id]
+        answer, cell.source = cell.source, mistake.code
+        flagged += [f"{mistake.name}: {e.text()}" for e in scan_submission(release, submission)]
+        cell.source = answer
+    assert not flagged, f"{day}: honest mistakes flagged as tampering: {flagged[:5]}"
