@@ -270,8 +270,9 @@ def record_grades(day: str, root: Path, db_url: str | None, work: Path, outcomes
 def summary_table(results: list[Result]) -> str:
     """The results as an aligned text table."""
     rows = [("student", "score", "max", "status", "reason")]
-    rows += [(r.student, f"{r.score:g}", f"{r.max_score:g}", r.status, r.reason[:100])
-             for r in results]
+    rows += [(r.student, f"{r.score:g}", f"{r.max_score:g}", r.status, "; ".join(
+        t for t in (r.reason[:100], f"evidence: {r.evidence[:200]}" if r.evidence else "")
+        if t)) for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row))
              for row in rows]

@@ -149,7 +149,8 @@ def test_the_cheating_corpus_fools_stock_nbgrader_but_not_ours(tmp_path):
     got = {}
     for day in days:
         results = tmp_path / f"results-{day}.json"
-        cli(root, "grade", day, *LIMITS, "--json", str(results))
+        table = cli(root, "grade", day, *LIMITS, "--json", str(results)).stdout
+        assert "flagged" in table and "evidence: " in table, table
         ours = {c.student for c in cases if c.day == day}     # others show up as missing
         got.update({r["student"]: r for r in json.loads(results.read_text())
                     if r["student"] in ours})
