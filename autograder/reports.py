@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import html
+import json
 import re
 from pathlib import Path
 
@@ -16,8 +17,30 @@ from autograder.grading import _api
 from autograder.notebooks import is_answer, is_test, nbgrader_meta, read
 
 
+def grading_record(root: Path, student: str, day: str) -> dict:
+    """What `grade` recorded for one submission (status, reason, evidence), or {}."""
+    from autograder.grade import RECORD_FILE
+
+    path = root / "autograded" / student / day / RECORD_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def review_note(root: Path, student: str, days: list[str]) -> str:
+    """The days a student's submission was flagged for review, with the evidence."""
+    notes = []
+    for day in days:
+        record = grading_record(root, student, day)
+        if record.get("status") == "flagged" or record.get("evidence"):
+            notes.append(f"{day}: {record.get('evidence') or record.get('reason', '')}")
+    return " | ".join(notes)
+
+
 def export_csv(path: Path, root: Path, db_url: str | None = None) -> Path:
-    """One row per student, one column per day (its score, 0 when not submitted), a total."""
+    """One row per student, one column per day (its score, 0 when not submitted), a total,
+    and a `review` column naming the days flagged for signs of tampering (with evidence)."""
     from nbgrader.api import Gradebook, MissingEntry
 
     api = _api(root, db_url)
@@ -31,12 +54,13 @@ def export_csv(path: Path, root: Path, db_url: str | None = None) -> Path:
                     scores.append(float(gb.find_submission(day, student.id).score))
                 except MissingEntry:
                     scores.append(0.0)
-            rows.append([student.id, *[f"{s:g}" for s in scores], f"{sum(scores):g}"])
+            rows.append([student.id, *[f"{s:g}" for s in scores], f"{sum(scores):g}",
+                         review_note(root, student.id, days)])
         maxima = [float(gb.find_assignment(d).max_score) for d in days]
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["student", *days, "total"])
-        writer.writerow(["(max)", *[f"{m:g}" for m in maxima], f"{sum(maxima):g}"])
+        writer.writerow(["student", *days, "total", "review"])
+        writer.writerow(["(max)", *[f"{m:g}" for m in maxima], f"{sum(maxima):g}", ""])
         writer.writerows(rows)
     return path
 
@@ -57,8 +81,10 @@ def _titles(nb) -> dict[str, str]:
     return titles
 
 
-def feedback_html(day: str, student: str, notebook, grades: dict[str, tuple[float, float]]) -> str:
-    """An HTML page for one student's graded notebook (no test-cell code)."""
+def feedback_html(day: str, student: str, notebook, grades: dict[str, tuple[float, float]],
+                  evidence: str = "") -> str:
+    """An HTML page for one student's graded notebook (no test-cell code); `evidence`: why
+    the submission was flagged for review, shown at the top."""
     titles, answer, parts = _titles(notebook), None, []
     total = sum(s for s, _ in grades.values())
     maximum = sum(m for _, m in grades.values())
@@ -93,6 +119,10 @@ def feedback_html(day: str, student: str, notebook, grades: dict[str, tuple[floa
             f"<h1>{html.escape(day)}: {total:g} / {maximum:g}</h1>"
             f"<p>Feedback for {html.escape(student)}. Each graded cell shows its points and, "
             f"when it failed, the message of the check that failed.</p>"
+            + (f"<section class='fail'><h2>Flagged for review</h2><p>The grader found signs "
+               f"that this submission changed how it is tested; an instructor will look at it."
+               f"</p><pre class='msg'>{html.escape(evidence)}</pre></section>" if evidence
+               else "")
             + "".join(parts) + "</body></html>")
 
 
@@ -116,6 +146,7 @@ def write_feedback(day: str, root: Path, db_url: str | None = None,
             grades = {g.name: (float(g.score), float(g.max_score)) for g in submission.grades}
             target = root / "feedback" / student / day / f"{day}.html"
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(feedback_html(day, student, read(graded), grades))
+            evidence = grading_record(root, student, day).get("evidence", "")
+            target.write_text(feedback_html(day, student, read(graded), grades, evidence))
             written.append(target)
     return written

@@ -159,8 +159,10 @@ def test_the_bad_submission_corpus_is_graded_as_specified(tmp_path):
     # export: a row per student, a column per day, a total
     cli(root, "export", str(tmp_path / "grades.csv"))
     rows = list(csv.reader(open(tmp_path / "grades.csv")))
-    assert rows[0] == ["student", DAY, "total"] and rows[1] == ["(max)", "13", "13"]
-    assert {r[0]: float(r[-1]) for r in rows[2:]} == {c.student: c.score for c in cases}
+    assert rows[0] == ["student", DAY, "total", "review"]
+    assert rows[1] == ["(max)", "13", "13", ""]
+    assert {r[0]: float(r[-2]) for r in rows[2:]} == {c.student: c.score for c in cases}
+    assert all(r[-1] == "" for r in rows[2:]), "a bad but honest submission was flagged"
 
     # feedback: messages yes, hidden tests no
     cli(root, "feedback", DAY)

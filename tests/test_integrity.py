@@ -5,6 +5,7 @@ are never flagged."""
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import tempfile
@@ -162,6 +163,17 @@ def test_the_cheating_corpus_fools_stock_nbgrader_but_not_ours(tmp_path):
             wrong.append(f"{case.student}: expected flagged {case.score:g} with {case.evidence}, "
                          f"got {result['status']} {result['score']:g} ({result['evidence']})")
     assert not wrong, "\n".join(wrong)
+
+    # the instructor sees them: a review column in the export, a box in the feedback
+    cli(root, "export", str(tmp_path / "grades.csv"))
+    rows = list(csv.reader(open(tmp_path / "grades.csv")))
+    assert rows[0][-1] == "review"
+    review = {r[0]: r[-1] for r in rows[2:]}
+    unlisted = [c.student for c in cases if not review[c.student].startswith(f"{c.day}: ")]
+    assert not unlisted, f"flagged but not listed for review in the export: {unlisted}"
+    cli(root, "feedback", cheats.DAY)
+    page = (root / "feedback" / "rebinds-checks" / cheats.DAY / f"{cheats.DAY}.html").read_text()
+    assert "Flagged for review" in page and "patched-checks" in page
 
 
 @pytest.mark.parametrize("day", DAYS)
