@@ -1,4 +1,4 @@
-"""The tinygpt command line: `python -m tinygpt {generate,bench,roofline} ...`.
+"""The tinygpt command line: `python -m tinygpt {generate,bench,roofline,serve} ...`.
 
 Each subcommand lives in the module that owns the concept and exposes `main(argv) -> int`.
 """
@@ -13,6 +13,7 @@ COMMANDS = {
     "generate": ("tinygpt.generate", "generate text from the shipped checkpoint"),
     "bench": ("tinygpt.bench", "measure TTFT, TPOT, tokens/s and the course's speed targets"),
     "roofline": ("tinygpt.roofline", "estimate prefill/decode times on a roofline"),
+    "serve": ("tinygpt.server", "serve a checkpoint over an OpenAI-compatible HTTP API"),
 }
 
 # Settings a command wants in the environment before torch loads (OpenMP reads them once, when

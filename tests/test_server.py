@@ -1,0 +1,238 @@
+"""`python -m tinygpt serve` driven from outside, as users drive it: the official `openai`
+client (completions and chat, streaming and not, several clients at once) and raw HTTP for the
+error cases, overload, a client that disconnects mid-stream, and SIGTERM. Each server runs as
+its own process on a free loopback port with the shipped checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+from tinygpt import load_pretrained
+from tinygpt.generate import generate
+from tinygpt.sampling import SamplingParams
+
+pytestmark = pytest.mark.slow
+openai = pytest.importorskip("openai")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def server(*args: str):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tinygpt", "serve", "--port", str(port),
+                             "--threads", "1", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+                pytest.fail(f"the server did not start (exit {proc.poll()}):\n{out[-2000:]}")
+            time.sleep(0.2)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture(scope="module")
+def served():
+    with server("--max-queue", "16") as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def reference():
+    model, tokenizer = load_pretrained()
+    return model, tokenizer
+
+
+def client(url: str):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="not-needed", max_retries=0)
+
+
+def test_completions_with_the_openai_client_match_batch_one_generate(served, reference):
+    model, tokenizer = reference
+    got = client(served).completions.create(model="tinygpt", prompt="The cat sat on the",
+                                            max_tokens=20, temperature=0)
+    want = generate(model, tokenizer.encode("The cat sat on the"),
+                    SamplingParams(temperature=0, max_new_tokens=20),
+                    eos_id=tokenizer.special_tokens["<|endoftext|>"], tokenizer=tokenizer)
+    assert got.choices[0].text == want.text
+    assert got.choices[0].finish_reason == ("length" if want.stop_reason == "length" else "stop")
+    assert got.usage.prompt_tokens == len(want.prompt_ids)
+    assert got.usage.completion_tokens == len(want.token_ids)
+
+
+def test_streamed_completion_equals_the_whole_one(served):
+    c = client(served)
+    whole = c.completions.create(model="tinygpt", prompt="Once upon a time", max_tokens=30,
+                                 temperature=0.8, seed=11)
+    chunks = list(c.completions.create(model="tinygpt", prompt="Once upon a time",
+                                       max_tokens=30, temperature=0.8, seed=11, stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_chat_completions_streamed_and_not(served):
+    c = client(served)
+    messages = [{"role": "user", "content": "Tell me about the dog."}]
+    whole = c.chat.completions.create(model="tinygpt", messages=messages, max_tokens=25,
+                                      temperature=0)
+    assert whole.choices[0].message.role == "assistant"
+    parts = list(c.chat.completions.create(model="tinygpt", messages=messages, max_tokens=25,
+                                           temperature=0, stream=True))
+    assert parts[0].choices[0].delta.role == "assistant"
+    text = "".join(p.choices[0].delta.content or "" for p in parts)
+    assert text == whole.choices[0].message.content
+
+
+def test_several_clients_at_once(served):
+    prompts = ["The dog", "A bird", "The cat", "Once upon a time", "The mat", "A girl"]
+
+    def ask(prompt: str) -> str:
+        return client(served).completions.create(model="tinygpt", prompt=prompt,
+                                                 max_tokens=15, temperature=0).choices[0].text
+
+    alone = [ask(p) for p in prompts]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(ask, prompts))
+    assert together == alone, "a request's output depended on what ran beside it"
+
+
+def test_models_health_and_metrics(served):
+    assert [m.id for m in client(served).models.list().data] == ["tinygpt"]
+    health = httpx.get(f"{served}/health").json()
+    assert health["status"] == "ok" and health["running"] + health["waiting"] >= 0
+    metrics = httpx.get(f"{served}/metrics").text
+    for name in ("tinygpt_generated_tokens_total", "tinygpt_requests_running",
+                 "tinygpt_time_to_first_token_seconds_bucket",
+                 'tinygpt_http_requests_total{path="/v1/completions",status="200"}'):
+        assert name in metrics, name
+
+
+BAD = [
+    ("malformed JSON", b"{not json", 400, None),
+    ("unknown model", {"model": "gpt-4", "prompt": "x"}, 404, "model"),
+    ("non-numeric temperature", {"model": "tinygpt", "prompt": "x", "temperature": "hot"},
+     422, "temperature"),
+    ("negative temperature", {"model": "tinygpt", "prompt": "x", "temperature": -1}, 400,
+     "temperature"),
+    ("top_p zero", {"model": "tinygpt", "prompt": "x", "top_p": 0}, 400, "top_p"),
+    ("top_p above one", {"model": "tinygpt", "prompt": "x", "top_p": 1.5}, 400, "top_p"),
+    ("max_tokens past the context", {"model": "tinygpt", "prompt": "x", "max_tokens": 5000},
+     400, "max_tokens"),
+    ("zero max_tokens", {"model": "tinygpt", "prompt": "x", "max_tokens": 0}, 400,
+     "max_tokens"),
+    ("over-long prompt", {"model": "tinygpt", "prompt": list(range(5, 405)) * 3}, 400,
+     "prompt"),
+    ("empty prompt", {"model": "tinygpt", "prompt": ""}, 400, "prompt"),
+    ("token id out of range", {"model": "tinygpt", "prompt": [1, 99999]}, 400, "prompt"),
+    ("unsupported field", {"model": "tinygpt", "prompt": "x", "logprobs": 2}, 400,
+     "logprobs"),
+    ("n > 1", {"model": "tinygpt", "prompt": "x", "n": 2}, 400, "n"),
+    ("missing prompt", {"model": "tinygpt"}, 422, "prompt"),
+]
+
+
+@pytest.mark.parametrize(("what", "body", "status", "param"), BAD, ids=[b[0] for b in BAD])
+def test_bad_requests_get_openai_style_errors(served, what, body, status, param):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = httpx.post(f"{served}/v1/completions", content=content,
+                          headers={"content-type": "application/json"})
+    assert response.status_code == status, (what, response.text)
+    error = response.json()["error"]
+    assert error["message"] and error["type"] and error["param"] == param, error
+
+
+def test_bad_chat_messages_and_unknown_paths(served):
+    bad_role = {"model": "tinygpt", "messages": [{"role": "wizard", "content": "hi"}]}
+    response = httpx.post(f"{served}/v1/chat/completions", json=bad_role)
+    assert response.status_code == 400 and "role" in response.json()["error"]["message"]
+    assert httpx.get(f"{served}/v1/nothing").status_code == 404
+    # and after all of that, a good request is still served
+    ok = client(served).completions.create(model="tinygpt", prompt="The", max_tokens=3)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def wait_for(url: str, condition, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        health = httpx.get(f"{url}/health").json()
+        if condition(health) or time.monotonic() > deadline:
+            return health
+        time.sleep(0.05)
+
+
+def test_a_disconnecting_client_has_its_request_cancelled(served):
+    before = httpx.get(f"{served}/health").json()
+    body = {"model": "tinygpt", "prompt": "The", "max_tokens": 1000, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", f"{served}/v1/completions", json=body, timeout=30) as response:
+        lines = response.iter_lines()
+        seen = [next(lines) for _ in range(3)]
+        assert seen[0].startswith("data: ")
+    health = wait_for(served, lambda h: h["cancelled"] > before["cancelled"]
+                      and h["running"] == 0)
+    assert health["cancelled"] == before["cancelled"] + 1 and health["running"] == 0
+    generated = health["tokens_generated"] - before["tokens_generated"]
+    assert generated < 1000, "the request ran to the end after its client left"
+
+
+def test_a_full_queue_answers_429_and_keeps_serving():
+    with server("--max-queue", "1") as (url, _):
+        body = {"model": "tinygpt", "prompt": "The", "max_tokens": 400, "ignore_eos": True}
+
+        def post(_):
+            return httpx.post(f"{url}/v1/completions", json=body, timeout=120).status_code
+
+        with ThreadPoolExecutor(6) as pool:
+            codes = list(pool.map(post, range(6)))
+        assert set(codes) <= {200, 429} and 429 in codes and 200 in codes, codes
+        stats = httpx.get(f"{url}/health").json()
+        assert stats["rejected"] == codes.count(429) and stats["waiting"] == 0
+        again = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 5}, timeout=60)
+        assert again.status_code == 200
+        assert httpx.post(f"{url}/v1/completions", content=b"{oops",
+                          headers={"content-type": "application/json"}).status_code == 400
+
+
+def test_sigterm_ends_in_flight_requests_cleanly_and_exits():
+    with server("--grace", "1") as (url, proc):
+        body = {"model": "tinygpt", "prompt": "The", "max_tokens": 1000, "ignore_eos": True,
+                "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            next(lines)
+            proc.send_signal(signal.SIGTERM)
+            rest = list(lines)          # the stream must end, finished or cut, not hang
+        assert proc.wait(timeout=30) == 0
+        assert all(line.startswith("data: ") or not line for line in rest)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/health", timeout=2)
