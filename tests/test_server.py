@@ -236,3 +236,29 @@ def test_sigterm_ends_in_flight_requests_cleanly_and_exits():
         assert all(line.startswith("data: ") or not line for line in rest)
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{url}/health", timeout=2)
+
+
+def test_poisson_arrivals_are_seeded_with_the_right_mean_gap():
+    from tinygpt.bench.load import plan_requests
+
+    plan = plan_requests(2000, rate=4.0, seed=3)
+    assert plan == plan_requests(2000, rate=4.0, seed=3)
+    gaps = [b.at - a.at for a, b in zip(plan, plan[1:], strict=False)]
+    assert abs(sum(gaps) / len(gaps) - 0.25) < 0.02      # 1 / rate, within ~3 standard errors
+    with pytest.raises(ValueError, match="rate"):
+        plan_requests(3, rate=0)
+
+
+def test_the_load_generator_measures_a_running_server(served, tmp_path):
+    from tinygpt.bench.load import format_reports, main, run_load
+
+    report = run_load(served, rate=20.0, n=6, mix=((8, 6, 1),), seed=1)
+    assert report["ok"] == 6 and not report["failed"], report["failed"]
+    assert 1 <= report["metrics"]["e2e_s"]["n"] == 6
+    assert report["output_tokens_per_s"] > 0 and report["goodput_rps"] >= 0
+    assert "goodput" in format_reports([report])
+    out = tmp_path / "load.json"
+    assert main(["--url", served, "--rates", "10", "--requests", "3", "--json", str(out),
+                 "--plot", str(tmp_path / "load.png")]) == 0
+    assert json.loads(out.read_text())[0]["ok"] == 3 and (tmp_path / "load.png").stat().st_size
+    assert main(["--url", served, "--rates", "0"]) == 2

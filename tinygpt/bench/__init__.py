@@ -45,6 +45,7 @@ The package, one module per concern (imports run down this list):
     run         run_bench: requests, then every registered row group, into one report
     report      the table, the JSON file, the timeline plot
     cli         python -m tinygpt bench [--quick] [--only GROUP] [--json PATH] ...
+    load        python -m tinygpt bench serve --url URL: Poisson load on a running server
 """
 
 from tinygpt.bench.cli import build_parser, main

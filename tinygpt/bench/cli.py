@@ -40,7 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m tinygpt bench [--quick] [--json PATH] ...`; see build_parser()."""
+    """`python -m tinygpt bench [--quick] [--json PATH] ...`; see build_parser().
+    `python -m tinygpt bench serve ...` runs the load generator (tinygpt.bench.load)."""
+    if argv and argv[0] == "serve":
+        from tinygpt.bench.load import main as load_main
+
+        return load_main(argv[1:])
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:

@@ -1,0 +1,184 @@
+"""A load generator for `python -m tinygpt serve`: Poisson arrivals, a mix of request sizes.
+
+    python -m tinygpt bench serve --url http://127.0.0.1:8000 --rates 1,2,4,8 --requests 32
+
+A serving benchmark asks how much traffic a server carries while each request still meets its
+service-level objectives. Requests arrive as a Poisson process (independent arrivals at an
+average `rate` per second: exponential gaps, the usual model of many independent users), each
+with a prompt length and an output length drawn from a mix (short chats and a few long
+prompts). Every request streams; the arrival time of each chunk is a token time, so the day-12
+metrics apply unchanged: TTFT, ITL, TPOT, end-to-end latency, and goodput, the requests per
+second that met both SLOs. Sweeping the rate gives the curve serving papers plot: goodput
+follows the offered rate until the server saturates, then falls away from it.
+
+Prompts are token ids below 256 (byte tokens every byte-level BPE vocabulary has) and requests
+ask for `ignore_eos`, so each produces exactly its drawn output length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tinygpt.bench.metrics import RequestTrace, request_metrics
+
+# (prompt tokens, output tokens, weight): mostly short exchanges, some long prompts, a few
+# long answers
+DEFAULT_MIX = ((16, 32, 5), (64, 64, 3), (256, 32, 1), (32, 192, 1))
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    at: float            # seconds after the start
+    prompt_len: int
+    output_len: int
+    seed: int
+
+
+def plan_requests(n: int, rate: float, mix: Sequence[tuple[int, int, int]] = DEFAULT_MIX,
+                  seed: int = 0) -> list[PlannedRequest]:
+    """n requests with Poisson arrivals at `rate` per second (exponential gaps, seeded) and
+    sizes drawn from `mix` ((prompt_len, output_len, weight) triples)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an int >= 1, got {n!r}")
+    if not rate > 0:
+        raise ValueError(f"rate must be > 0 requests per second, got {rate!r}")
+    if not mix or any(p < 1 or o < 1 or w <= 0 for p, o, w in mix):
+        raise ValueError(f"mix must be (prompt_len >= 1, output_len >= 1, weight > 0) "
+                         f"triples, got {mix!r}")
+    rng = random.Random(seed)
+    at, out = 0.0, []
+    for i in range(n):
+        at += rng.expovariate(rate)
+        prompt_len, output_len, _ = rng.choices(mix, weights=[w for *_, w in mix])[0]
+        out.append(PlannedRequest(at, prompt_len, output_len, seed * 100_003 + i))
+    return out
+
+
+async def _one(client, url: str, start: float, planned: PlannedRequest,
+               timeout: float) -> tuple[RequestTrace | None, str | None]:
+    await asyncio.sleep(max(0.0, start + planned.at - time.perf_counter()))
+    rng = random.Random(planned.seed)
+    body = {"model": "tinygpt", "prompt": [rng.randrange(256) for _ in range(planned.prompt_len)],
+            "max_tokens": planned.output_len, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    submitted, times = time.perf_counter(), []
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body,
+                                 timeout=timeout) as response:
+            if response.status_code != 200:
+                return None, f"HTTP {response.status_code}"
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    times.append(time.perf_counter())
+    except Exception as err:  # noqa: BLE001 (a failed request is a result, not a crash)
+        return None, f"{type(err).__name__}: {err}"
+    if not times:
+        return None, "no tokens"
+    return RequestTrace(submitted, tuple(times), planned.prompt_len), None
+
+
+async def _run(url: str, planned: list[PlannedRequest], timeout: float):
+    import httpx
+
+    limits = httpx.Limits(max_connections=len(planned), max_keepalive_connections=0)
+    async with httpx.AsyncClient(limits=limits) as client:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(_one(client, url, start, p, timeout) for p in planned))
+        return results, time.perf_counter() - start
+
+
+def run_load(url: str, rate: float, n: int, *, ttft_slo: float = 1.0, tpot_slo: float = 0.1,
+             mix: Sequence[tuple[int, int, int]] = DEFAULT_MIX, seed: int = 0,
+             timeout: float = 300.0) -> dict:
+    """Send n Poisson-arriving requests at `rate` per second to the server at `url`; returns
+    {"rate", "requests", "ok", "failed" (reasons), "seconds", "output_tokens_per_s",
+    "metrics" (tinygpt.bench.request_metrics of the successful requests, or None)}."""
+    planned = plan_requests(n, rate, mix, seed)
+    results, seconds = asyncio.run(_run(url.rstrip("/"), planned, timeout))
+    traces = [t for t, _ in results if t is not None]
+    failed = [why for t, why in results if t is None]
+    tokens = sum(t.n_tokens for t in traces)
+    return {"rate": rate, "requests": n, "ok": len(traces), "failed": failed,
+            "seconds": seconds, "output_tokens_per_s": tokens / seconds,
+            "goodput_rps": (request_metrics(traces, ttft_slo, tpot_slo)["slo_met"] / seconds
+                            if traces else 0.0),
+            "metrics": request_metrics(traces, ttft_slo, tpot_slo) if traces else None,
+            "plan": [asdict(p) for p in planned]}
+
+
+def plot_goodput(reports: list[dict]):
+    """Goodput and throughput against the offered rate (a matplotlib Figure, no pyplot)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    rates = [r["rate"] for r in reports]
+    ax.plot(rates, rates, ":", color="gray", label="offered rate")
+    ax.plot(rates, [r["goodput_rps"] for r in reports], "o-", label="goodput (met both SLOs)")
+    ax.plot(rates, [r["ok"] / r["seconds"] for r in reports], "s--", label="completed / s")
+    ax.set_xlabel("offered load (requests / s)")
+    ax.set_ylabel("requests / s")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def format_reports(reports: list[dict]) -> str:
+    lines = [f"{'rate':>6} {'ok':>5} {'tok/s':>8} {'goodput':>8} {'TTFT p50':>9} {'p99':>8} "
+             f"{'ITL p50':>8} {'p99':>8}"]
+    for r in reports:
+        m = r["metrics"]
+        cells = ["-"] * 4 if m is None else [
+            f"{m['ttft_s']['p50'] * 1e3:.0f}ms", f"{m['ttft_s']['p99'] * 1e3:.0f}ms",
+            *([f"{m['itl_s']['p50'] * 1e3:.1f}ms", f"{m['itl_s']['p99'] * 1e3:.1f}ms"]
+              if m["itl_s"] else ["-", "-"])]
+        lines.append(f"{r['rate']:>6g} {r['ok']:>3}/{r['requests']:<2}"
+                     f"{r['output_tokens_per_s']:>8.1f} {r['goodput_rps']:>8.2f} "
+                     f"{cells[0]:>9} {cells[1]:>8} {cells[2]:>8} {cells[3]:>8}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tinygpt bench serve --url URL [--rates 1,2,4] [--requests N] ...`"""
+    parser = argparse.ArgumentParser(prog="python -m tinygpt bench serve",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--rates", default="1,2,4", help="offered rates, requests/s (1,2,4)")
+    parser.add_argument("--requests", type=int, default=32, help="requests per rate (32)")
+    parser.add_argument("--ttft-slo", type=float, default=1.0, help="TTFT SLO in s (1.0)")
+    parser.add_argument("--tpot-slo", type=float, default=0.1, help="TPOT SLO in s (0.1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="write the reports as JSON")
+    parser.add_argument("--plot", type=Path, default=None, help="save goodput vs rate (PNG)")
+    try:
+        args = parser.parse_args(argv)
+        rates = [float(r) for r in args.rates.split(",")]
+        for rate in rates:
+            plan_requests(1, rate)                # validates
+        plan_requests(args.requests, 1.0)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    reports = []
+    for rate in rates:
+        print(f"rate {rate:g}/s: {args.requests} requests ...", file=sys.stderr, flush=True)
+        reports.append(run_load(args.url, rate, args.requests, ttft_slo=args.ttft_slo,
+                                tpot_slo=args.tpot_slo, seed=args.seed))
+    print(format_reports(reports))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(reports, indent=1))
+    if args.plot:
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        plot_goodput(reports).savefig(args.plot, dpi=120, bbox_inches="tight")
+    return 0 if all(not r["failed"] for r in reports) else 1
