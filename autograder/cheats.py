@@ -25,6 +25,7 @@ from pathlib import Path
 
 import nbformat
 
+from autograder.bad_submissions import PERPLEXITY_OK as CORRECT_PERPLEXITY
 from autograder.notebooks import nbgrader_meta, solution_path
 
 DAY = "day01_logits"
@@ -40,13 +41,6 @@ def perplexity(token_logprobs):
     return float(2.0 ** (-lp.mean()))
 """
 
-CORRECT_PERPLEXITY = """
-def perplexity(token_logprobs):
-    lp = np.asarray(token_logprobs, dtype=np.float64)
-    if (lp > 0).any():
-        raise ValueError("token_logprobs must be log-probabilities (<= 0)")
-    return float(np.exp(-lp.mean()))
-"""
 
 
 @dataclass(frozen=True)

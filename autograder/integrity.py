@@ -92,39 +92,37 @@ def _strip_magics(source: str) -> str:
                      for line in source.splitlines())
 
 
-def module_aliases(sources: list[str]) -> dict[str, str]:
-    """alias -> module for every `import m [as a]` / `from p import m [as a]` (of a module)
-    in `sources`: the names a notebook uses for numpy, torch, tinygpt modules and so on."""
-    aliases: dict[str, str] = {}
+def _nodes(sources: list[str]):
+    """Every AST node of every source that parses (magics blanked)."""
     for source in sources:
         try:
             tree = ast.parse(_strip_magics(source))
         except SyntaxError:
             continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else \
-                        a.name.split(".")[0]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                for a in node.names:    # `from tinygpt import flops as F` binds a module
-                    if node.module == "tinygpt" or node.module.startswith(("torch", "numpy")):
-                        aliases.setdefault(a.asname or a.name, f"{node.module}.{a.name}")
+        yield from ast.walk(tree)
+
+
+def module_aliases(sources: list[str]) -> dict[str, str]:
+    """alias -> module for every `import m [as a]` / `from p import m [as a]` (of a module)
+    in `sources`: the names a notebook uses for numpy, torch, tinygpt modules and so on."""
+    aliases: dict[str, str] = {}
+    for node in _nodes(sources):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                top = a.name.split(".")[0]
+                aliases[a.asname or top] = a.name if a.asname else top
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for a in node.names:    # `from tinygpt import flops as F` binds a module
+                if node.module == "tinygpt" or node.module.startswith(("torch", "numpy")):
+                    aliases.setdefault(a.asname or a.name, f"{node.module}.{a.name}")
     return aliases
 
 
 def check_names(sources: list[str]) -> set[str]:
     """The names the notebook imports from tinygpt.testing (check_close, check_true, ...)."""
-    names = set()
-    for source in sources:
-        try:
-            tree = ast.parse(_strip_magics(source))
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module == "tinygpt.testing":
-                names |= {a.asname or a.name for a in node.names}
-    return names
+    return {a.asname or a.name for node in _nodes(sources)
+            if isinstance(node, ast.ImportFrom) and node.module == "tinygpt.testing"
+            for a in node.names}
 
 
 def _root_name(node: ast.AST) -> str | None:
