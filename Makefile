@@ -29,7 +29,7 @@ export PATH := $(BIN):$(PATH)
 SYSTEM_PACKAGES := bubblewrap postgresql chromium
 
 .PHONY: help env system-deps lab test test-fast release execute lint bench bench-quick \
-	bench-grading \
+	bench-grading mutants \
 	collect autograde export feedback clean distclean
 
 help: ## list the targets
@@ -92,6 +92,9 @@ export: $(STAMP) ## write grades.csv (a row per student, a column per day)
 
 feedback: $(STAMP) ## per-student HTML feedback: make feedback DAY=day01_logits
 	$(BIN)/python -m autograder feedback $(DAY)
+
+mutants: $(STAMP) ## mutation testing of the graded cells: make mutants DAY=day07_sampling (default: all)
+	OMP_NUM_THREADS=1 $(BIN)/python -m autograder mutants $(DAY)
 
 lint: $(STAMP) ## ruff over the package, the autograder and the tests
 	$(BIN)/ruff check tinygpt autograder tests

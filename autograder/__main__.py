@@ -12,7 +12,8 @@ repository, and --db, a gradebook URL, default: sqlite:///<root>/gradebook.db):
     feedback DAY                feedback/<student>/DAY/DAY.html: pass/fail and messages,
                                 never the hidden tests
 
-Maintainers: `execute [DAY ...]` re-runs solution notebooks in place; `days` lists the days.
+Maintainers: `execute [DAY ...]` re-runs solution notebooks in place; `days` lists the days;
+`mutants [DAY ...]` grades single-point mutants of the answer cells (autograder/mutants.py).
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p = sub.add_parser("export", parents=[common], help="grades to CSV")
     p.add_argument("csv", nargs="?", type=Path, default=Path("grades.csv"))
+    p = sub.add_parser("mutants", parents=[common],
+                       help="mutation testing: grade single-point mutants of the answer cells")
+    p.add_argument("days", nargs="*", help="day ids such as day07_sampling (default: all)")
+    p.add_argument("--sample", type=int, default=None,
+                   help="grade only this many mutants per day (the seeded sample make test uses)")
+    p.add_argument("--no-diff", action="store_true", help="list survivors without their diffs")
     p = sub.add_parser("feedback", parents=[common], help="per-student HTML feedback")
     p.add_argument("day")
     p.add_argument("--student", action="append", help="only these students (repeatable)")
@@ -121,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         from autograder.reports import export_csv
 
         print(f"wrote {export_csv(args.csv, root, args.db)}")
+    elif args.command == "mutants":
+        from autograder.mutants import main as mutants_main
+
+        return mutants_main(_pick_days(args.days, root), sample_size=args.sample,
+                            diffs=not args.no_diff)
     elif args.command == "feedback":
         from autograder.reports import write_feedback
 

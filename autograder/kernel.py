@@ -173,20 +173,26 @@ class Trial:
     score: float
     max_points: float
     error: str
+    keeps: bool = False  # a later exercise run with an earlier one's mistake: must keep its points
 
 
 def run_notebook_with_mistakes(path: Path, mistakes: list[Mistake]) -> list[Trial]:
     """Walk the notebook at `path`; return a Trial per (exercise, mistake) and per exercise.
 
-    Raises CellError if a cell outside the trials fails: then the notebook itself is broken.
+    A mistake whose `keeps` names later exercises is also put in place at each of their test
+    cells: those trials carry keeps=True (the exercise must keep full marks: one mistake, one
+    charge). Raises CellError if a cell outside the trials fails: then the notebook itself is
+    broken.
     """
     nb = read(path)
     by_test = {ex.test_index: ex for ex in exercises(nb)}
     known = {ex.grade_id for ex in by_test.values()}
-    unknown = sorted({m.grade_id for m in mistakes} - known)
+    unknown = sorted(({m.grade_id for m in mistakes} | {g for m in mistakes for g in m.keeps})
+                     - known)
     if unknown:
         raise ValueError(f"mistakes name exercises that {path.name} does not have: {unknown}; "
                          f"its exercises are {sorted(known)}")
+    answers = {ex.grade_id: nb.cells[ex.answer_index].source for ex in by_test.values()}
     trials: list[Trial] = []
     with Kernel(cwd=path.parent) as kernel:
         for index, cell in enumerate(nb.cells):
@@ -201,6 +207,13 @@ def run_notebook_with_mistakes(path: Path, mistakes: list[Mistake]) -> list[Tria
                     trials.append(Trial(exercise.grade_id, mistake, score(cell, outputs),
                                         exercise.points, error_text(outputs)))
                     _must_run(kernel, answer, f"restoring answer {exercise.grade_id}")
+                for mistake in (m for m in mistakes if exercise.grade_id in m.keeps):
+                    kernel.run(mistake.code)
+                    outputs = kernel.run(cell.source)
+                    trials.append(Trial(exercise.grade_id, mistake, score(cell, outputs),
+                                        exercise.points, error_text(outputs), keeps=True))
+                    _must_run(kernel, answers[mistake.grade_id],
+                              f"restoring answer {mistake.grade_id}")
                 outputs = kernel.run(cell.source)
                 trials.append(Trial(exercise.grade_id, None, score(cell, outputs),
                                     exercise.points, error_text(outputs)))

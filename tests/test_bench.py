@@ -243,7 +243,8 @@ def micro_report():
 def test_report_schema(micro_report, tmp_path):
     report, one = micro_report
     assert set(report) == {"schema_version", "tool", "created_utc", "plan", "machine",
-                           "settings", "requests", "comparisons", "groups", "all_targets_met", "seconds"}
+                           "settings", "requests", "comparisons", "groups", "all_targets_met",
+                           "seconds"}
     assert report["groups"] == CORE[1:]
     assert report["schema_version"] == B.SCHEMA_VERSION and report["plan"] == "micro"
     assert report["settings"]["threads"] == 1 and report["machine"]["torch_threads"] == 1

@@ -3,7 +3,10 @@
 1. the solution notebook autogrades to full marks (real nbgrader, real gradebook);
 2. the generated student notebook, unsolved, scores zero on every graded cell;
 3. every recorded mistake, substituted for the solution, loses its exercise's points, and every
-   exercise has at least one recorded mistake.
+   exercise has at least one recorded mistake; a mistake that names later exercises in `keeps`
+   leaves them their full marks (one mistake, one charge); and a fixed, seeded sample of the
+   day's mutants (autograder/mutants.py; the full run is `make mutants`) loses points too,
+   unless listed as equivalent.
 Plus: a correct answer whose code writes to stderr keeps its points.
 """
 
@@ -11,6 +14,7 @@ import pytest
 
 from autograder import mistakes
 from autograder.kernel import run_notebook_with_mistakes
+from autograder.mutants import sample as mutant_sample
 from autograder.notebooks import exercises, read, solution_path
 from tests.conftest import DAYS
 
@@ -45,10 +49,16 @@ def test_every_mistake_loses_its_points(day):
                      - {m.grade_id for m in recorded})
     assert not missing, (f"{day}: exercises without a mistake in autograder/mistakes/{day}.py: "
                          f"{missing}")
-    trials = run_notebook_with_mistakes(solution_path(day), recorded)
+    sampled = [m.as_mistake() for m in mutant_sample(day)]
+    trials = run_notebook_with_mistakes(solution_path(day), recorded + sampled)
     correct_lost = [t for t in trials if t.mistake is None and t.score != t.max_points]
     assert not correct_lost, f"{day}: correct answers lost points in the kernel run: " + "; ".join(
         f"{t.grade_id} ({t.error})" for t in correct_lost)
-    survived = [t for t in trials if t.mistake is not None and t.score > 0]
+    survived = [t for t in trials if t.mistake is not None and not t.keeps and t.score > 0]
     assert not survived, f"{day}: these mistakes kept their points (tests too weak): " + "; ".join(
         f"{t.grade_id}: {t.mistake.name}" for t in survived)
+    charged_twice = [t for t in trials if t.keeps and t.score != t.max_points]
+    assert not charged_twice, (f"{day}: a mistake in an earlier exercise cost a later one its "
+                               "points (swap in the reference version in its tests): " + "; ".join(
+        f"{t.grade_id} with {t.mistake.grade_id}: {t.mistake.name} ({t.error})"
+        for t in charged_twice))

@@ -65,3 +65,28 @@ def test_check_choice():
     with pytest.raises(CheckFailed, match="one letter"):
         check_choice("Q9", 3, digest)
     assert answer_digest("Q1", "B") != answer_digest("Q2", "B")
+
+
+def _earlier():
+    return 1
+
+
+def _later():
+    return _earlier() + 1
+
+
+def test_with_reference_swaps_names_for_the_call_only():
+    from tinygpt.testing import with_reference
+
+    swapped = with_reference(_later, _earlier=lambda: 10)
+    assert swapped() == 11 and _later() == 2        # the original is untouched afterwards
+
+    def boom():
+        raise KeyError("x")
+
+    failing = with_reference(_later, _earlier=boom)
+    with pytest.raises(KeyError):
+        failing()
+    assert _later() == 2                              # restored after an exception too
+    with pytest.raises(TypeError, match="Python function"):
+        with_reference(len, _earlier=boom)

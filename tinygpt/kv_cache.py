@@ -340,9 +340,9 @@ class DecodeStep:
 
     pack_weights=True (opt-in, CPU, float32) is the CPU counterpart for larger models. At
     batch 1 every product is a matrix times one vector, so the step should stream the weights
-    at memory bandwidth; but torch's default CPU path runs such a product on one core. The
-    step then keeps a prepacked copy of the weights (q/k/v stacked, gate/up stacked, oneDNN's
-    blocked layout) and runs oneDNN's inner product, which uses every core: on a 2-core
+    at memory bandwidth, which the plain step falls well short of. The step then keeps a
+    prepacked copy of the weights (q/k/v stacked, gate/up stacked, oneDNN's blocked layout)
+    and runs oneDNN's inner product: on a 2-core
     machine its step on a 600 MB model was 1.3x and 1.9x faster in two runs of
     `make bench` (the README's table).
     The copy doubles the weights' memory and is a snapshot, and each product pays a fixed

@@ -3,6 +3,13 @@
 Each day has a module `autograder/mistakes/<day>.py` with a list `MISTAKES` of `Mistake`s. A
 mistake's `code` replaces the whole answer cell `grade_id` of that day's solution notebook; the
 exercise's test cell must then score zero. tests/test_grading_proofs.py runs them all.
+
+A mistake may also name, in `keeps`, later exercises that call the function it breaks: their
+tests swap in the package's reference version, so with this mistake in place they must keep
+full marks (one mistake, one charge).
+
+A day's module may also define `EQUIVALENT_MUTANTS`, a dict from a mutant's key (see
+autograder/mutants.py) to the one-line reason it computes the same thing as the solution.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ class Mistake:
     grade_id: str  # the answer cell this replaces
     name: str  # what a student got wrong, in a few words
     code: str  # the full replacement source of the answer cell
+    keeps: tuple[str, ...] = ()  # later exercises that must keep full marks with this mistake
 
 
 def for_day(day: str) -> list[Mistake]:
@@ -27,3 +35,14 @@ def for_day(day: str) -> list[Mistake]:
             return []
         raise
     return list(module.MISTAKES)
+
+
+def equivalent_mutants(day: str) -> dict[str, str]:
+    """The day's allow-list of equivalent mutants: key -> reason (empty when none)."""
+    try:
+        module = importlib.import_module(f"autograder.mistakes.{day}")
+    except ModuleNotFoundError as err:
+        if err.name == f"autograder.mistakes.{day}":
+            return {}
+        raise
+    return dict(getattr(module, "EQUIVALENT_MUTANTS", {}))

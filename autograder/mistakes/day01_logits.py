@@ -1,5 +1,7 @@
 """Day 01 mistakes: each must lose its exercise's points."""
 
+from dataclasses import replace
+
 from autograder.mistakes import Mistake
 
 MISTAKES = [
@@ -125,3 +127,24 @@ def perplexity(token_logprobs):
     Mistake("q2", "uses base 2", "answer_q2 = 4.0"),
     Mistake("q3", "thinks a higher temperature sharpens", 'answer_q3 = "B"'),
 ]
+
+# One mistake, one charge: the later exercises' tests swap in the package's version of
+# the function these mistakes break, so they keep their full marks (by name prefix).
+_KEEPS = {
+    'no max shift: overflows to nan for large logits': ('temperature',),
+    'logsumexp without the max shift: overflows': ('cross_entropy',),
+}
+MISTAKES = [replace(m, keeps=next((v for k, v in _KEEPS.items() if m.name.startswith(k)), ()))
+            for m in MISTAKES]
+
+# Mutants (autograder/mutants.py) that compute the same thing as the solution.
+EQUIVALENT_MUTANTS = {
+    'softmax: x = np.asarray(logits, dtype=np.float64) => x = np.asarray(logits)':
+        "float64 only adds precision for float32 inputs; the results agree within the tests' tolerance",
+    'log_softmax: x = np.asarray(logits, dtype=np.float64) => x = np.asarray(logits)':
+        "float64 only adds precision for float32 inputs; the results agree within the tests' tolerance",
+    'temperature: x = np.asarray(logits, dtype=np.float64) => x = np.asarray(logits)':
+        "float64 only adds precision for float32 inputs; the results agree within the tests' tolerance",
+    'perplexity: lp = np.asarray(token_logprobs, dtype=np.float64) => lp = np.asarray(token_logprobs)':
+        "float64 only adds precision for float32 inputs; the results agree within the tests' tolerance",
+}

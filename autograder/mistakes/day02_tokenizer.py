@@ -1,5 +1,7 @@
 """Day 02 mistakes: each must lose its exercise's points."""
 
+from dataclasses import replace
+
 from autograder.mistakes import Mistake
 
 MISTAKES = [
@@ -397,3 +399,20 @@ def to_tiktoken(merges, special_tokens=None):
     Mistake("q4", "forgets the special tokens", "answer_q4 = 768"),
     Mistake("q4", "forgets the 256 byte tokens", "answer_q4 = 1019"),
 ]
+
+# One mistake, one charge: the later exercises' tests swap in the package's version of
+# the function these mistakes break, so they keep their full marks (by name prefix).
+_KEEPS = {
+    'off by one: forgets the last pair': ('train_bpe',),
+    'replaces only the first occurrence': ('train_bpe', 'encode'),
+}
+MISTAKES = [replace(m, keeps=next((v for k, v in _KEEPS.items() if m.name.startswith(k)), ()))
+            for m in MISTAKES]
+
+# Mutants (autograder/mutants.py) that compute the same thing as the solution.
+EQUIVALENT_MUTANTS = {
+    'train_bpe: counts[pair] = counts.get(pair, 0) + n => counts[pair] = counts.get(pair, 1) + n':
+        "every pair's count moves by the same constant: the most frequent pair and the tie order do not change",
+    'train_bpe: counts[pair] = counts.get(pair, 0) + n => counts[pair] = counts.get(pair, -1) + n':
+        "every pair's count moves by the same constant: the most frequent pair and the tie order do not change",
+}

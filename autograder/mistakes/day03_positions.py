@@ -1,5 +1,7 @@
 """Day 03 mistakes: each must lose its exercise's points."""
 
+from dataclasses import replace
+
 from autograder.mistakes import Mistake
 
 MISTAKES = [
@@ -171,3 +173,27 @@ def apply_rope(x, cos, sin):
     Mistake("q3", "reverses the offset", 'answer_q3 = "B"'),
     Mistake("q3", "thinks the sum of positions matters", 'answer_q3 = "D"'),
 ]
+
+# One mistake, one charge: the later exercises' tests swap in the package's version of
+# the function these mistakes break, so they keep their full marks (by name prefix).
+_KEEPS = {
+    'classes on the first axis': ('embedding',),
+}
+MISTAKES = [replace(m, keeps=next((v for k, v in _KEEPS.items() if m.name.startswith(k)), ()))
+            for m in MISTAKES]
+
+# Mutants (autograder/mutants.py) that compute the same thing as the solution.
+EQUIVALENT_MUTANTS = {
+    'sinusoidal: positions = np.arange(seq_len, dtype=np.float64)[:, None]               # (T, 1) => positions = np.arange(seq_len)[:, None]               # (T, 1)':
+        'the integer positions become float64 in the product with the float64 frequencies',
+    'sinusoidal: omega = base ** (-np.arange(0, d_model, 2, dtype=np.float64) / d_model)  # (d/2,) => omega = base ** (-np.arange(0, d_model, 2) / d_model)  # (d/2,)':
+        'true division of the integer range already gives float64',
+    'rope_tables: angles = torch.arange(seq_len, dtype=torch.float32)[:, None] * inv_freq   # (T, head_dim/2) => angles = torch.arange(seq_len)[:, None] * inv_freq   # (T, head_dim/2)':
+        'integer positions times float32 frequencies give the same float32 angles',
+    'rope_tables: inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)) => inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2) / head_dim))':
+        'true division of the integer range already gives float32',
+    'q2: answer_q2 = 2 * np.pi * 10000 ** (126 / 128) => answer_q2 = 2 * np.pi * 10001 ** (126 / 128)':
+        "within the question's stated tolerance",
+    'q2: answer_q2 = 2 * np.pi * 10000 ** (126 / 128) => answer_q2 = 2 * np.pi * 9999 ** (126 / 128)':
+        "within the question's stated tolerance",
+}

@@ -1,5 +1,7 @@
 """Day 04 mistakes: each must lose its exercise's points."""
 
+from dataclasses import replace
+
 from autograder.mistakes import Mistake
 
 MISTAKES = [
@@ -221,3 +223,28 @@ def grouped_query_attention(q, k, v, causal=True):
     Mistake("q4", "counts the query heads instead of the KV heads", "answer_q4 = 2 * 32 * 32 * 128 * 2"),
     Mistake("q4", "forgets the factor 2 for keys and values", "answer_q4 = 32 * 8 * 128 * 2"),
 ]
+
+# One mistake, one charge: the later exercises' tests swap in the package's version of
+# the function these mistakes break, so they keep their full marks (by name prefix).
+_KEEPS = {
+    'divides by d instead of sqrt(d)': ('gqa',),
+    'tensor.repeat tiles the block': ('gqa',),
+}
+MISTAKES = [replace(m, keeps=next((v for k, v in _KEEPS.items() if m.name.startswith(k)), ()))
+            for m in MISTAKES]
+
+# Mutants (autograder/mutants.py) that compute the same thing as the solution.
+EQUIVALENT_MUTANTS = {
+    'attention_torch: allowed = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(diagonal=t_k - t_q) => allowed = torch.ones(t_q, t_k, dtype=torch.bool).tril(diagonal=t_k - t_q)':
+        'differs only when q lives on a GPU; the graded kernel runs on the CPU',
+    'q2: answer_q2 = 13 // (32 // 8) => answer_q2 = 14 // (32 // 8)':
+        '14 // 4 is also 3',
+    'q2: answer_q2 = 13 // (32 // 8) => answer_q2 = 12 // (32 // 8)':
+        '12 // 4 is also 3',
+    'q2: answer_q2 = 13 // (32 // 8) => answer_q2 = 13 // (32 / 8)':
+        '13 // 4.0 is 3.0, equal to 3',
+    'q2: answer_q2 = 13 // (32 // 8) => answer_q2 = 13 // (33 // 8)':
+        '33 // 8 is also 4',
+    'q2: answer_q2 = 13 // (32 // 8) => answer_q2 = 13 // (32 // 7)':
+        '32 // 7 is also 4',
+}

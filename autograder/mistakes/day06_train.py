@@ -1,5 +1,7 @@
 """Day 06 mistakes: each must lose its exercise's points."""
 
+from dataclasses import replace
+
 from autograder.mistakes import Mistake
 
 MISTAKES = [
@@ -277,3 +279,20 @@ answer_q3 = "B"
 answer_q3 = "C"
 """),
 ]
+
+# Mutants (autograder/mutants.py) that compute the same thing as the solution.
+EQUIVALENT_MUTANTS = {
+    'sequence_log_prob: log_probs = torch.log_softmax(model(ids)[0].float(), dim=-1)     # (n + k, V) => log_probs = torch.log_softmax(model(ids)[-1].float(), dim=-1)     # (n + k, V)':
+        'the batch has one row: row 0 is row -1',
+    'q1: answer_q1 = math.log(1000) => answer_q1 = math.log(1001)':
+        "within the question's stated tolerance",
+    'q1: answer_q1 = math.log(1000) => answer_q1 = math.log(999)':
+        "within the question's stated tolerance",
+}
+
+# One mistake, one charge: train_step is tested with the package's loss swapped in for lm_loss,
+# so a bug in lm_loss leaves it its full marks.
+MISTAKES = [replace(m, keeps=("train_step",))
+            if m.name in ("sums over positions instead of averaging",
+                          "softmax before cross_entropy (softmax applied twice)") else m
+            for m in MISTAKES]

@@ -1,5 +1,7 @@
 """Day 07 mistakes: each must lose its exercise's points."""
 
+from dataclasses import replace
+
 from autograder.mistakes import Mistake
 
 MISTAKES = [
@@ -330,3 +332,30 @@ def sample_next_token(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, ty
     Mistake("q3", "filters before the temperature (min-p on the raw distribution)", "answer_q3 = 2"),
     Mistake("q3", "counts every token", "answer_q3 = 5"),
 ]
+
+# One mistake, one charge: sampling_probs is tested with the package's filters swapped in, and
+# sample_next_token's hidden tests with a reference pipeline, so these keep their full marks.
+_KEEPS = {
+    "cumulative <= p: drops the token that crosses p": ("sampling_probs", "sample_next_token"),
+    "cumulative <= typical_p: drops the crossing token": ("sampling_probs", "sample_next_token"),
+    "signed distance (no abs): ranks the least surprising tokens first": ("sampling_probs",),
+    "applies the temperature after the filters, whatever the order": ("sample_next_token",),
+}
+MISTAKES = [replace(m, keeps=_KEEPS.get(m.name, ())) for m in MISTAKES]
+
+# Mutants (autograder/mutants.py) that compute the same thing as the solution.
+EQUIVALENT_MUTANTS = {
+    "top_k: if k == 0 or k >= logits.shape[-1]: => if k == 0 or k > logits.shape[-1]:":
+        "k == V: the k-th largest is the row minimum, so the threshold keeps every token anyway",
+    "top_k: kth_largest = torch.topk(logits, k, dim=-1).values[:, -1:] => "
+    "kth_largest = torch.topk(logits, k).values[:, -1:]": "torch.topk's default dim is -1",
+    "top_p: sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True) => "
+    "sorted_probs, order = torch.sort(probs, descending=True, stable=True)":
+        "torch.sort's default dim is -1",
+    "typical: _, order = torch.sort(distance, dim=-1, stable=True) => "
+    "_, order = torch.sort(distance, stable=True)": "torch.sort's default dim is -1",
+    "min_p: if min_p == 0: => if False:":
+        "min_p = 0 gives threshold 0 and no probability is < 0: the filter keeps every token",
+    "min_p: if min_p == 0: => if min_p == (-1):":
+        "min_p = -1 is rejected above; min_p = 0 then keeps every token through threshold 0",
+}

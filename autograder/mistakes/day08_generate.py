@@ -1,5 +1,7 @@
 """Day 08 mistakes: each must lose its exercise's points."""
 
+from dataclasses import replace
+
 from autograder.mistakes import Mistake
 
 MISTAKES = [
@@ -417,3 +419,29 @@ def stream_text(token_ids, decode, stop):
     Mistake("q4", "streams the start of the stop string", 'answer_q4 = "A"'),
     Mistake("q4", "holds back only the last character", 'answer_q4 = "D"'),
 ]
+
+# One mistake, one charge: the later exercises' tests swap in the package's version of
+# the function these mistakes break, so they keep their full marks (by name prefix).
+_KEEPS = {
+    'never holds text back': ('stream_text',),
+}
+MISTAKES = [replace(m, keeps=next((v for k, v in _KEEPS.items() if m.name.startswith(k)), ()))
+            for m in MISTAKES]
+
+# Mutants (autograder/mutants.py) that compute the same thing as the solution.
+EQUIVALENT_MUTANTS = {
+    'repetition_penalty: penalized = torch.where(logits > 0, logits / penalty, logits * penalty) => penalized = torch.where(logits >= 0, logits / penalty, logits * penalty)':
+        'a logit of exactly 0 stays 0 either way (0 / penalty == 0 * penalty)',
+    'safe_text: for n in range(min(len(s) - 1, len(text)), held, -1): => for n in range(min(len(s) - 1, len(text)) + 1, held, -1):':
+        'the extra n is len(s) (a whole stop string, found earlier) or len(text) + 1 (longer than the text): never a match',
+    'safe_text: for n in range(min(len(s) - 1, len(text)), held, -1): => for n in range(min(len(s) - 1, len(text)), held - 1, -1):':
+        'the extra n equals held: a match sets held to the value it has',
+    'safe_text: for n in range(min(len(s) - 1, len(text)), held, -1): => for n in range(min(len(s) + 1, len(text)), held, -1):':
+        'prefixes of length >= len(s) are the whole stop string, found earlier: never a match',
+    'safe_text: for n in range(min(len(s) - 1, len(text)), held, -1): => for n in range(min(len(s) - 0, len(text)), held, -1):':
+        'the extra prefix is the whole stop string, found earlier: never a match',
+    'generate_loop: prompt = torch.tensor([list(prompt_ids)], dtype=torch.long) => prompt = torch.tensor([list(prompt_ids)])':
+        'a tensor of Python ints is already int64 (long)',
+    'generate_loop: if eos_id is not None and token == eos_id: => if token == eos_id:':
+        'an int token never equals None, so the first test changes nothing',
+}

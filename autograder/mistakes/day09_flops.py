@@ -1,5 +1,7 @@
 """Day 09 mistakes: each must lose its exercise's points."""
 
+from dataclasses import replace
+
 from autograder.mistakes import Mistake
 
 MISTAKES = [
@@ -197,3 +199,21 @@ answer_q2 = prefill_flops(LLAMA2_7B, 1, 512) / 989.4e12
     Mistake("q3", "thinks GQA also cuts attention FLOPs", 'answer_q3 = "A"'),
     Mistake("q3", "swapped: FLOPs shrink, bytes stay", 'answer_q3 = "C"'),
 ]
+
+# One mistake, one charge: the later exercises' tests swap in the package's version of
+# the function these mistakes break, so they keep their full marks (by name prefix).
+_KEEPS = {
+    'ignores GQA: wk and wv sized with n_heads': ('weight_flops', 'weight_bytes'),
+    'forgets the LM head': ('prefill_flops', 'decode_flops'),
+    'one layer only: forgets n_layers': ('decode_flops',),
+}
+MISTAKES = [replace(m, keeps=next((v for k, v in _KEEPS.items() if m.name.startswith(k)), ()))
+            for m in MISTAKES]
+
+# Mutants (autograder/mutants.py) that compute the same thing as the solution.
+EQUIVALENT_MUTANTS = {
+    'q2: answer_q2 = prefill_flops(LLAMA2_7B, 1, 512) / 989.4e12 * 1e3 => answer_q2 = prefill_flops(LLAMA2_7B, 1, 513) / 989.4e12 * 1e3':
+        "within the question's stated tolerance",
+    'q2: answer_q2 = prefill_flops(LLAMA2_7B, 1, 512) / 989.4e12 * 1e3 => answer_q2 = prefill_flops(LLAMA2_7B, 1, 511) / 989.4e12 * 1e3':
+        "within the question's stated tolerance",
+}

@@ -1,5 +1,7 @@
 """Day 10 mistakes: each must lose its exercise's points."""
 
+from dataclasses import replace
+
 from autograder.mistakes import Mistake
 
 MISTAKES = [
@@ -135,3 +137,21 @@ answer_q2 = flops.decode_step_bytes(P["llama-2-70b"], 1, 1, "bf16") / 4.8e12
     Mistake("q3", "thinks the step time scales with batch", 'answer_q3 = "A"'),
     Mistake("q3", "thinks batch 16 is compute-bound", 'answer_q3 = "D"'),
 ]
+
+# Mutants (autograder/mutants.py) that compute the same thing as the solution.
+EQUIVALENT_MUTANTS = {
+    'attainable_flops: return np.minimum(peak_flops, bandwidth * np.asarray(intensity, dtype=np.float64)) => return np.minimum(peak_flops, bandwidth * np.asarray(intensity))':
+        'the float bandwidth makes the product float64 anyway',
+    'q2: answer_q2 = flops.decode_step_bytes(P["llama-2-70b"], 1, 1, "bf16") / 4.8e12 * 1e3 => answer_q2 = flops.decode_step_bytes(P["llama-2-70b"], 2, 1, "bf16") / 4.8e12 * 1e3':
+        "within the question's stated tolerance (the step reads the weights once; one more sequence's cache is a rounding error)",
+    'q2: answer_q2 = flops.decode_step_bytes(P["llama-2-70b"], 1, 1, "bf16") / 4.8e12 * 1e3 => answer_q2 = flops.decode_step_bytes(P["llama-2-70b"], 1, 2, "bf16") / 4.8e12 * 1e3':
+        "within the question's stated tolerance (one more cached token is a rounding error next to the weights)",
+    'q2: answer_q2 = flops.decode_step_bytes(P["llama-2-70b"], 1, 1, "bf16") / 4.8e12 * 1e3 => answer_q2 = flops.decode_step_bytes(P["llama-2-70b"], 1, 0, "bf16") / 4.8e12 * 1e3':
+        "within the question's stated tolerance (one cached token less is a rounding error next to the weights)",
+}
+
+# One mistake, one charge: predict_decode_step and critical_batch are tested with the package's
+# op_time swapped in, so a bug in op_time leaves them their full marks.
+MISTAKES = [replace(m, keeps=("predict_decode_step", "critical_batch"))
+            if m.name in ("labels swapped", "a tie counts as memory-bound") else m
+            for m in MISTAKES]

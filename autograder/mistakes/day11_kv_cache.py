@@ -1,5 +1,7 @@
 """Day 11 mistakes: each must lose its exercise's points."""
 
+from dataclasses import replace
+
 from autograder.mistakes import Mistake
 
 _CACHE_INIT = """
@@ -295,3 +297,43 @@ answer_q2 = 80 * 8 * 128 * 2 * 4096 / 1e9
 answer_q3 = "C"
 """),
 ]
+
+# One mistake, one charge: forward_with_cache is tested with the package's attention and layer
+# caches, generate_greedy_cached with the package's cache and cached forward, so a bug in the
+# earlier pieces leaves them their full marks.
+_KEEPS = {
+    "off by one: returns one position too few": ("forward_with_cache", "generate_cached"),
+    "hand-written tril() mask without the S - T offset": ("forward_with_cache", "generate_cached"),
+    "RoPE positions restart at 0 for every call": ("generate_cached",),
+}
+MISTAKES = [replace(m, keeps=_KEEPS.get(m.name, ())) for m in MISTAKES]
+
+# Mutants (autograder/mutants.py) that compute the same thing as the solution.
+_CPU = "differs only when q lives on a GPU; the graded kernel runs on the CPU"
+EQUIVALENT_MUTANTS = {
+    "cached_attention: allowed = torch.ones(T, S, dtype=torch.bool, device=q.device)"
+    ".tril(diagonal=S - T) => allowed = torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T)":
+        _CPU,
+    "generate_cached: caches = make_caches(model.cfg, 1, p + n_new - 1) => "
+    "caches = make_caches(model.cfg, 2, p + n_new - 1)":
+        "a cache with a spare row gives the same tokens; it only wastes memory",
+    "generate_cached: caches = make_caches(model.cfg, 1, p + n_new - 1) => "
+    "caches = make_caches(model.cfg, 1, p + n_new + 1)":
+        "a longer cache gives the same tokens; attention reads only the filled prefix",
+    "generate_cached: caches = make_caches(model.cfg, 1, p + n_new - 1) => "
+    "caches = make_caches(model.cfg, 1, p + n_new - 0)":
+        "a longer cache gives the same tokens; attention reads only the filled prefix",
+    "generate_cached: out = [int(logits[0, -1].argmax())] => "
+    "out = [int(logits[-1, -1].argmax())]": "batch size 1: row 0 is row -1",
+    "generate_cached: out.append(int(logits[0, -1].argmax())) => "
+    "out.append(int(logits[-1, -1].argmax()))": "batch size 1: row 0 is row -1",
+    "generate_cached: out.append(int(logits[0, -1].argmax())) => "
+    "out.append(int(logits[0, 0].argmax()))": "a decode step feeds one token: position 0 is -1",
+    "sequences_that_fit: return max(0, int(free_bytes // per_sequence)) => "
+    "return max(0, int(free_bytes / per_sequence))":
+        "int() truncates toward zero, which is the floor for the non-negative counts max keeps",
+    "q2: answer_q2 = 2 * 80 * 8 * 128 * 2 * 4096 / 1e9 => "
+    "answer_q2 = 2 * 80 * 8 * 128 * 2 * 4097 / 1e9": "within the question's tolerance",
+    "q2: answer_q2 = 2 * 80 * 8 * 128 * 2 * 4096 / 1e9 => "
+    "answer_q2 = 2 * 80 * 8 * 128 * 2 * 4095 / 1e9": "within the question's tolerance",
+}
