@@ -162,7 +162,13 @@ def test_the_bad_submission_corpus_is_graded_as_specified(tmp_path):
     assert rows[0] == ["student", DAY, "total", "review"]
     assert rows[1] == ["(max)", "13", "13", ""]
     assert {r[0]: float(r[-2]) for r in rows[2:]} == {c.student: c.score for c in cases}
-    assert all(r[-1] == "" for r in rows[2:]), "a bad but honest submission was flagged"
+    review = {r[0]: r[-1] for r in rows[2:]}
+    honest = {"control-full", "control-blank", "infinite-loop", "memory-bomb", "sys-exit",
+              "edited-test", "deleted-test", "stripped-metadata", "renamed", "corrupt-json",
+              "nothing", "huge-output", "stderr-warning"}
+    assert not [s for s in honest if review[s]], "an honest (if broken) submission was flagged"
+    for attack in ("reads-solutions", "reads-gradebook"):     # listed for review, with why
+        assert review[attack].startswith(f"{DAY}: reads-tests"), review[attack]
 
     # feedback: messages yes, hidden tests no
     cli(root, "feedback", DAY)
