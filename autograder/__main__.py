@@ -8,8 +8,10 @@ repository, and --db, a gradebook URL, default: sqlite:///<root>/gradebook.db):
                                 LMS zip of <student>_<dayNN>....ipynb files
     grade DAY                   autograde every pending submission of DAY in parallel, each in
                                 a sandbox; prints a summary table (--force regrades)
-    export [CSV]                grades to CSV: a row per student, a column per day, a total
-    feedback DAY                feedback/<student>/DAY/DAY.html: pass/fail and messages,
+    export [CSV]                grades to CSV: a row per student, a column per day, a total;
+                                and grades-by-exercise.csv beside it
+    feedback DAY                feedback/<student>/DAY/DAY.html: pass/fail and messages, and
+                                the day's item analysis (mean and full marks per exercise),
                                 never the hidden tests
 
 Maintainers: `execute [DAY ...]` re-runs solution notebooks in place; `days` lists the days;
@@ -71,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the integrity guard and scan (only to measure what they cost)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    p.add_argument("--by-exercise", action="store_true",
+                   help="show a column per exercise in the summary")
     p = sub.add_parser("export", parents=[common], help="grades to CSV")
     p.add_argument("csv", nargs="?", type=Path, default=Path("grades.csv"))
     p = sub.add_parser("mutants", parents=[common],
@@ -121,24 +125,38 @@ def main(argv: list[str] | None = None) -> int:
         results = grade_day(args.day, root=root, db_url=args.db, students=args.student,
                             workers=args.workers, force=args.force, limits=limits,
                             progress=not args.no_progress)
-        print(summary_table(results))
+        if args.by_exercise:
+            from autograder.reports import exercise_scores
+
+            print(summary_table(results, exercise_scores(root, args.db), args.day))
+        else:
+            print(summary_table(results))
         if args.json:
             args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
     elif args.command == "export":
-        from autograder.reports import export_csv
+        from autograder.reports import BY_EXERCISE_FILE, export_csv
 
-        print(f"wrote {export_csv(args.csv, root, args.db)}")
+        path = export_csv(args.csv, root, args.db)
+        print(f"wrote {path} and {path.parent / BY_EXERCISE_FILE}")
     elif args.command == "mutants":
         from autograder.mutants import main as mutants_main
 
         return mutants_main(_pick_days(args.days, root), sample_size=args.sample,
                             diffs=not args.no_diff)
     elif args.command == "feedback":
-        from autograder.reports import write_feedback
+        from autograder.reports import (
+            exercise_scores,
+            format_item_analysis,
+            item_analysis,
+            write_feedback,
+        )
 
         _pick_days([args.day], root)
         for path in write_feedback(args.day, root, args.db, args.student):
             print(f"wrote {path}")
+        items = item_analysis(exercise_scores(root, args.db), args.day)
+        if items:
+            print(format_item_analysis(items, args.day))
     return 0
 
 

@@ -43,17 +43,19 @@ def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: floa
                   memory_bytes: int = DEFAULT_MEMORY_BYTES, sandbox: bool = True,
                   guard: GuardSpec | None = None) -> dict:
     """Run `nb`'s code cells in place (outputs filled in); return {"status", "reason",
-    "evidence"}.
+    "warnings", "evidence"}.
 
     status: "graded" (ran to the end; failing tests are just failing tests), "timeout",
     "crashed" (the kernel died), "memory-limit" or "blocked" (the sandbox refused something).
-    guard: when given, the integrity guard (autograder/integrity.py) is installed before the
-    first cell and, before every test cell, restores what student code changed; "evidence"
-    lists what it found (as dicts of Evidence).
+    reason: what made the status; warnings: errors in ungraded cells that did not (the tests
+    that depend on them fail on their own). guard: when given, the integrity guard
+    (autograder/integrity.py) is installed before the first cell and, before every test cell,
+    restores what student code changed; "evidence" lists what it found (dicts of Evidence).
     """
     manager = SandboxKernelManager(SandboxPolicy(scratch, memory_bytes)) if sandbox else None
     start, problems, status = time.monotonic(), [], "graded"
     evidence: list[Evidence] = []
+    warnings: list[str] = []
     with Kernel(scratch, timeout=cell_timeout, manager=manager) as kernel:
         if guard is not None:
             failed = error_text(kernel.run(guard_install_code(guard)))
@@ -83,6 +85,7 @@ def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: floa
                         "CellNotRun", "NotImplementedError"):  # not run / not answered yet
                     continue
                 text = f"{out.get('ename')}: {str(out.get('evalue') or '')[:160]}"
+                before = status
                 if out.get("ename") == "CellTimeoutError":
                     status = "timeout"
                 elif out.get("ename") == "DeadKernelError":
@@ -91,14 +94,17 @@ def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: floa
                     status = "memory-limit"
                 elif any(h in text for h in BLOCKED_HINTS) and status == "graded":
                     status = "blocked"
-                if not is_test(cell) or status != "graded":
+                if status != before or status != "graded":
                     problems.append(f"{_label(cell, index)}: {text}")
+                elif not is_test(cell):     # an error outside the tests: not why it scored
+                    warnings.append(f"{_label(cell, index)}: {text}")
         if kernel.dead and status == "graded":
             status = "crashed"
     if status == "timeout" and not any("time limit" in p or "Timeout" in p for p in problems):
         problems.append(f"total time limit of {total_timeout:.0f} s reached")
     reason = "; ".join(dict.fromkeys(problems))  # distinct, in order
     return {"status": status, "reason": reason[:1000],
+            "warnings": "; ".join(dict.fromkeys(warnings))[:1000],
             "evidence": [dataclasses.asdict(e) for e in evidence]}
 
 

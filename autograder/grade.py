@@ -53,6 +53,8 @@ class Result:
     status: str
     reason: str
     evidence: str = ""  # signs of tampering found (autograder/integrity.py), for review
+    warnings: str = ""  # errors in ungraded cells: worth a look, but not why the status is what
+    #                     it is (a failing test cell is just a failing test)
 
 
 @dataclass
@@ -96,7 +98,7 @@ def students_for(day: str, root: Path, api) -> list[str]:
 def _run_worker(work: Path, day: str, student: str, limits: Limits, files: Path,
                 guard: Path | None = None) -> tuple:
     """Execute one student's notebook in its own process: (notebook or None, status, reason,
-    runtime evidence as a list of Evidence)."""
+    runtime evidence as a list of Evidence, warnings)."""
     cmd = [sys.executable, "-m", "autograder.worker", str(work), day, student,
            "--cell-timeout", str(limits.cell_timeout), "--total-timeout",
            str(limits.total_timeout), "--memory", str(limits.memory_bytes), "--files", str(files)]
@@ -113,7 +115,7 @@ def _run_worker(work: Path, day: str, student: str, limits: Limits, files: Path,
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             return (None, "timeout",
-                    f"killed after the time limit ({limits.total_timeout:.0f} s)", [])
+                    f"killed after the time limit ({limits.total_timeout:.0f} s)", [], "")
     executed = work / "autograded" / student / day / f"{day}.ipynb"
     report_path = work / "report.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
@@ -121,8 +123,9 @@ def _run_worker(work: Path, day: str, student: str, limits: Limits, files: Path,
     if proc.returncode != 0 or not executed.exists():
         tail = (work / "worker.log").read_text(errors="replace").strip().splitlines()[-1:]
         return (None, "error", report.get("reason") or f"grader error: {' '.join(tail)[:300]}",
-                evidence)
-    return read(executed), report.get("status", "graded"), report.get("reason", ""), evidence
+                evidence, report.get("warnings", ""))
+    return (read(executed), report.get("status", "graded"), report.get("reason", ""), evidence,
+            report.get("warnings", ""))
 
 
 def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
@@ -155,7 +158,7 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
         guard.write_text(guard_spec(release_nb).to_json())
 
     results: dict[str, Result] = {}
-    outcomes: dict[str, tuple] = {}  # student -> (notebook, status, reason, evidence)
+    outcomes: dict[str, tuple] = {}  # student -> (notebook, status, reason, evidence, warnings)
     jobs: dict[str, tuple] = {}
     for student in students:
         folder = root / "submitted" / student / day
@@ -171,7 +174,7 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
         notes = "; ".join(staged.notes)
         if staged.notebook is None:
             outcomes[student] = (zero_notebook(release_nb, staged.status, notes),
-                                 staged.status, notes, [])
+                                 staged.status, notes, [], "")
             continue
         wroot = work / "workers" / student
         target = wroot / "submitted" / student / day
@@ -197,10 +200,10 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
             student = futures[future]
             _, staged, notes, evidence = jobs[student]
             try:
-                nb, status, reason, found = future.result()
+                nb, status, reason, found, warnings = future.result()
             except Exception as err:  # noqa: BLE001 (one student's failure stays theirs)
                 nb, status, reason = None, "error", f"grader error: {type(err).__name__}: {err}"
-                found = []
+                found, warnings = [], ""
             evidence = evidence + found
             if status == "graded" and staged.status == "repaired":
                 status = "repaired"
@@ -209,7 +212,7 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
                 nb = zero_notebook(staged.notebook, status, reason)
             if evidence and status in ("graded", "repaired"):
                 status = FLAGGED
-            outcomes[student] = (nb, status, reason, evidence)
+            outcomes[student] = (nb, status, reason, evidence, warnings)
 
     record_grades(day, root, db_url, work, outcomes, results)
     return [results[s] for s in students]
@@ -237,7 +240,7 @@ def record_grades(day: str, root: Path, db_url: str | None, work: Path, outcomes
     config.Autograde.autograde_preprocessors = [StderrToStdout, LimitOutput, SaveAutoGrades,
                                                 AssignLatePenalties, CheckCellMetadata]
     api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
-    for student, (nb, status, reason, evidence) in outcomes.items():
+    for student, (nb, status, reason, evidence, warnings) in outcomes.items():
         target = executed_dir / student / day
         target.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, str(target / f"{day}.ipynb"))
@@ -259,7 +262,7 @@ def record_grades(day: str, root: Path, db_url: str | None, work: Path, outcomes
             submission = gb.find_submission(day, student)
             score, max_score = float(submission.score), float(submission.max_score)
         results[student] = Result(student, score, max_score, status, reason,
-                                  summarize(evidence) if evidence else "")
+                                  summarize(evidence) if evidence else "", warnings)
         record = root / "autograded" / student / day / RECORD_FILE
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps({"fingerprint": fingerprint(root / "submitted" / student
@@ -267,14 +270,25 @@ def record_grades(day: str, root: Path, db_url: str | None, work: Path, outcomes
             results[student])}))
 
 
-def summary_table(results: list[Result]) -> str:
-    """The results as an aligned text table."""
-    rows = [("student", "score", "max", "status", "reason")]
-    rows += [(r.student, f"{r.score:g}", f"{r.max_score:g}", r.status, "; ".join(
-        t for t in (r.reason[:100], f"evidence: {r.evidence[:200]}" if r.evidence else "")
-        if t)) for r in results]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row))
-             for row in rows]
+def summary_table(results: list[Result], exercise_rows: list[tuple] | None = None,
+                  day: str | None = None) -> str:
+    """The results as an aligned text table. With `exercise_rows` (reports.exercise_scores)
+    and `day`: a column per exercise of that day, between the status and the reason."""
+    exercises: list[str] = []
+    scores: dict[tuple[str, str], float] = {}
+    for student, d, exercise, score, _ in exercise_rows or []:
+        if d == day:
+            exercises += [exercise] if exercise not in exercises else []
+            scores[(student, exercise)] = score
+    rows = [("student", "score", "max", "status", *exercises, "reason")]
+    rows += [(r.student, f"{r.score:g}", f"{r.max_score:g}", r.status,
+              *[f"{scores.get((r.student, e), 0.0):g}" for e in exercises], "; ".join(
+                  t for t in (r.reason[:100], f"warnings: {r.warnings[:100]}" if r.warnings
+                              else "", f"evidence: {r.evidence[:200]}" if r.evidence else "")
+                  if t)) for r in results]
+    last = len(rows[0]) - 1
+    widths = [max(len(row[i]) for row in rows) for i in range(last)]
+    lines = ["  ".join(cell.ljust(widths[i]) if i < last else cell
+                       for i, cell in enumerate(row)) for row in rows]
     lines.insert(1, "-" * min(120, max(len(line) for line in lines)))
     return "\n".join(line.rstrip() for line in lines)

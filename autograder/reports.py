@@ -7,6 +7,7 @@ code of a test cell, so hidden tests stay hidden (nbgrader's own feedback prints
 
 from __future__ import annotations
 
+import ast
 import csv
 import html
 import json
@@ -38,9 +39,69 @@ def review_note(root: Path, student: str, days: list[str]) -> str:
     return " | ".join(notes)
 
 
+def exercise_names(day: str, root: Path) -> dict[str, str]:
+    """test cell grade_id -> the exercise it grades (its answer cell's grade_id), from the
+    day's source notebook; self-checks keep their own names (q1, q2, ...)."""
+    from autograder.notebooks import exercises, solution_path
+
+    return {ex.test_id: ex.grade_id for ex in exercises(read(solution_path(day, root)))}
+
+
+def exercise_scores(root: Path, db_url: str | None = None) -> list[tuple]:
+    """(student, day, exercise, score, max_score) for every student, day and exercise of the
+    gradebook; an exercise of a day the student did not submit scores 0."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    api = _api(root, db_url)
+    rows = []
+    with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
+        days = sorted(a.name for a in gb.assignments)
+        cells = {d: [(c.name, float(c.max_score)) for n in gb.find_assignment(d).notebooks
+                     for c in n.grade_cells] for d in days}
+        names = {d: exercise_names(d, root) for d in days}
+        for student in sorted(s.id for s in gb.students):
+            for day in days:
+                try:
+                    notebook = gb.find_submission_notebook(day, day, student)
+                    got = {g.name: float(g.score) for g in notebook.grades}
+                except MissingEntry:
+                    got = {}
+                for test_id, max_score in cells[day]:
+                    rows.append((student, day, names[day].get(test_id, test_id),
+                                 got.get(test_id, 0.0), max_score))
+    return rows
+
+
+def item_analysis(rows: list[tuple], day: str) -> list[dict]:
+    """Per exercise of `day`: how many students, the mean score, the share with full marks
+    (nbgrader's formgrader shows the same two numbers per question)."""
+    found: dict[str, list[tuple[float, float]]] = {}
+    for _, d, exercise, score, max_score in rows:
+        if d == day:
+            found.setdefault(exercise, []).append((score, max_score))
+    return [{"exercise": exercise, "students": len(scores), "max_score": scores[0][1],
+             "mean": sum(s for s, _ in scores) / len(scores),
+             "full_marks": sum(s >= m for s, m in scores) / len(scores)}
+            for exercise, scores in found.items()]
+
+
+def format_item_analysis(items: list[dict], day: str) -> str:
+    """The item analysis as a text table, hardest exercise first."""
+    lines = [f"item analysis, {day}", f"{'exercise':<28}{'students':>9}{'mean':>9}{'max':>6}"
+                                      f"{'full marks':>12}"]
+    for item in sorted(items, key=lambda i: (i["full_marks"], i["exercise"])):
+        lines.append(f"{item['exercise']:<28}{item['students']:>9}{item['mean']:>9.2f}"
+                     f"{item['max_score']:>6g}{item['full_marks']:>12.0%}")
+    return "\n".join(lines)
+
+
+BY_EXERCISE_FILE = "grades-by-exercise.csv"
+
+
 def export_csv(path: Path, root: Path, db_url: str | None = None) -> Path:
     """One row per student, one column per day (its score, 0 when not submitted), a total,
-    and a `review` column naming the days flagged for signs of tampering (with evidence)."""
+    and a `review` column naming the days flagged for signs of tampering (with evidence).
+    Beside it, grades-by-exercise.csv: a row per student, day and exercise."""
     from nbgrader.api import Gradebook, MissingEntry
 
     api = _api(root, db_url)
@@ -62,6 +123,11 @@ def export_csv(path: Path, root: Path, db_url: str | None = None) -> Path:
         writer.writerow(["student", *days, "total", "review"])
         writer.writerow(["(max)", *[f"{m:g}" for m in maxima], f"{sum(maxima):g}", ""])
         writer.writerows(rows)
+    with open(path.parent / BY_EXERCISE_FILE, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["student", "day", "exercise", "score", "max_score"])
+        writer.writerows((st, d, ex, f"{sc:g}", f"{mx:g}")
+                         for st, d, ex, sc, mx in exercise_scores(root, db_url))
     return path
 
 
@@ -81,6 +147,59 @@ def _titles(nb) -> dict[str, str]:
     return titles
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+CELL_FRAME = re.compile(r"Cell In\[\d+\], line (\d+)(?:, in (\w+))?")
+
+
+def _constant(node) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def explain_error(test_source: str, error: dict) -> str:
+    """The feedback for a test cell whose check did not fail but whose call raised: the
+    exception, what the test was checking when it happened (the check's own description of
+    the call, or the call to the student's function) and the check's hint. Never more of the
+    test's code than that one call."""
+    ename, evalue = error.get("ename", "Error"), str(error.get("evalue", ""))
+    message = f"{ename}: {evalue}"
+    if ename == "NotImplementedError":
+        return message + "\nThis exercise is not answered yet: replace `raise " \
+                         "NotImplementedError()` with your code."
+    frames = [CELL_FRAME.search(ANSI.sub("", line)) for line in error.get("traceback", [])]
+    frames = [f for f in frames if f]
+    if not frames:
+        return message
+    line, inner = int(frames[0].group(1)), (frames[1].group(2) if len(frames) > 1 else None)
+    try:
+        tree = ast.parse(test_source)
+    except SyntaxError:
+        return message
+    statement = next((n for n in tree.body if n.lineno <= line <= (n.end_lineno or n.lineno)),
+                     None)
+    if statement is None:
+        return message
+    checks = [n for n in ast.walk(statement) if isinstance(n, ast.Call)
+              and isinstance(n.func, ast.Name) and n.func.id.startswith("check_")]
+    what = next((w for c in checks for w in [_constant(c.args[0]) if c.args else None] if w),
+                None)
+    if what is None and inner:
+        call = next((n for n in ast.walk(statement) if isinstance(n, ast.Call)
+                     and isinstance(n.func, ast.Name) and n.func.id == inner), None)
+        if call is not None:
+            what = ast.unparse(call)
+            what = what if len(what) <= 160 else what[:157] + "..."
+    later = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Name) and n.func.id.startswith("check_")
+             and n.lineno >= statement.lineno]
+    hint = next((h for c in checks + later for k in c.keywords if k.arg == "hint"
+                 for h in [_constant(k.value)] if h), None)
+    if what:
+        message += f"\nYour code raised this while the test was checking: {what}"
+    if hint:
+        message += f"\nHint: {hint}"
+    return message
+
+
 def feedback_html(day: str, student: str, notebook, grades: dict[str, tuple[float, float]],
                   evidence: str = "") -> str:
     """An HTML page for one student's graded notebook (no test-cell code); `evidence`: why
@@ -97,8 +216,10 @@ def feedback_html(day: str, student: str, notebook, grades: dict[str, tuple[floa
             errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
             passed = score >= max_score
             message = ""
-            if errors:
+            if errors and errors[-1].get("ename") == "CheckFailed":
                 message = f"{errors[-1].get('ename')}: {errors[-1].get('evalue')}"
+            elif errors:    # the student's code raised before a check could judge it
+                message = explain_error(cell.source, errors[-1])
             name = nbgrader_meta(answer)["grade_id"] if answer is not None else grade_id
             parts.append(
                 f'<section class="{"pass" if passed else "fail"}">'

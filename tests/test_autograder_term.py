@@ -138,6 +138,8 @@ def test_the_bad_submission_corpus_is_graded_as_specified(tmp_path):
              != (c.status, c.score)]
     assert not wrong, "\n".join(wrong)
     assert listener.connections == 0, "a sandboxed submission reached a host server"
+    # an error in an answer cell is a warning beside the status, not the status's reason
+    assert got["sys-exit"]["reason"] == "" and "SystemExit" in got["sys-exit"]["warnings"]
     assert not (REPO_ROOT / "tinygpt" / "hacked.py").exists()
 
     # the gradebook holds exactly one consistent result per student
@@ -170,8 +172,23 @@ def test_the_bad_submission_corpus_is_graded_as_specified(tmp_path):
     for attack in ("reads-solutions", "reads-gradebook"):     # listed for review, with why
         assert review[attack].startswith(f"{DAY}: reads-tests"), review[attack]
 
-    # feedback: messages yes, hidden tests no
-    cli(root, "feedback", DAY)
+    # the per-exercise export: a row per student, day and exercise, summing to the day's score
+    by_exercise = list(csv.reader(open(tmp_path / "grades-by-exercise.csv")))
+    assert by_exercise[0] == ["student", "day", "exercise", "score", "max_score"]
+    per_student: dict[str, float] = {}
+    for student, day, _, score, _ in by_exercise[1:]:
+        assert day == DAY
+        per_student[student] = per_student.get(student, 0.0) + float(score)
+    assert per_student == {c.student: c.score for c in cases}
+    exercises = {row[2] for row in by_exercise[1:]}
+    assert {"softmax", "perplexity", "q1"} <= exercises, exercises
+    assert ["edited-test", DAY, "perplexity", "0", "2"] in by_exercise
+    table = cli(root, "grade", DAY, *LIMITS, "--by-exercise").stdout
+    assert "perplexity" in table.splitlines()[0] and "log_softmax" in table.splitlines()[0]
+
+    # feedback: messages yes, hidden tests no; and the day's item analysis
+    printed = cli(root, "feedback", DAY).stdout
+    assert f"item analysis, {DAY}" in printed and "full marks" in printed
     page = (root / "feedback" / "edited-test" / DAY / f"{DAY}.html").read_text()
     assert "perplexity" in page and "failed" in page and "CheckFailed" in page
     solution = nbformat.read(str(solution_path(DAY)), as_version=4)

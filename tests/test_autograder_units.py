@@ -100,3 +100,55 @@ def test_bad_submission_corpus_has_the_required_kinds():
     kinds = {c.student for c in bad_submissions.CASES} - {"control-full", "control-blank"}
     assert len(kinds) >= 15
     assert Path(bad_submissions.__file__).read_text().count("Case(") >= 17
+
+
+# ----------------------------------------------------------------------------------------------
+# feedback when the student's own code raises, and the instructor's per-exercise views
+
+
+def test_feedback_for_an_exception_names_the_call_and_the_hint_but_not_the_test_code():
+    import tempfile
+    from pathlib import Path
+
+    from autograder.kernel import Kernel
+    from autograder.reports import explain_error
+
+    test = ("check_close('perplexity([0.5, 0.25])', perplexity(np.array([0.5, 0.25])), 2.0,\n"
+            "            hint='perplexity = exp(-mean(log p)).')\n"
+            "### BEGIN HIDDEN TESTS\n"
+            "secret_input = np.array([0.0, 0.0])\n"
+            "got = perplexity(secret_input)\n"
+            "check_true(got == 1, f'{got}', hint='certainty gives perplexity 1')\n")
+    with tempfile.TemporaryDirectory() as tmp, Kernel(Path(tmp)) as kernel:
+        kernel.run("import numpy as np\nfrom tinygpt.testing import check_close, check_true\n"
+                   "def perplexity(x):\n    return np.log(x)[5]\n")
+        first = explain_error(test, kernel.run(test)[-1])
+        kernel.run("def perplexity(x):\n    if x[0] == 0:\n        raise ValueError('zero')\n"
+                   "    return 2.0\n")
+        second = explain_error(test, kernel.run(test)[-1])
+    assert first.startswith("IndexError") and "checking: perplexity([0.5, 0.25])" in first
+    assert "Hint: perplexity = exp(-mean(log p))." in first
+    assert second.startswith("ValueError: zero") and "perplexity(secret_input)" in second
+    assert "Hint: certainty gives perplexity 1" in second and "check_true" not in second
+    unanswered = explain_error(test, {"ename": "NotImplementedError", "evalue": ""})
+    assert "not answered yet" in unanswered
+
+
+def test_item_analysis_and_the_by_exercise_summary():
+    from autograder.grade import Result, summary_table
+    from autograder.reports import format_item_analysis, item_analysis
+
+    rows = [("ann", "d", "softmax", 2.0, 2.0), ("ann", "d", "q1", 0.0, 1.0),
+            ("bob", "d", "softmax", 0.0, 2.0), ("bob", "d", "q1", 0.0, 1.0),
+            ("bob", "e", "other", 1.0, 1.0)]
+    items = {i["exercise"]: i for i in item_analysis(rows, "d")}
+    assert items["softmax"]["mean"] == 1.0 and items["softmax"]["full_marks"] == 0.5
+    assert items["q1"]["full_marks"] == 0.0 and items["q1"]["students"] == 2
+    text = format_item_analysis(list(items.values()), "d")
+    assert text.splitlines()[2].startswith("q1")          # hardest first
+    table = summary_table([Result("ann", 2, 3, "graded", "", warnings="q1: NameError: x"),
+                           Result("bob", 0, 3, "graded", "")], rows, "d")
+    header, _, ann, bob = table.splitlines()
+    assert header.split()[:6] == ["student", "score", "max", "status", "softmax", "q1"]
+    assert ann.split()[4:6] == ["2", "0"] and "warnings: q1: NameError" in ann
+    assert bob.split()[4:6] == ["0", "0"]
