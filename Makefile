@@ -71,7 +71,7 @@ release: $(STAMP) ## regenerate course/ from solutions/ with nbgrader
 execute: $(STAMP) ## re-run solution notebooks in place (DAY=day01_logits for one day)
 	$(BIN)/python -m autograder execute $(DAY)
 
-bench: $(STAMP) ## the speed targets of COURSE.md section 8 (JSON + table in bench-results/)
+bench: $(STAMP) ## the speed targets of SYLLABUS.md section 5 (JSON + table in bench-results/)
 	$(BIN)/python -m tinygpt bench --json bench-results/inference.json \
 		--plot bench-results/timeline.png
 

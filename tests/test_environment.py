@@ -53,3 +53,44 @@ def test_readme_links_point_at_files_that_exist():
     links = re.findall(r"\]\(((?:course|solutions|tinygpt|autograder)/[^)#]+)\)", readme)
     missing = [link for link in links if not (REPO_ROOT / link).exists()]
     assert links and not missing, f"README links to missing files: {missing}"
+
+
+def readme_shell_commands() -> list[str]:
+    """The command lines of the README's bash code blocks (comments and continuations off)."""
+    commands, language = [], None
+    for line in (REPO_ROOT / "README.md").read_text().splitlines():
+        if line.startswith("```"):
+            language = None if language is not None else (line[3:].strip() or "text")
+            continue
+        if language in ("bash", "sh", "console") and line.strip() and \
+                not line.lstrip().startswith(("#", "-d ", "-H ")):
+            commands.append(line.split("  #")[0].strip())
+    return commands
+
+
+def test_readme_commands_work_in_a_fresh_shell():
+    """Every command the README shows runs from a fresh clone after `make env` without an
+    activated environment: python through .venv/bin, make targets with their arguments."""
+    commands = readme_shell_commands()
+    assert any(c.startswith(".venv/bin/python -m autograder") for c in commands)
+    bare = [c for c in commands if re.match(r"(python3?|pip|pytest|jupyter) ", c)]
+    assert not bare, f"these need an activated environment; use .venv/bin/...: {bare}"
+    needs = {"collect": "SRC=", "autograde": "DAY=", "feedback": "DAY="}
+    shown = [m.group(0) for m in re.finditer(r"make (collect|autograde|feedback)\b[^`\n]*",
+                                             (REPO_ROOT / "README.md").read_text())]
+    missing = [c for c in shown if needs[c.split()[1]] not in c]
+    assert not missing, f"make targets shown without their argument: {missing}"
+
+
+def test_the_repository_is_self_contained():
+    """Nothing refers to a design document the repository does not contain; the syllabus the
+    code cites is here."""
+    assert (REPO_ROOT / "SYLLABUS.md").is_file()
+    files = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    absent = "COURSE" + ".md"       # spelled in two parts so this file does not cite it
+    outside = [f for f in files if f.endswith((".py", ".md", ".ipynb", "Makefile", ".toml",
+                                               ".yml")) and absent in (REPO_ROOT / f)
+               .read_text(errors="replace")]
+    assert not outside, f"these cite {absent}, which is not in the repository: {outside}"
+    assert "(SYLLABUS.md)" in (REPO_ROOT / "README.md").read_text()

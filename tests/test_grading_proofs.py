@@ -1,4 +1,4 @@
-"""The three proofs that grading works, for every day (COURSE.md section 4):
+"""The three proofs that grading works, for every day (SYLLABUS.md, section 4):
 
 1. the solution notebook autogrades to full marks (real nbgrader, real gradebook);
 2. the generated student notebook, unsolved, scores zero on every graded cell;

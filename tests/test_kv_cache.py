@@ -1,6 +1,6 @@
 """Tests of tinygpt.kv_cache: the static cache's writes and offsets, the two phases against a
 full forward pass, the fused decode step, misuse errors, the CUDA-graph fallback, and the
-memory calculator (checked by hand and against the figures COURSE.md section 6 gives)."""
+memory calculator (checked by hand and against the figures of SYLLABUS.md, section 6)."""
 
 from __future__ import annotations
 
@@ -343,7 +343,7 @@ def test_bytes_per_token_and_the_gqa_saving():
     assert kv_bytes_per_token(llama70, "bf16") == 2 * 80 * 8 * 128 * 2 == 327_680
     gqa = F.kv_cache_bytes(llama70, 4096, 1, "bf16")
     mha = kv_cache_bytes_mha(llama70, 4096, 1, "bf16")
-    assert round(gqa / 1e9, 2) == 1.34 and round(mha / 1e9, 1) == 10.7  # COURSE.md section 6
+    assert round(gqa / 1e9, 2) == 1.34 and round(mha / 1e9, 1) == 10.7  # SYLLABUS.md section 6
     assert mha == gqa * 64 // 8
     tiny = make_model(n_kv_heads=4).cfg
     assert kv_cache_bytes_mha(tiny, 10, 2, "fp32") == F.kv_cache_bytes(tiny, 10, 2, "fp32")
