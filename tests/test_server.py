@@ -233,7 +233,9 @@ def test_sigterm_ends_in_flight_requests_cleanly_and_exits():
             proc.send_signal(signal.SIGTERM)
             rest = list(lines)          # the stream must end, finished or cut, not hang
         assert proc.wait(timeout=30) == 0
-        assert all(line.startswith("data: ") or not line for line in rest)
+        data = [line for line in rest if line]
+        assert all(line.startswith("data: ") for line in data)
+        assert data[-1] == "data: [DONE]" or "shutting down" in data[-1], data[-1:]
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{url}/health", timeout=2)
 

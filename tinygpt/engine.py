@@ -170,7 +170,8 @@ class SerialEngine:
 
     async def shutdown(self, grace_s: float = 5.0) -> None:
         """Take no new requests, cancel the waiting ones, give the running one `grace_s`
-        seconds to finish, then cancel it; returns when the worker has stopped."""
+        seconds to finish, then cancel it; returns when the worker has stopped. Calling it
+        again (the server does, once on the signal and once on exit) waits for the same end."""
         with self._lock:
             self._closed = True
             waiting, self._waiting = list(self._waiting), deque()

@@ -24,6 +24,7 @@ extensions top_k, min_p and ignore_eos (generate past the end-of-text token).
 """
 
 import argparse
+import asyncio
 import json
 import re
 import signal
@@ -292,7 +293,10 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0):
                         else None
                     if event.text or finish:
                         yield f"data: {json.dumps(chunk(event.text, finish))}\n\n"
-                    if event.finish_reason == "cancelled":
+                    if event.finish_reason == "cancelled":    # the server is shutting down
+                        body = APIError(503, "the request was cancelled: the server is "
+                                             "shutting down", kind="service_unavailable").body()
+                        yield f"data: {json.dumps(body)}\n\n"
                         return
                 if include_usage:
                     yield f"data: {json.dumps({**chunk(None, None), 'choices': [], 'usage': usage(count)})}\n\n"  # noqa: E501
@@ -427,8 +431,17 @@ def main(argv: list[str] | None = None) -> int:
     engine = SerialEngine(model.eval(), tokenizer, max_waiting=args.max_queue)
     app = create_app(engine, tokenizer, model.cfg.max_seq_len, grace_s=args.grace)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
-                            timeout_graceful_shutdown=max(1, round(args.grace)))
-    server = uvicorn.Server(config)
+                            timeout_graceful_shutdown=round(args.grace) + 5)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            # wind the engine down at once: running requests get the grace period, then end
+            # their streams with an error event, before uvicorn closes the connections
+            loop = asyncio.get_event_loop()
+            loop.call_soon_threadsafe(lambda: loop.create_task(engine.shutdown(args.grace)))
+            super().handle_exit(sig, frame)
+
+    server = Server(config)
     print(f"serving {MODEL_ID} ({sum(p.numel() for p in model.parameters()):,} parameters) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     # uvicorn shuts down gracefully on SIGINT / SIGTERM and then re-raises the signal to the
