@@ -1,0 +1,161 @@
+"""The paged KV cache (tinygpt/paged.py): the allocator's reference counts, block tables and
+copy-on-write, the typed out-of-blocks error (nothing changed when it is raised), attention
+over gathered blocks against day 11's contiguous cache, greedy tokens against generate(), and
+the fragmentation figures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tinygpt import load_pretrained
+from tinygpt.generate import generate
+from tinygpt.kv_cache import KVCache
+from tinygpt.model import ModelConfig, TinyGPT
+from tinygpt.paged import BlockAllocator, OutOfBlocks, PagedKVCache, fragmentation
+from tinygpt.sampling import SamplingParams
+
+CFG = ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
+                  max_seq_len=64)
+
+
+def test_the_allocator_counts_references_and_refuses_misuse():
+    alloc = BlockAllocator(3)
+    a, b = alloc.allocate(2)
+    assert alloc.num_free == 1 and alloc.refcount[a] == 1
+    alloc.share(a)
+    alloc.release(a)
+    assert alloc.num_free == 1, "a shared block must stay in use after one release"
+    alloc.release(a)
+    assert alloc.num_free == 2
+    with pytest.raises(ValueError, match="already free"):
+        alloc.release(a)
+    with pytest.raises(ValueError, match="only a block in use"):
+        alloc.share(a)
+    with pytest.raises(OutOfBlocks) as err:
+        alloc.allocate(3)
+    assert (err.value.needed, err.value.free) == (3, 2)
+    with pytest.raises(ValueError, match="num_blocks"):
+        BlockAllocator(0)
+
+
+def test_blocks_are_taken_only_as_sequences_grow_and_given_back_when_they_end():
+    cache = PagedKVCache(1, 1, 2, num_blocks=8, block_size=4, max_len=32)
+    cache.add("a")
+    cache.reserve("a", 5)                    # positions 0..4: two blocks
+    assert len(cache.tables["a"]) == 2 and cache.used_blocks == 2
+    cache.lengths["a"] = 5
+    cache.reserve("a", 3)                    # 5..7 fit in the second block
+    assert len(cache.tables["a"]) == 2
+    cache.lengths["a"] = 8
+    cache.reserve("a", 1)
+    assert len(cache.tables["a"]) == 3
+    blocks, offsets = cache.slots("a", 3, 3)
+    assert blocks.tolist() == [cache.tables["a"][0], cache.tables["a"][1],
+                               cache.tables["a"][1]] and offsets.tolist() == [3, 0, 1]
+    cache.free("a")
+    assert cache.used_blocks == 0
+    cache.check()
+
+
+def test_out_of_blocks_is_typed_and_changes_nothing():
+    cache = PagedKVCache(1, 1, 2, num_blocks=3, block_size=4, max_len=64)
+    cache.add("a")
+    cache.reserve("a", 8)
+    cache.add("b")
+    before = (dict(cache.tables), cache.allocator.num_free)
+    with pytest.raises(OutOfBlocks) as err:
+        cache.reserve("b", 9)
+    assert (err.value.needed, err.value.free) == (3, 1)
+    assert (dict(cache.tables), cache.allocator.num_free) == before
+    with pytest.raises(ValueError, match="max_len"):
+        cache.reserve("b", 65)
+    with pytest.raises(KeyError, match="add"):
+        cache.reserve("nobody", 1)
+
+
+def test_a_fork_shares_the_prefix_and_copies_a_shared_block_before_writing():
+    cache = PagedKVCache(1, 1, 2, num_blocks=8, block_size=4, max_len=64)
+    cache.add("parent")
+    cache.reserve("parent", 6)
+    cache.write(0, "parent", torch.arange(12.).view(1, 6, 2), torch.zeros(1, 6, 2), 0)
+    cache.lengths["parent"] = 6
+    cache.fork("parent", "child")
+    full, partial = cache.tables["parent"]
+    assert cache.allocator.refcount[full] == 2 and cache.allocator.refcount[partial] == 2
+    assert cache.blocks_needed("child", 1) == 1
+    cache.reserve("child", 1)                # the partly filled shared block is copied
+    assert cache.tables["child"][0] == full and cache.tables["child"][1] != partial
+    assert cache.allocator.refcount[partial] == 1
+    cache.write(0, "child", torch.full((1, 1, 2), -1.0), torch.zeros(1, 1, 2), 6)
+    parent_k, _ = cache.gather(0, "parent", 6)
+    child_k, _ = cache.gather(0, "child", 7)
+    assert torch.equal(child_k[:, :6], parent_k) and torch.equal(parent_k.flatten(),
+                                                                 torch.arange(12.))
+    cache.check()
+    cache.free("parent")
+    assert cache.allocator.refcount[full] == 1
+    cache.check()
+
+
+def test_a_table_that_reuses_a_block_another_sequence_holds_is_caught():
+    cache = PagedKVCache(1, 1, 2, num_blocks=4, block_size=4, max_len=64)
+    cache.add("a")
+    cache.reserve("a", 4)
+    cache.add("b")
+    cache.tables["b"] = [cache.tables["a"][0]]      # the bug: no reference taken
+    with pytest.raises(AssertionError, match="reference count 1, but 2 tables"):
+        cache.check()
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+def test_paged_attention_equals_the_contiguous_cache(n_kv_heads):
+    cfg = ModelConfig(**{**CFG.__dict__, "n_kv_heads": n_kv_heads})
+    model = TinyGPT(cfg, seed=3).eval()
+    ids = torch.randint(0, cfg.vocab_size, (1, 11), generator=torch.Generator().manual_seed(0))
+    contiguous = KVCache.for_model(model)
+    paged = PagedKVCache.for_model(model, num_blocks=16, block_size=4)
+    paged.add(0)
+    with torch.inference_mode():
+        want = model(ids[:, :7], kv_cache=contiguous)
+        got = model(ids[:, :7], kv_cache=paged.sequence(0))
+        for t in range(7, 11):                          # decode one token at a time
+            want = torch.cat([want, model(ids[:, t:t + 1], kv_cache=contiguous)], dim=1)
+            got = torch.cat([got, model(ids[:, t:t + 1], kv_cache=paged.sequence(0))], dim=1)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert paged.lengths[0] == 11 and len(paged.tables[0]) == 3
+    with pytest.raises(ValueError, match="batch 1"):
+        model(ids.expand(2, -1), kv_cache=paged.sequence(0))
+
+
+def test_greedy_tokens_through_the_paged_cache_equal_generate():
+    model, tokenizer = load_pretrained()
+    prompt = tokenizer.encode("The cat sat on the")
+    want = generate(model, prompt, SamplingParams(temperature=0, max_new_tokens=24)).token_ids
+    cache = PagedKVCache.for_model(model, num_blocks=8, block_size=8)
+    cache.add("req")
+    ids, got = torch.tensor([prompt]), []
+    with torch.inference_mode():
+        for _ in range(24):
+            logits = model(ids, kv_cache=cache.sequence("req"))[:, -1]
+            token = int(torch.argmax(logits, dim=-1))
+            got.append(token)
+            ids = torch.tensor([[token]])
+    assert got == want
+    assert len(cache.tables["req"]) == -(-(len(prompt) + 24) // 8)
+
+
+def test_fragmentation_of_a_stream_of_requests():
+    rng = torch.Generator().manual_seed(0)
+    lengths = [int(x) for x in torch.randint(20, 700, (200,), generator=rng)]
+    f = fragmentation(lengths, max_len=1024, block_size=16)
+    assert f.tokens == sum(lengths) and f.contiguous_slots == 200 * 1024
+    assert f.contiguous_empty > 0.5 and f.paged_empty < 16 / min(lengths)
+    assert f.paged_slots - f.tokens < 16 * len(lengths)
+    with pytest.raises(ValueError, match="lengths"):
+        fragmentation([0], 10, 4)
+    cache = PagedKVCache(1, 1, 2, num_blocks=8, block_size=4, max_len=64)
+    cache.add("a")
+    cache.reserve("a", 5)
+    cache.lengths["a"] = 5
+    assert cache.empty_fraction() == pytest.approx(3 / 8)

@@ -1,0 +1,320 @@
+"""Day 16: a paged KV cache. Keys and values in fixed-size blocks, lent to sequences on demand.
+
+Day 11's cache reserves max_len positions for every sequence up front. A server does not know
+how long a request will run, so most of that reservation holds nothing. A paged cache (the idea
+behind vLLM's PagedAttention) keeps one pool of blocks of `block_size` positions per layer and
+gives each sequence a block table: position p of a sequence lives in block table[p //
+block_size] at offset p % block_size. A sequence takes a new block only when its last one is
+full, so at most block_size - 1 slots per sequence stand empty, and a finished sequence gives
+its blocks back at once.
+
+    pool        k, v: (n_layers, num_blocks, n_kv_heads, block_size, head_dim)
+    allocator   a free list and a reference count per block
+    tables      seq_id -> [block ids]; lengths: seq_id -> tokens written
+
+Prefix sharing: `fork(parent, child)` gives the child the parent's blocks (their reference
+counts go up), so a common prompt is stored once. Before a sequence writes into a block that
+another sequence also references, the block is copied (copy-on-write); full shared blocks are
+never written again. `reserve` raises OutOfBlocks (with the blocks needed and free) before it
+changes anything, so a scheduler can catch it and preempt a request.
+
+`cache.sequence(seq_id)` presents one sequence through day 11's cache interface, so
+`TinyGPT.forward(ids, kv_cache=cache.sequence(seq_id))` prefills and decodes it: each layer
+writes its new keys and values into the sequence's slots and attends over the gathered blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tinygpt.model import ModelConfig
+
+
+class OutOfBlocks(RuntimeError):
+    """The pool has fewer free blocks than a request needs; nothing was changed."""
+
+    def __init__(self, needed: int, free: int) -> None:
+        super().__init__(f"out of KV-cache blocks: {needed} needed, {free} free; free a "
+                         f"sequence (or preempt one) and try again")
+        self.needed, self.free = needed, free
+
+
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+class BlockAllocator:
+    """A free list of block ids 0 .. num_blocks - 1 and a reference count for each."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = _positive("num_blocks", num_blocks)
+        self.refcount = [0] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int = 1) -> list[int]:
+        """n fresh blocks (reference count 1 each); OutOfBlocks if fewer are free."""
+        if n > len(self._free):
+            raise OutOfBlocks(n, len(self._free))
+        blocks = [self._free.popleft() for _ in range(n)]
+        for block in blocks:
+            self.refcount[block] = 1
+        return blocks
+
+    def share(self, block: int) -> None:
+        """One more reference to a block in use (a forked sequence)."""
+        if self.refcount[block] < 1:
+            raise ValueError(f"block {block} is free: only a block in use can be shared")
+        self.refcount[block] += 1
+
+    def release(self, block: int) -> None:
+        """Drop one reference; the block returns to the free list when none is left."""
+        if self.refcount[block] < 1:
+            raise ValueError(f"block {block} is already free (released twice?)")
+        self.refcount[block] -= 1
+        if self.refcount[block] == 0:
+            self._free.append(block)
+
+
+class PagedKVCache:
+    """Paged keys and values for every layer of a model; see the module docstring.
+
+    n_layers, n_kv_heads, head_dim: the model's. block_size: positions per block. num_blocks:
+    the pool's size. max_len: the most positions a sequence may hold (the model's window).
+    """
+
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, *, num_blocks: int,
+                 block_size: int = 16, max_len: int = 1024,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads),
+                            ("head_dim", head_dim), ("block_size", block_size),
+                            ("max_len", max_len)):
+            _positive(name, value)
+        self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
+        self.block_size, self.max_len = block_size, max_len
+        self.allocator = BlockAllocator(num_blocks)
+        shape = (n_layers, num_blocks, n_kv_heads, block_size, head_dim)
+        with torch.inference_mode(False):
+            self.k = torch.zeros(shape, device=device, dtype=dtype)
+            self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.tables: dict[Hashable, list[int]] = {}
+        self.lengths: dict[Hashable, int] = {}
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, num_blocks: int, block_size: int = 16
+                  ) -> PagedKVCache:
+        """A pool shaped for `model` (a TinyGPT), on its device and in its dtype."""
+        cfg = getattr(model, "cfg", None)
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"model must carry a tinygpt ModelConfig as .cfg, got {cfg!r}")
+        weight = next(model.parameters())
+        return cls(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, num_blocks=num_blocks,
+                   block_size=block_size, max_len=cfg.max_seq_len, device=weight.device,
+                   dtype=weight.dtype)
+
+    # -- sequences ---------------------------------------------------------------------------
+
+    def _known(self, seq_id: Hashable) -> list[int]:
+        if seq_id not in self.tables:
+            raise KeyError(f"no sequence {seq_id!r} in the cache; add() it first")
+        return self.tables[seq_id]
+
+    def add(self, seq_id: Hashable) -> None:
+        """A new, empty sequence (it holds no block until it reserves positions)."""
+        if seq_id in self.tables:
+            raise ValueError(f"sequence {seq_id!r} is already in the cache")
+        self.tables[seq_id], self.lengths[seq_id] = [], 0
+
+    def fork(self, parent: Hashable, child: Hashable) -> None:
+        """A new sequence `child` that shares every block (the whole prefix) of `parent`."""
+        blocks = self._known(parent)
+        if child in self.tables:
+            raise ValueError(f"sequence {child!r} is already in the cache")
+        for block in blocks:
+            self.allocator.share(block)
+        self.tables[child], self.lengths[child] = list(blocks), self.lengths[parent]
+
+    def free(self, seq_id: Hashable) -> None:
+        """Drop a sequence; its blocks return to the pool unless another sequence shares them."""
+        for block in self._known(seq_id):
+            self.allocator.release(block)
+        del self.tables[seq_id], self.lengths[seq_id]
+
+    def blocks_needed(self, seq_id: Hashable, n_new: int) -> int:
+        """Blocks `reserve(seq_id, n_new)` would take from the pool (copy-on-write included)."""
+        table, length = self._known(seq_id), self.lengths[seq_id]
+        needed = math.ceil((length + n_new) / self.block_size) - len(table)
+        partial = length % self.block_size != 0
+        if n_new > 0 and partial and self.allocator.refcount[table[-1]] > 1:
+            needed += 1                          # the shared, partly filled block is copied
+        return max(needed, 0)
+
+    def reserve(self, seq_id: Hashable, n_new: int) -> None:
+        """Make positions length .. length + n_new - 1 of `seq_id` writable: copy a shared
+        partly filled last block, then append fresh blocks. Raises OutOfBlocks (and changes
+        nothing) when the pool is short, ValueError past max_len."""
+        table, length = self._known(seq_id), self.lengths[seq_id]
+        if isinstance(n_new, bool) or not isinstance(n_new, int) or n_new < 0:
+            raise ValueError(f"n_new must be an int >= 0, got {n_new!r}")
+        if length + n_new > self.max_len:
+            raise ValueError(f"sequence {seq_id!r} would hold {length + n_new} positions; at "
+                             f"most max_len={self.max_len}")
+        needed = self.blocks_needed(seq_id, n_new)
+        if needed > self.allocator.num_free:
+            raise OutOfBlocks(needed, self.allocator.num_free)
+        if n_new and length % self.block_size and self.allocator.refcount[table[-1]] > 1:
+            shared = table[-1]
+            (copy,) = self.allocator.allocate(1)
+            self.k[:, copy] = self.k[:, shared]
+            self.v[:, copy] = self.v[:, shared]
+            self.allocator.release(shared)
+            table[-1] = copy
+        missing = math.ceil((length + n_new) / self.block_size) - len(table)
+        if missing > 0:
+            table.extend(self.allocator.allocate(missing))
+
+    def slots(self, seq_id: Hashable, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block ids, offsets), each (n,) long, of positions start .. start + n - 1."""
+        table = self._known(seq_id)
+        positions = torch.arange(start, start + n)
+        index = positions // self.block_size
+        if n and int(index[-1]) >= len(table):
+            raise ValueError(f"positions up to {start + n - 1} of {seq_id!r} are not reserved")
+        blocks = torch.tensor(table, dtype=torch.long)[index]
+        return blocks.to(self.k.device), (positions % self.block_size).to(self.k.device)
+
+    def write(self, layer: int, seq_id: Hashable, k: torch.Tensor, v: torch.Tensor,
+              start: int) -> None:
+        """Store k, v (n_kv_heads, T, head_dim) at positions start .. start + T - 1."""
+        blocks, offsets = self.slots(seq_id, start, k.shape[1])
+        self.k[layer, blocks, :, offsets] = k.transpose(0, 1)
+        self.v[layer, blocks, :, offsets] = v.transpose(0, 1)
+
+    def gather(self, layer: int, seq_id: Hashable, end: int) -> tuple[torch.Tensor, ...]:
+        """Keys and values of positions 0 .. end - 1: (n_kv_heads, end, head_dim) each."""
+        blocks, offsets = self.slots(seq_id, 0, end)
+        return (self.k[layer, blocks, :, offsets].transpose(0, 1),
+                self.v[layer, blocks, :, offsets].transpose(0, 1))
+
+    def sequence(self, seq_id: Hashable) -> PagedSequence:
+        """The sequence as a `kv_cache` for TinyGPT.forward (batch 1)."""
+        self._known(seq_id)
+        return PagedSequence(self, seq_id)
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise AssertionError if the tables and the allocator disagree: every block's
+        reference count must equal the number of tables that hold it, and no free block may
+        be in a table (a table that reuses a block another sequence still holds breaks it)."""
+        held: dict[int, int] = {}
+        for table in self.tables.values():
+            for block in table:
+                held[block] = held.get(block, 0) + 1
+        free = set(self.allocator._free)
+        for block in range(self.allocator.num_blocks):
+            count = self.allocator.refcount[block]
+            assert count == held.get(block, 0), (
+                f"block {block}: reference count {count}, but {held.get(block, 0)} tables hold it")
+            assert (count == 0) == (block in free), f"block {block}: free list disagrees"
+
+    @property
+    def used_blocks(self) -> int:
+        return self.allocator.num_blocks - self.allocator.num_free
+
+    def empty_fraction(self) -> float:
+        """Share of the slots of the blocks in use that hold no token (a slot shared by
+        forked sequences counts once); 0.0 when no block is in use."""
+        filled = {(table[p // self.block_size], p % self.block_size)
+                  for seq_id, table in self.tables.items()
+                  for p in range(self.lengths[seq_id])}
+        slots = self.used_blocks * self.block_size
+        return 0.0 if slots == 0 else 1 - len(filled) / slots
+
+
+class _PagedLayer:
+    """One layer of a PagedSequence: day 11's LayerKVCache.update over the pool."""
+
+    def __init__(self, cache: PagedKVCache, seq_id: Hashable, layer: int) -> None:
+        self.cache, self.seq_id, self.layer = cache, seq_id, layer
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, start: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v (1, H_kv, T, hd) at start; return positions 0 .. start+T-1 as
+        (1, H_kv, start + T, hd) each."""
+        self.cache.write(self.layer, self.seq_id, k[0], v[0], start)
+        keys, values = self.cache.gather(self.layer, self.seq_id, start + k.shape[2])
+        return keys[None], values[None]
+
+
+class PagedSequence:
+    """One sequence of a PagedKVCache behind day 11's KVCache interface (dynamic, batch 1)."""
+
+    static = False
+
+    def __init__(self, cache: PagedKVCache, seq_id: Hashable) -> None:
+        self.cache, self.seq_id = cache, seq_id
+        self.layers = [_PagedLayer(cache, seq_id, i) for i in range(cache.n_layers)]
+
+    @property
+    def length(self) -> int:
+        return self.cache.lengths[self.seq_id]
+
+    def start_forward(self, cfg: ModelConfig, idx: torch.Tensor,
+                      input_pos: torch.Tensor | None, weight: torch.Tensor) -> int:
+        """Checks for TinyGPT.forward(idx (1, T), kv_cache=self); reserves the T positions."""
+        batch, n_new = idx.shape
+        if batch != 1:
+            raise ValueError(f"a paged sequence runs batch 1, got batch {batch}")
+        if cfg.n_layers != self.cache.n_layers:
+            raise ValueError(f"the cache has {self.cache.n_layers} layers but the model has "
+                             f"n_layers={cfg.n_layers}")
+        if weight.dtype != self.cache.k.dtype or weight.device != self.cache.k.device:
+            raise ValueError(f"the cache holds {self.cache.k.dtype} on {self.cache.k.device}; "
+                             f"the model runs {weight.dtype} on {weight.device}")
+        if input_pos is not None:
+            raise ValueError("a paged sequence writes after its length: leave input_pos None")
+        if self.length + n_new > cfg.max_seq_len:
+            raise ValueError(f"positions up to {self.length + n_new - 1} exceed max_seq_len="
+                             f"{cfg.max_seq_len}")
+        self.cache.reserve(self.seq_id, n_new)
+        return self.length
+
+    def advance(self, n_new: int) -> None:
+        self.cache.lengths[self.seq_id] += n_new
+
+
+# ------------------------------------------------------------------------------------------------
+# fragmentation: how much reserved KV memory holds no token
+
+
+@dataclass(frozen=True)
+class Fragmentation:
+    tokens: int              # tokens the sequences hold
+    contiguous_slots: int    # slots day 11's cache reserves: max_len per sequence
+    paged_slots: int         # slots a paged cache holds: whole blocks per sequence
+    contiguous_empty: float  # fraction of the contiguous reservation that holds no token
+    paged_empty: float       # the same for the paged cache
+
+
+def fragmentation(lengths: Sequence[int], max_len: int, block_size: int) -> Fragmentation:
+    """Empty share of the KV memory reserved for sequences of `lengths` tokens: per-sequence
+    max_len preallocation against blocks of block_size (no sharing)."""
+    _positive("max_len", max_len)
+    _positive("block_size", block_size)
+    if not lengths or any(not 1 <= n <= max_len for n in lengths):
+        raise ValueError(f"lengths must be a non-empty list of ints in [1, max_len={max_len}]")
+    tokens = sum(lengths)
+    contiguous = len(lengths) * max_len
+    paged = sum(math.ceil(n / block_size) * block_size for n in lengths)
+    return Fragmentation(tokens, contiguous, paged, 1 - tokens / contiguous, 1 - tokens / paged)
