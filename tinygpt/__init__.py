@@ -15,6 +15,10 @@ One module per concept, named after the course day that finishes it:
     roofline    day 10  hardware table, roofline model, measured local roofline
     kv_cache    day 11  the static KV cache, prefill and cached decode, KV memory
     bench       day 12  TTFT, TPOT, percentiles, goodput; the course's speed targets (a package)
+    flash       day 16  online softmax, tiled attention, memory-traffic counts
+    paged       day 16  the paged KV cache: block pool, block tables, prefix sharing
+    engine      day 17  the serving engine's interface and its reference SerialEngine
+    server      day 17  python -m tinygpt serve: an OpenAI-compatible HTTP server
     device_sampling     the token choice of a captured GPU step: per-row knobs, no host sync
 
     testing             the checks behind every notebook test cell

@@ -1,0 +1,94 @@
+"""Online softmax and tiled attention (tinygpt/flash.py) against plain attention, for block
+sizes that do and do not divide the lengths, causal (bottom-right) and not; the traffic model
+against the tiled loop's own count; and a wrong online softmax that the checks catch."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tinygpt.flash import attention_traffic, online_softmax, online_softmax_stats, tiled_attention
+
+
+def plain(q, k, v, causal):
+    tq, tk = q.shape[-2], k.shape[-2]
+    mask = None
+    if causal:
+        mask = torch.ones(tq, tk, dtype=torch.bool).tril(diagonal=tk - tq)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("block", [1, 3, 7, 16, 100])
+def test_online_softmax_equals_softmax(block):
+    x = torch.randn(4, 37) * 20
+    torch.testing.assert_close(online_softmax(x, block), torch.softmax(x, dim=-1))
+    m, l = online_softmax_stats(x, block)
+    torch.testing.assert_close(m, x.max(dim=-1).values)
+    torch.testing.assert_close(l, torch.exp(x - m[:, None]).sum(dim=-1))
+
+
+def test_an_online_softmax_that_forgets_to_rescale_the_sum_is_wrong():
+    def forgetful(x, block):
+        m = torch.full(x.shape[:-1], float("-inf"))
+        l = torch.zeros(x.shape[:-1])
+        for s in range(0, x.shape[-1], block):
+            chunk = x[..., s:s + block]
+            m = torch.maximum(m, chunk.max(dim=-1).values)
+            l = l + torch.exp(chunk - m[..., None]).sum(dim=-1)     # no exp(m_old - m_new)
+        return torch.exp(x - m[..., None]) / l[..., None]
+
+    x = torch.linspace(0, 10, 30)[None]          # rising: the maximum changes every block
+    assert not torch.allclose(forgetful(x, 4), torch.softmax(x, dim=-1), atol=1e-3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tq=st.integers(1, 40), extra=st.integers(0, 30), d=st.sampled_from([4, 8, 16]),
+       block_q=st.integers(1, 17), block_k=st.integers(1, 17), causal=st.booleans(),
+       seed=st.integers(0, 10_000))
+def test_tiled_attention_equals_plain_attention(tq, extra, d, block_q, block_k, causal, seed):
+    g = torch.Generator().manual_seed(seed)
+    tk = tq + extra
+    q, k, v = (torch.randn(2, 3, t, d, generator=g) for t in (tq, tk, tk))
+    got = tiled_attention(q, k, v, causal=causal, block_q=block_q, block_k=block_k)
+    torch.testing.assert_close(got, plain(q, k, v, causal), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(("tq", "tk", "bq", "bk"), [(64, 64, 16, 16), (50, 70, 16, 12),
+                                                   (1, 33, 8, 8), (33, 33, 64, 5)])
+def test_the_traffic_model_counts_what_the_loop_moves(causal, tq, tk, bq, bk):
+    d = 8
+    counter = Counter()
+    q, k, v = torch.randn(1, 1, tq, d), torch.randn(1, 1, tk, d), torch.randn(1, 1, tk, d)
+    tiled_attention(q, k, v, causal=causal, block_q=bq, block_k=bk, counter=counter)
+    model = attention_traffic(tq, tk, d, block_q=bq, block_k=bk, causal=causal,
+                              bytes_per_element=1)
+    assert sum(counter.values()) == model["tiled"]
+    assert counter["load_q"] == counter["store_o"] == tq * d
+
+
+def test_tiling_moves_far_fewer_bytes_on_long_sequences():
+    t = attention_traffic(4096, 4096, 128, block_q=128, block_k=128)
+    assert t["tiled"] < t["plain"] / 3                 # no S or P round trips
+    wide = attention_traffic(4096, 4096, 128, block_q=256, block_k=128, causal=False)
+    narrow = attention_traffic(4096, 4096, 128, block_q=128, block_k=128, causal=False)
+    kv_reads = narrow["tiled"] - 2 * 4096 * 128 * 4    # minus Q in and O out
+    assert wide["tiled"] - 2 * 4096 * 128 * 4 == kv_reads // 2   # bigger Q tiles, half the K/V
+    assert t["fast_memory_elements"] == 128 * 128 * 2 + 2 * 128 * 128 + 128 * 128
+
+
+def test_bad_arguments_are_named():
+    q = torch.randn(1, 4, 8)
+    with pytest.raises(ValueError, match="block_q"):
+        tiled_attention(q, q, q, block_q=0)
+    with pytest.raises(ValueError, match="Tq <= Tk"):
+        tiled_attention(torch.randn(1, 9, 8), q, q)
+    with pytest.raises(ValueError, match="must agree"):
+        tiled_attention(q, torch.randn(1, 4, 7), torch.randn(1, 4, 7))
+    with pytest.raises(ValueError, match="block"):
+        online_softmax(q, block=0)
