@@ -443,3 +443,17 @@ def test_cli_lists_groups_and_rejects_unknown_ones(capsys):
     assert "requests" in listed and "kv_cache" in listed and "decode_bandwidth" in listed
     assert B.main(["--only", "nope"]) == 2
     assert "unknown bench row group" in capsys.readouterr().err
+
+
+def test_the_batched_decode_row_on_a_tiny_model(monkeypatch):
+    from tinygpt.bench import batching as row
+
+    monkeypatch.setattr(row, "bandwidth_model_config", lambda: TINY)
+    ctx = B.BenchContext(plan=B.bench_plan(quick=True), threads=1, log=lambda line: None)
+    (c,) = row.batched_decode(ctx)
+    assert c.name == "batched_decode" and c.unit == "x" and c.value > 0
+    assert c.details["identical_tokens"] and c.details["rows_compared"] == 2
+    assert c.met == (c.value >= 6.0) and "tokens/s" in c.details["summary"]
+    _, ids = row.greedy_decode(B.build_model(TINY), torch.zeros(2, 3, dtype=torch.long), 4,
+                               pack=False)
+    assert len(ids) == 2 and all(len(r) == 1 + 2 + 4 for r in ids)

@@ -26,6 +26,7 @@ from tinygpt.model import ModelConfig, TinyGPT
 # Modules whose import registers row groups; a day adds its module here.
 ROW_MODULES: tuple[str, ...] = (
     "tinygpt.bench.decode",         # days 11-12: KV cache, HF generate, bandwidth, roofline
+    "tinygpt.bench.batching",       # day 13: batched decode
 )
 
 
