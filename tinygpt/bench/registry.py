@@ -27,6 +27,7 @@ from tinygpt.model import ModelConfig, TinyGPT
 ROW_MODULES: tuple[str, ...] = (
     "tinygpt.bench.decode",         # days 11-12: KV cache, HF generate, bandwidth, roofline
     "tinygpt.bench.batching",       # day 13: batched decode
+    "tinygpt.bench.speculative",    # day 14: speculative greedy decoding
 )
 
 

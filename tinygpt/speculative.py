@@ -1,0 +1,241 @@
+"""Day 14: speculative decoding. Guess several tokens cheaply, let the big model check them in
+one pass, keep the ones it agrees with.
+
+A decode step of the target model costs about the same for 1 token as for gamma + 1 (it reads
+every weight once either way). So a cheap drafter proposes gamma tokens d_1 .. d_gamma, and
+the target scores all of them in ONE cached forward pass, giving its distributions p_1 ..
+p_{gamma+1} at those positions. Going left to right, draft token d_i (drawn from the drafter's
+q_i) is accepted with probability min(1, p_i(d_i) / q_i(d_i)). At the first rejection the
+token is drawn instead from the residual norm(max(0, p_i - q_i)), and the rest is discarded;
+if all gamma are accepted, a bonus token comes from p_{gamma+1}. Every pass yields between 1
+and gamma + 1 tokens, and the tokens have exactly the target's distribution: the accepted
+part and the residual part add up to p (the acceptance rule's whole point). At temperature 0
+both distributions are one-hot, so the output is the target's greedy output token for token.
+
+p and q are the distributions the sampler would draw from: softmax of the logits after
+temperature, top-k, top-p and min-p (tinygpt.sampling's order). Penalties and typical
+sampling are not supported here (they depend on history in ways the draft would have to
+mirror); they are refused with a ValueError.
+
+The rule is two small functions, `acceptance_probability` (min(1, p/q) for one token) and
+`residual_distribution` (norm(max(0, p - q))), which the verify loop calls by name.
+
+Drafters: `ModelDrafter` (a smaller model with its own KV cache) and `PromptLookupDrafter`
+(copy what followed the last n tokens the last time they occurred: free to run, a one-hot q,
+good on text that repeats). If the acceptances were independent with rate a, a pass would
+yield (1 - a^(gamma+1)) / (1 - a) tokens on average; `SpeculativeStats` measures both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tinygpt.generate import GenerationResult, model_device, prepare_prompt
+from tinygpt.kv_cache import KVCache
+from tinygpt.sampling import SamplingParams, min_p_filter, top_k_filter, top_p_filter
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution sampling draws from: (N, V) logits -> (N, V) float32 probabilities
+    (one-hot on the argmax at temperature 0)."""
+    logits = logits.float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
+    x = logits / params.temperature
+    x = min_p_filter(top_p_filter(top_k_filter(x, params.top_k), params.top_p), params.min_p)
+    return torch.softmax(x, dim=-1)
+
+
+def expected_tokens_per_pass(a: float, gamma: int) -> float:
+    """(1 - a^(gamma+1)) / (1 - a): tokens per target pass if each draft token is accepted
+    independently with probability a (gamma + 1 when a = 1)."""
+    if not 0 <= a <= 1:
+        raise ValueError(f"a must be in [0, 1], got {a}")
+    return float(gamma + 1) if a == 1 else (1 - a ** (gamma + 1)) / (1 - a)
+
+
+def acceptance_probability(p_token: float, q_token: float) -> float:
+    """min(1, p/q): the chance of keeping a draft token the drafter proposed with probability
+    q_token > 0 and the target gives probability p_token."""
+    if q_token <= 0:
+        raise ValueError(f"q_token must be > 0 (the drafter proposed this token), got {q_token}")
+    return min(1.0, p_token / q_token)
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)): (V,), (V,) -> (V,), where a rejected position draws from. Where
+    p - q is nowhere positive (then p == q and nothing is ever rejected) p itself is returned."""
+    r = torch.clamp(p - q, min=0)
+    total = r.sum()
+    return r / total if total > 0 else p
+
+
+def _draw(dist: torch.Tensor, params: SamplingParams, generator) -> int:
+    """One id from a (V,) distribution: its argmax at temperature 0, else a seeded draw."""
+    if params.greedy:
+        return int(dist.argmax())
+    return int(torch.multinomial(dist, 1, generator=generator))
+
+
+@dataclass
+class SpeculativeStats:
+    gamma: int
+    passes: int = 0                       # target forward passes after the prefill
+    proposed: list[int] = field(default_factory=list)   # per draft position: times proposed
+    accepted: list[int] = field(default_factory=list)   # per draft position: times accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return sum(self.accepted) / max(1, sum(self.proposed))
+
+    @property
+    def per_position(self) -> list[float]:
+        """Acceptance rate of draft position i, given that positions before it were accepted."""
+        return [a / p if p else 0.0 for a, p in zip(self.accepted, self.proposed, strict=True)]
+
+
+@dataclass(frozen=True)
+class SpeculativeResult(GenerationResult):
+    stats: SpeculativeStats | None = None
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return len(self.token_ids) / max(1, self.stats.passes)
+
+
+class PromptLookupDrafter:
+    """Propose the tokens that followed the most recent earlier occurrence of the context's
+    last n tokens (n from `max_ngram` down to 1); q is one-hot on each proposal."""
+
+    def __init__(self, max_ngram: int = 3) -> None:
+        if isinstance(max_ngram, bool) or not isinstance(max_ngram, int) or max_ngram < 1:
+            raise ValueError(f"max_ngram must be an int >= 1, got {max_ngram!r}")
+        self.max_ngram = max_ngram
+
+    def propose(self, context: list[int], gamma: int, vocab_size: int, params, generator
+                ) -> tuple[list[int], torch.Tensor]:
+        for n in range(min(self.max_ngram, len(context) - 1), 0, -1):
+            tail = context[-n:]
+            for start in range(len(context) - n - 1, -1, -1):
+                if context[start:start + n] == tail:
+                    found = context[start + n:start + n + gamma]
+                    q = torch.nn.functional.one_hot(torch.tensor(found), vocab_size).float()
+                    return found, q
+        return [], torch.zeros(0, vocab_size)
+
+    def rollback(self, length: int) -> None:
+        """Nothing to undo: the drafter keeps no state."""
+
+
+class ModelDrafter:
+    """A smaller model with its own KV cache; proposes by sampling from its own processed
+    distribution q (greedy at temperature 0)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.cache: KVCache | None = None
+
+    def propose(self, context: list[int], gamma: int, vocab_size: int, params, generator
+                ) -> tuple[list[int], torch.Tensor]:
+        device = model_device(self.model)
+        if self.cache is None:
+            self.cache = KVCache.for_model(self.model, 1)
+        missing = context[self.cache.length:]
+        with torch.inference_mode():
+            logits = self.model(torch.tensor([missing], device=device),
+                                kv_cache=self.cache)[0, -1:]
+            tokens, qs = [], []
+            for i in range(gamma):
+                q = target_probs(logits, params)[0]
+                token = int(torch.multinomial(q, 1, generator=generator)) if not params.greedy \
+                    else int(q.argmax())
+                tokens.append(token)
+                qs.append(q)
+                if i + 1 < gamma:
+                    logits = self.model(torch.tensor([[token]], device=device),
+                                        kv_cache=self.cache)[0, -1:]
+        return tokens, torch.stack(qs)
+
+    def rollback(self, length: int) -> None:
+        """Forget cached positions from `length` on (they held rejected drafts)."""
+        if self.cache is not None and self.cache.length > length:
+            self.cache.length = length
+
+
+def _check(target, draft, params, gamma) -> None:
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+    unsupported = [name for name, off in (("repetition_penalty", 1.0), ("frequency_penalty", 0.0),
+                                          ("presence_penalty", 0.0), ("typical_p", 1.0))
+                   if getattr(params, name) != off]
+    if unsupported:
+        raise ValueError(f"speculative decoding supports temperature, top_k, top_p and min_p; "
+                         f"turn off {unsupported}")
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be an int >= 1 (draft tokens per pass), got {gamma!r}")
+    if isinstance(draft, ModelDrafter) and draft.model.cfg.vocab_size != target.cfg.vocab_size:
+        raise ValueError(f"the draft's vocabulary ({draft.model.cfg.vocab_size}) differs from "
+                         f"the target's ({target.cfg.vocab_size}): they must share a tokenizer")
+
+
+@torch.inference_mode()
+def speculative_generate(target: torch.nn.Module, draft, prompt_ids, params: SamplingParams, *,
+                         gamma: int = 4, eos_id: int | None = None,
+                         generator: torch.Generator | None = None) -> SpeculativeResult:
+    """Generate with `target`, drafting with `draft` (a model, a ModelDrafter or a
+    PromptLookupDrafter); see the module docstring. Returns the GenerationResult fields
+    (stop_reason "eos" or "length") plus `stats` and `tokens_per_pass`."""
+    if isinstance(draft, torch.nn.Module):
+        draft = ModelDrafter(draft)
+    _check(target, draft, params, gamma)
+    device = model_device(target)
+    vocab, window = target.cfg.vocab_size, target.cfg.max_seq_len
+    prompt = prepare_prompt(prompt_ids, vocab, window)[0].tolist()
+    if len(prompt) + params.max_new_tokens > window:
+        raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens}) "
+                         f"exceeds max_seq_len={window}")
+    if generator is None and params.seed is not None:
+        generator = torch.Generator(device="cpu").manual_seed(params.seed)
+    stats = SpeculativeStats(gamma, proposed=[0] * gamma, accepted=[0] * gamma)
+    cache = KVCache.for_model(target, 1)
+    logits = target(torch.tensor([prompt[:-1]], device=device), kv_cache=cache) \
+        if len(prompt) > 1 else None
+    context, out, reason = list(prompt), [], None
+    while reason is None:
+        room = min(gamma, params.max_new_tokens - len(out) - 1)
+        drafts, q = draft.propose(context, room, vocab, params, generator) if room > 0 \
+            else ([], torch.zeros(0, vocab))
+        start = cache.length                                   # = len(context) - 1
+        feed = torch.tensor([[context[-1], *drafts]], device=device)
+        logits = target(feed, kv_cache=cache)[0]               # (1 + len(drafts), V)
+        stats.passes += 1
+        p = target_probs(logits, params).cpu()
+        new: list[int] = []
+        n_accepted = 0
+        for i, token in enumerate(drafts):
+            stats.proposed[i] += 1
+            accept = acceptance_probability(float(p[i, token]), float(q[i, token]))
+            if accept >= 1.0 or (accept > 0.0 and not params.greedy
+                                 and float(torch.rand((), generator=generator)) < accept):
+                stats.accepted[i] += 1
+                n_accepted += 1
+                new.append(token)
+                continue
+            new.append(_draw(residual_distribution(p[i], q[i]), params, generator))
+            break
+        else:                                                  # every draft accepted: bonus
+            new.append(_draw(p[len(drafts)], params, generator))
+        for token in new:
+            out.append(token)
+            context.append(token)
+            if token == eos_id:
+                reason = "eos"
+                break
+            if len(out) == params.max_new_tokens:
+                reason = "length"
+                break
+        cache.length = start + 1 + n_accepted      # keep the last token and accepted drafts
+        draft.rollback(len(context) - 1)
+    return SpeculativeResult(prompt, out, reason, None, stats)
