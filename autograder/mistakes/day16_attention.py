@@ -1,0 +1,162 @@
+"""Day 16 mistakes: each must lose its exercise's points."""
+
+from autograder.mistakes import Mistake
+
+MISTAKES = [
+    # ------------------------------------------------------------ online softmax update
+    Mistake("online_softmax_update", "forgets to rescale the running sum", """
+def online_softmax_update(m, l, chunk):
+    m_new = torch.maximum(m, chunk.max(dim=-1).values)
+    l_new = l + torch.exp(chunk - m_new[..., None]).sum(dim=-1)
+    return m_new, l_new
+"""),
+    Mistake("online_softmax_update", "rescales with exp(m_new - m) (the inverse factor)", """
+def online_softmax_update(m, l, chunk):
+    m_new = torch.maximum(m, chunk.max(dim=-1).values)
+    l_new = l * torch.exp(m_new - m) + torch.exp(chunk - m_new[..., None]).sum(dim=-1)
+    return m_new, torch.nan_to_num(l_new)
+"""),
+    Mistake("online_softmax_update", "subtracts the block's own max, not the running one", """
+def online_softmax_update(m, l, chunk):
+    c = chunk.max(dim=-1).values
+    m_new = torch.maximum(m, c)
+    l_new = l * torch.exp(m - m_new) + torch.exp(chunk - c[..., None]).sum(dim=-1)
+    return m_new, l_new
+"""),
+    # ------------------------------------------------------------ tile step
+    Mistake("tile_step", "rescales l but not the accumulator", """
+def tile_step(m, l, acc, s, v_blk):
+    m_new = torch.maximum(m, s.max(dim=-1).values)
+    alpha = torch.exp(m - m_new)
+    p = torch.exp(s - m_new[:, None])
+    return m_new, l * alpha + p.sum(dim=-1), acc + p @ v_blk
+"""),
+    Mistake("tile_step", "normalises each tile on its own and adds them", """
+def tile_step(m, l, acc, s, v_blk):
+    m_new = torch.maximum(m, s.max(dim=-1).values)
+    alpha = torch.exp(m - m_new)
+    p = torch.exp(s - m_new[:, None])
+    return m_new, l * alpha + p.sum(dim=-1), acc * alpha[:, None] + torch.softmax(s, -1) @ v_blk
+"""),
+    Mistake("tile_step", "forgets to rescale the running sum", """
+def tile_step(m, l, acc, s, v_blk):
+    m_new = torch.maximum(m, s.max(dim=-1).values)
+    alpha = torch.exp(m - m_new)
+    p = torch.exp(s - m_new[:, None])
+    return m_new, l + p.sum(dim=-1), acc * alpha[:, None] + p @ v_blk
+"""),
+    # ------------------------------------------------------------ traffic
+    Mistake("tiled_traffic", "floor division: a short last query block is not counted", """
+def tiled_traffic(tq, tk, d, block_q, bytes_per_element):
+    return (2 * tq * d + (tq // block_q) * 2 * tk * d) * bytes_per_element
+"""),
+    Mistake("tiled_traffic", "reads K but forgets V", """
+def tiled_traffic(tq, tk, d, block_q, bytes_per_element):
+    return (2 * tq * d + math.ceil(tq / block_q) * tk * d) * bytes_per_element
+"""),
+    Mistake("tiled_traffic", "reads K and V only once (as if they stayed in fast memory)", """
+def tiled_traffic(tq, tk, d, block_q, bytes_per_element):
+    return (2 * tq * d + 2 * tk * d) * bytes_per_element
+"""),
+    Mistake("tiled_traffic", "counts elements, not bytes", """
+def tiled_traffic(tq, tk, d, block_q, bytes_per_element):
+    return 2 * tq * d + math.ceil(tq / block_q) * 2 * tk * d
+"""),
+    # ------------------------------------------------------------ slot mapping
+    Mistake("slot_of", "uses the logical block index as the physical block", """
+def slot_of(table, position, block_size):
+    if position < 0 or position >= len(table) * block_size:
+        raise ValueError(f"position out of range: {position}")
+    return position // block_size, position % block_size
+"""),
+    Mistake("slot_of", "off by one at the end of the table (allows position == capacity)", """
+def slot_of(table, position, block_size):
+    if position < 0 or position > len(table) * block_size:
+        raise ValueError(f"position out of range: {position}")
+    return table[min(position // block_size, len(table) - 1)], position % block_size
+"""),
+    Mistake("slot_of", "no check for a negative position", """
+def slot_of(table, position, block_size):
+    if position >= len(table) * block_size:
+        raise ValueError(f"position out of range: {position}")
+    return table[position // block_size], position % block_size
+"""),
+    # ------------------------------------------------------------ blocks for an append
+    Mistake("new_blocks", "ceil(n_new / block_size): ignores the room left in the last block", """
+def new_blocks(length, n_new, block_size, last_block_shared=False):
+    if length < 0 or n_new < 0 or block_size < 1:
+        raise ValueError("bad arguments")
+    needed = math.ceil(n_new / block_size)
+    if n_new > 0 and length % block_size != 0 and last_block_shared:
+        needed += 1
+    return needed
+"""),
+    Mistake("new_blocks", "no copy-on-write block for a shared partly filled last block", """
+def new_blocks(length, n_new, block_size, last_block_shared=False):
+    if length < 0 or n_new < 0 or block_size < 1:
+        raise ValueError("bad arguments")
+    return math.ceil((length + n_new) / block_size) - math.ceil(length / block_size)
+"""),
+    Mistake("new_blocks", "copies a shared last block even when it is full", """
+def new_blocks(length, n_new, block_size, last_block_shared=False):
+    if length < 0 or n_new < 0 or block_size < 1:
+        raise ValueError("bad arguments")
+    needed = math.ceil((length + n_new) / block_size) - math.ceil(length / block_size)
+    if n_new > 0 and last_block_shared:
+        needed += 1
+    return needed
+"""),
+    Mistake("new_blocks", "copies the shared block even for an append of 0 tokens", """
+def new_blocks(length, n_new, block_size, last_block_shared=False):
+    if length < 0 or n_new < 0 or block_size < 1:
+        raise ValueError("bad arguments")
+    needed = math.ceil((length + n_new) / block_size) - math.ceil(length / block_size)
+    if length % block_size != 0 and last_block_shared:
+        needed += 1
+    return needed
+"""),
+    Mistake("new_blocks", "length // block_size blocks held (a partial block counted as free)", """
+def new_blocks(length, n_new, block_size, last_block_shared=False):
+    if length < 0 or n_new < 0 or block_size < 1:
+        raise ValueError("bad arguments")
+    needed = math.ceil((length + n_new) / block_size) - length // block_size
+    if n_new > 0 and length % block_size != 0 and last_block_shared:
+        needed += 1
+    return needed
+"""),
+    Mistake("new_blocks", "no ValueError for bad arguments", """
+def new_blocks(length, n_new, block_size, last_block_shared=False):
+    needed = math.ceil((length + n_new) / max(block_size, 1)) - math.ceil(length / max(block_size, 1))
+    if n_new > 0 and length % max(block_size, 1) != 0 and last_block_shared:
+        needed += 1
+    return needed
+"""),
+    # ------------------------------------------------------------ reference counts
+    Mistake("release_block", "frees the block on every release (reuses a block a shared prefix "
+            "still holds)", """
+def release_block(refcount, free, block):
+    if refcount[block] < 1:
+        raise ValueError(f"block {block} is not allocated")
+    refcount[block] -= 1
+    free.append(block)
+"""),
+    Mistake("release_block", "sets the count to zero instead of decrementing", """
+def release_block(refcount, free, block):
+    if refcount[block] < 1:
+        raise ValueError(f"block {block} is not allocated")
+    refcount[block] = 0
+    free.append(block)
+"""),
+    Mistake("release_block", "no double-free check", """
+def release_block(refcount, free, block):
+    refcount[block] -= 1
+    if refcount[block] == 0:
+        free.append(block)
+"""),
+    # ------------------------------------------------------------ self-checks
+    Mistake("q1", "thinks the rescale is only for stability", 'answer_q1 = "D"\n'),
+    Mistake("q2", "counts used positions instead of empty ones", "answer_q2 = 100\n"),
+    Mistake("q3", "writes into the shared block", 'answer_q3 = "A"\n'),
+]
+
+EQUIVALENT_MUTANTS: dict[str, str] = {}
