@@ -1,6 +1,9 @@
-"""Padded batches (tinygpt/batching.py) against batch-1 generate: left padding, the key-padding
-mask, position ids counting real tokens, per-row stopping and per-row seeded sampling; and the
-wrong variants (no padding mask, positions counted from the padded start) that must differ."""
+"""tinygpt/batching.py against its oracles. Padded batches against batch-1 generate: left
+padding, the key-padding mask, position ids counting real tokens, per-row stopping and per-row
+seeded sampling, and the wrong variants (no padding mask, right padding) that must differ. The
+batched cache against each row run alone. Beam search against transformers' generate on the same
+weights. Chunked prefill against the one-pass prefill. The simulator against hand-computed
+timelines and the properties static and continuous batching must show."""
 
 from __future__ import annotations
 
@@ -11,15 +14,26 @@ import torch
 
 from tinygpt import load_pretrained
 from tinygpt.batching import (
+    BatchedKVCache,
+    Request,
+    admit,
     attention_mask,
+    beam_search,
+    chunked_prefill,
     forward_padded,
     generate_batch,
     left_pad,
     position_ids,
+    request_stream,
+    roofline_step_time,
+    simulate,
 )
+from tinygpt.bench.metrics import inter_token_latencies, ttft
+from tinygpt.flops import weights_read_bytes
 from tinygpt.generate import generate
 from tinygpt.kv_cache import KVCache
-from tinygpt.model import ModelConfig, TinyGPT
+from tinygpt.model import ModelConfig, TinyGPT, to_hf_llama
+from tinygpt.roofline import get_hardware
 from tinygpt.sampling import SamplingParams
 
 CFG = ModelConfig(vocab_size=97, d_model=48, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=96,
@@ -122,6 +136,12 @@ def test_bad_input_is_named():
         generate_batch(model, [[1], []], p)
     with pytest.raises(TypeError, match=r"prompts\[0\]"):
         generate_batch(model, ["text"], p)
+    with pytest.raises(ValueError, match=r"prompts\[1\] must be one-dimensional"):
+        generate_batch(model, [torch.tensor([1, 2]), torch.tensor([[1, 2], [3, 4]])], p)
+    with pytest.raises(ValueError, match="non-empty list"):       # a tensor is not a list
+        generate_batch(model, torch.ones(2, 3, dtype=torch.long), p)
+    ragged = generate_batch(model, [torch.tensor([1, 2, 3]), torch.tensor([4])], p)
+    assert [r.prompt_ids for r in ragged] == [[1, 2, 3], [4]]
     with pytest.raises(ValueError, match="one per"):
         generate_batch(model, [[1], [2]], [p])
     with pytest.raises(ValueError, match="max_seq_len"):
@@ -130,3 +150,313 @@ def test_bad_input_is_named():
         generate_batch(model, [[1, 97]], p)
     with pytest.raises(ValueError, match="tokenizer"):
         generate_batch(model, [[1]], SamplingParams(max_new_tokens=2, stop=("x",)))
+
+
+# ------------------------------------------------------------------------------ the batched cache
+
+
+def test_a_mixed_step_equals_each_row_alone():
+    """Row 0 prefills a chunk of 4 while row 1 decodes one token (3 pads): each row's logits
+    equal that row's own cached run, and the lengths count real tokens only."""
+    model = TinyGPT(CFG, seed=3).eval()
+    a, b = prompts_of([9, 5], seed=7)
+    batch = BatchedKVCache(model, 2, max_len=32)
+    ids, mask = left_pad([a[:5], b])
+    batch.forward(ids, mask)
+    assert batch.lengths.tolist() == [5, 5]
+    step = torch.tensor([a[5:9], [0, 0, 0, 7]])
+    new = torch.tensor([[True] * 4, [False, False, False, True]])
+    logits = batch.forward(step, new)
+    assert batch.lengths.tolist() == [9, 6] and batch.columns == 9
+    with torch.inference_mode():
+        torch.testing.assert_close(logits[0], model(torch.tensor([a]))[0, 5:], rtol=1e-4,
+                                   atol=1e-5)
+        torch.testing.assert_close(logits[1, -1], model(torch.tensor([b + [7]]))[0, -1],
+                                   rtol=1e-4, atol=1e-5)
+
+
+def test_reorder_copies_rows_and_crop_rolls_back():
+    model = TinyGPT(CFG, seed=4).eval()
+    rows = prompts_of([4, 6, 2], seed=8)
+    batch = BatchedKVCache(model, 3, max_len=16)
+    batch.forward(*left_pad(rows))
+    keys = batch.cache.layers[1].k.clone()
+    batch.reorder([2, 0, 0])
+    assert batch.batch_size == 2 + 1 and batch.lengths.tolist() == [2, 4, 4]
+    assert torch.equal(batch.cache.layers[1].k, keys[[2, 0, 0]])
+    with torch.inference_mode():
+        nxt = batch.forward(torch.tensor([[5], [6], [7]]))[:, -1]
+        for row, (prompt, tok) in enumerate([(rows[2], 5), (rows[0], 6), (rows[0], 7)]):
+            torch.testing.assert_close(nxt[row], model(torch.tensor([prompt + [tok]]))[0, -1],
+                                       rtol=1e-4, atol=1e-5)
+    batch.crop(6)                                        # forget the decode column
+    assert batch.columns == 6 and batch.lengths.tolist() == [2, 4, 4]
+    again = batch.forward(torch.tensor([[5], [6], [7]]))[:, -1]
+    torch.testing.assert_close(again, nxt, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="index"):
+        batch.reorder([3])
+    with pytest.raises(ValueError, match="columns"):
+        batch.crop(99)
+    with pytest.raises(ValueError, match="new_mask"):
+        batch.forward(torch.tensor([[1], [2], [3]]), torch.ones(3, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="full"):
+        batch.forward(torch.zeros(3, 10, dtype=torch.long))
+
+
+def test_right_padding_with_left_aligned_positions_gives_other_tokens():
+    """The wrong layout, run as the same rectangular loop: right-pad (positions = column, so
+    each row starts at column 0), read every row's next token from the last column and
+    append it there. The short row's greedy tokens come out wrong; the longest row, which has
+    no pads, is unaffected."""
+    model, tokenizer = load_pretrained()
+    prompts = [tokenizer.encode("The cat sat"),
+               tokenizer.encode("Once upon a time there was a little cat who")]
+    params = SamplingParams(temperature=0, max_new_tokens=8)
+    want = [generate(model, p, params).token_ids for p in prompts]
+    assert [r.token_ids for r in generate_batch(model, prompts, params)] == want
+    width = max(map(len, prompts))
+    ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts])
+    mask = torch.tensor([[True] * len(p) + [False] * (width - len(p)) for p in prompts])
+    cache = KVCache.for_model(model, 2, max_len=width + 8)
+    got: list[list[int]] = [[], []]
+    with torch.inference_mode():
+        logits = forward_padded(model, ids, torch.arange(width).expand(2, -1), mask, cache)
+        for step in range(8):
+            token = logits[:, -1].argmax(-1)
+            for row in range(2):
+                got[row].append(int(token[row]))
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.bool)], 1)
+            pos = torch.full((2, 1), width + step)
+            logits = forward_padded(model, token[:, None], pos, mask, cache)
+    assert got[1] == want[1]
+    assert got[0] != want[0]
+
+
+# ------------------------------------------------------------------------------ beam search
+
+
+def hf_beam(model, prompt, num_beams, max_new_tokens, length_penalty, eos_id):
+    transformers = pytest.importorskip("transformers")
+    del transformers
+    hf = to_hf_llama(model, attn_implementation="eager")
+    out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
+                                                                        dtype=torch.long),
+                      num_beams=num_beams, do_sample=False, max_new_tokens=max_new_tokens,
+                      length_penalty=length_penalty, eos_token_id=eos_id, pad_token_id=0,
+                      return_dict_in_generate=True, output_scores=True)
+    tokens = out.sequences[0, len(prompt):].tolist()
+    if eos_id is not None and eos_id in tokens:
+        tokens = tokens[:tokens.index(eos_id) + 1]
+    score = out.sequences_scores[0] if num_beams > 1 else None    # greedy reports none
+    return tokens, None if score is None else float(score)
+
+
+BEAM_SCORE_ATOL = 1e-4      # HF sums float32 log-probs; ours are float32 summed in float64
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 1])
+@pytest.mark.parametrize("num_beams", [2, 3, 5])
+def test_beam_search_matches_transformers(n_kv_heads, num_beams):
+    model = TinyGPT(dataclasses.replace(CFG, n_kv_heads=n_kv_heads), seed=num_beams).eval()
+    prompt = prompts_of([6], seed=num_beams)[0]
+    for eos_id, length_penalty in [(None, 1.0), (5, 1.0), (5, 0.0), (5, 2.0), (5, -0.5)]:
+        ours = beam_search(model, prompt, num_beams, 12, length_penalty=length_penalty,
+                           eos_id=eos_id)
+        tokens, score = hf_beam(model, prompt, num_beams, 12, length_penalty, eos_id)
+        assert ours.token_ids == tokens, (eos_id, length_penalty)
+        assert abs(ours.score - score) < BEAM_SCORE_ATOL, (eos_id, length_penalty)
+        assert ours.hypotheses[0].score == ours.score
+        assert [h.score for h in ours.hypotheses] == sorted((h.score for h in ours.hypotheses),
+                                                            reverse=True)
+        assert len(ours.hypotheses) <= num_beams
+
+
+def test_beam_search_on_the_shipped_model_matches_transformers_and_can_beat_greedy():
+    model, tokenizer = load_pretrained()
+    eos = tokenizer.special_tokens["<|endoftext|>"]
+    prompt = tokenizer.encode("The dog")
+    greedy = generate(model, prompt, SamplingParams(temperature=0, max_new_tokens=20),
+                      eos_id=eos).token_ids
+    for num_beams in (1, 2, 4):
+        ours = beam_search(model, prompt, num_beams, 20, eos_id=eos)
+        tokens, score = hf_beam(model, prompt, num_beams, 20, 1.0, eos)
+        assert ours.token_ids == tokens
+        if num_beams == 1:
+            assert ours.token_ids == greedy             # one beam is greedy decoding
+        else:
+            assert abs(ours.score - score) < BEAM_SCORE_ATOL
+    best = beam_search(model, prompt, 4, 20, eos_id=eos)
+    assert best.token_ids != greedy                      # they part ways on this prompt ...
+    with torch.inference_mode():                         # ... and beam's sequence is likelier
+        def log_prob(tokens):
+            logits = model(torch.tensor([prompt + tokens]))[0, len(prompt) - 1:-1]
+            return float(torch.log_softmax(logits.double(), -1)[range(len(tokens)),
+                                                                  tokens].sum())
+        assert log_prob(best.token_ids) / len(best.token_ids) > log_prob(greedy) / len(greedy)
+        assert abs(log_prob(best.token_ids) / len(best.token_ids) - best.score) < 1e-4
+
+
+def test_a_beam_cache_that_is_not_reordered_gives_other_beams(monkeypatch):
+    model, tokenizer = load_pretrained()
+    eos = tokenizer.special_tokens["<|endoftext|>"]
+    prompt = tokenizer.encode("The dog")
+    right = beam_search(model, prompt, 4, 20, eos_id=eos)
+    reorder = BatchedKVCache.reorder
+
+    def expand_only(self, index):                        # copies the prompt, never permutes
+        if len(index) != self.batch_size:
+            reorder(self, index)
+
+    monkeypatch.setattr(BatchedKVCache, "reorder", expand_only)
+    wrong = beam_search(model, prompt, 4, 20, eos_id=eos)
+    assert (wrong.token_ids, round(wrong.score, 4)) != (right.token_ids, round(right.score, 4))
+
+
+def test_beam_search_bad_input_is_named():
+    model = TinyGPT(CFG, seed=0).eval()
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="num_beams"):
+            beam_search(model, [1, 2], bad, 4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        beam_search(model, [1, 2], 2, 0)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        beam_search(model, [], 2, 4)
+    with pytest.raises(ValueError, match="eos_id"):
+        beam_search(model, [1, 2], 2, 4, eos_id=97)
+    with pytest.raises(ValueError, match="length_penalty"):
+        beam_search(model, [1, 2], 2, 4, length_penalty=float("nan"))
+    with pytest.raises(ValueError, match="max_seq_len"):
+        beam_search(model, [1] * 120, 2, 10)
+
+
+# ------------------------------------------------------------------------------ chunked prefill
+
+
+CHUNK_ATOL = 1e-5           # other product shapes, same arithmetic: float32 rounding only
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 7, 64])
+def test_chunked_prefill_equals_one_pass(chunk_size):
+    model = TinyGPT(CFG, seed=5).eval()
+    prompt = prompts_of([23], seed=9)[0]
+    with torch.inference_mode():
+        whole = model(torch.tensor([prompt]))[0]
+    cache = BatchedKVCache(model, 1, max_len=40)
+    chunked = chunked_prefill(model, prompt, chunk_size, cache)
+    assert chunked.shape == whole.shape
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=CHUNK_ATOL)
+    # decoding goes on from the chunked cache exactly as from a one-pass prefill
+    tokens = [int(chunked[-1].argmax())]
+    for _ in range(5):
+        tokens.append(int(cache.forward(torch.tensor([[tokens[-1]]]))[0, -1].argmax()))
+    assert tokens == generate(model, prompt, SamplingParams(temperature=0, max_new_tokens=6)
+                              ).token_ids
+    with pytest.raises(ValueError, match="chunk_size"):
+        chunked_prefill(model, prompt, 0)
+
+
+# ------------------------------------------------------------------------------ the simulator
+
+
+def constant(seconds):
+    return lambda tokens, kv_tokens: seconds
+
+
+def test_simulator_by_hand():
+    """Two requests, steps of 1 s. Static waits for both, then runs them together until the
+    longer is done; continuous starts the first at once and refills."""
+    reqs = [Request(0.0, 4, 3), Request(0.5, 2, 1)]
+    static = simulate(reqs, "static", 2, constant(1.0))
+    assert [t.token_times for t in static.traces] == [(1.5, 2.5, 3.5), (1.5,)]
+    cont = simulate(reqs, "continuous", 2, constant(1.0))
+    assert [t.token_times for t in cont.traces] == [(1.0, 2.0, 3.0), (2.0,)]
+    assert cont.makespan == 3.0 and static.makespan == 3.5
+    # slot-seconds producing tokens: continuous 3 + 1 of 2 x 3; static 3 + 1 of 2 x 3.5
+    assert cont.slot_utilisation == pytest.approx(4 / 6)
+    assert static.slot_utilisation == pytest.approx(4 / 7)
+    one = simulate(reqs, "continuous", 1, constant(1.0))
+    assert [t.token_times for t in one.traces] == [(1.0, 2.0, 3.0), (4.0,)]
+
+
+def test_admit_policies():
+    assert admit("static", 3, 0, 4, True) == 0           # waits for a full batch
+    assert admit("static", 5, 0, 4, True) == 4
+    assert admit("static", 3, 0, 4, False) == 3          # nothing else is coming
+    assert admit("static", 9, 1, 4, False) == 0          # never joins a running batch
+    assert admit("continuous", 9, 1, 4, True) == 3
+    assert admit("continuous", 2, 1, 4, True) == 2
+    assert admit("continuous", 0, 0, 4, True) == 0
+    with pytest.raises(ValueError, match="policy"):
+        admit("dynamic", 1, 0, 4, True)
+
+
+def roofline_8b():
+    cfg = ModelConfig(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                      d_ff=14336, max_seq_len=8192)
+    return roofline_step_time(cfg, get_hardware("h100-sxm"), overhead_s=0.002), cfg
+
+
+def test_roofline_step_time_is_flat_then_grows():
+    step, cfg = roofline_8b()
+    hw = get_hardware("h100-sxm")
+    memory = weights_read_bytes(cfg, 1, "bf16") / hw.bandwidth + 0.002
+    assert step(1, 0) == pytest.approx(memory)           # batch 1: read the weights once
+    assert step(16, 0) == pytest.approx(memory)          # still memory-bound
+    assert step(8192, 0) > 15 * step(1, 0)               # a long prefill is compute-bound
+    assert step(8192, 0) - 0.002 == pytest.approx(2 * (step(4096, 0) - 0.002))
+    assert step(16, 16 * 4000) > step(16, 0)             # reading the cache costs time
+
+
+def test_continuous_batching_beats_static_on_a_realistic_stream():
+    step, _ = roofline_8b()
+    reqs = request_stream(200, 8.0, seed=1)
+    assert len({r.prompt_len for r in reqs}) > 50 and max(r.output_len for r in reqs) > 400
+    static = simulate(reqs, "static", 16, step)
+    cont = simulate(reqs, "continuous", 16, step)
+    for result in (static, cont):
+        assert [t.n_tokens for t in result.traces] == [r.output_len for r in reqs]
+        assert all(t.start == r.arrival for t, r in zip(result.traces, reqs, strict=True))
+        assert 0 < result.slot_utilisation <= 1
+        assert max(s.busy_slots for s in result.steps) <= 16
+    s, c = static.summary(), cont.summary()
+    assert c["throughput_tok_s"] > 1.5 * s["throughput_tok_s"]
+    assert c["ttft_s"]["p50"] < s["ttft_s"]["p50"] and c["ttft_s"]["p99"] < s["ttft_s"]["p99"]
+    assert c["slot_utilisation"] > s["slot_utilisation"]
+
+
+def test_chunked_prefill_protects_running_requests_inter_token_latency():
+    step, _ = roofline_8b()
+    reqs = [Request(0.0, 64, 200), Request(0.0, 64, 200), Request(0.3, 6000, 4)]
+    plain = simulate(reqs, "continuous", 4, step)
+    chunked = simulate(reqs, "continuous", 4, step, chunk_size=512)
+    for result in (plain, chunked):
+        assert [t.n_tokens for t in result.traces] == [200, 200, 4]
+    itl = [max(inter_token_latencies(r.traces[0])) for r in (plain, chunked)]
+    assert itl[1] < itl[0] / 3                           # no step stalls on 6000 prompt tokens
+    assert sum(s.prefill_tokens for s in chunked.steps) == 64 + 64 + 6000
+    assert max(s.prefill_tokens for s in chunked.steps if s.start > 0) <= 512
+    # the long request waits longer for its first token: chunking trades its TTFT for ITL
+    assert ttft(chunked.traces[2]) > ttft(plain.traces[2])
+
+
+def test_simulator_bad_input_is_named():
+    reqs = request_stream(3, 1.0)
+    with pytest.raises(ValueError, match="policy"):
+        simulate(reqs, "greedy", 2, constant(1.0))
+    with pytest.raises(ValueError, match="max_batch"):
+        simulate(reqs, "static", 0, constant(1.0))
+    with pytest.raises(ValueError, match="chunk_size"):
+        simulate(reqs, "static", 2, constant(1.0), chunk_size=0)
+    with pytest.raises(ValueError, match="requests"):
+        simulate([], "static", 2, constant(1.0))
+    with pytest.raises(ValueError, match="output_len"):
+        simulate([Request(0.0, 3, 0)], "static", 2, constant(1.0))
+    with pytest.raises(ValueError, match="rate"):
+        request_stream(3, 0)
+    with pytest.raises(ValueError, match="n_requests"):
+        request_stream(0, 1.0)
+    assert request_stream(5, 2.0, seed=3) == request_stream(5, 2.0, seed=3)
+    with pytest.raises(ValueError, match="never end"):            # a policy that never flushes
+        simulate(reqs, "static", 8, constant(1.0), admit_fn=lambda *args: 0)
+    with pytest.raises(ValueError, match="free slots"):
+        simulate(reqs, "continuous", 2, constant(1.0), admit_fn=lambda p, w, r, b, m: w + 1)

@@ -15,6 +15,8 @@ One module per concept, named after the course day that finishes it:
     roofline    day 10  hardware table, roofline model, measured local roofline
     kv_cache    day 11  the static KV cache, prefill and cached decode, KV memory
     bench       day 12  TTFT, TPOT, percentiles, goodput; the course's speed targets (a package)
+    batching    day 13  padded batches, batched KV cache, beam search, batching simulator
+    speculative day 14  draft-then-verify decoding, prompt-lookup drafting, acceptance stats
     flash       day 16  online softmax, tiled attention, memory-traffic counts
     paged       day 16  the paged KV cache: block pool, block tables, prefix sharing
     engine      day 17  the serving engine's interface and its reference SerialEngine
