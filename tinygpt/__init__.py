@@ -17,6 +17,7 @@ One module per concept, named after the course day that finishes it:
     bench       day 12  TTFT, TPOT, percentiles, goodput; the course's speed targets (a package)
     batching    day 13  padded batches, batched KV cache, beam search, batching simulator
     speculative day 14  draft-then-verify decoding, prompt-lookup drafting, acceptance stats
+    quant       day 15  int8 / int4 weight-only quantization, quantized linear, int8 KV cache
     flash       day 16  online softmax, tiled attention, memory-traffic counts
     paged       day 16  the paged KV cache: block pool, block tables, prefix sharing
     engine      day 17  the serving engine's interface and its reference SerialEngine

@@ -28,6 +28,7 @@ ROW_MODULES: tuple[str, ...] = (
     "tinygpt.bench.decode",         # days 11-12: KV cache, HF generate, bandwidth, roofline
     "tinygpt.bench.batching",       # day 13: batched decode
     "tinygpt.bench.speculative",    # day 14: speculative greedy decoding
+    "tinygpt.bench.quant",          # day 15: int8 / int4 decode steps, torchao side by side
 )
 
 

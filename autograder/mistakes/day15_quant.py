@@ -1,0 +1,270 @@
+"""Day 15 mistakes: each must lose its exercise's points."""
+
+from dataclasses import replace
+
+from autograder.mistakes import Mistake
+
+MISTAKES = [
+    # ------------------------------------------------------------ int8 per channel
+    Mistake("quantize_int8", "scales from the wrong axis (one per column)", """
+def quantize_int8(w):
+    w = w.float()
+    amax = w.abs().amax(dim=0)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    q = torch.round(w / scale[None, :]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+"""),
+    Mistake("quantize_int8", "rounds with floor", """
+def quantize_int8(w):
+    w = w.float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    q = torch.floor(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+"""),
+    Mistake("quantize_int8", "truncates with .to(torch.int8) instead of rounding", """
+def quantize_int8(w):
+    w = w.float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    q = (w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+"""),
+    Mistake("quantize_int8", "divides by 128 and clamps to [-128, 127] (an asymmetric range)", """
+def quantize_int8(w):
+    w = w.float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 128, torch.ones_like(amax))
+    q = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8)
+    return q, scale
+"""),
+    Mistake("quantize_int8", "uses 255 levels for the scale of a symmetric range", """
+def quantize_int8(w):
+    w = w.float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 255, torch.ones_like(amax))
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+"""),
+    Mistake("quantize_int8", "one scale for the whole tensor", """
+def quantize_int8(w):
+    w = w.float()
+    amax = w.abs().max().expand(w.shape[0])
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+"""),
+    Mistake("quantize_int8", "no guard for an all-zero row (0 / 0 = NaN)", """
+def quantize_int8(w):
+    w = w.float()
+    scale = w.abs().amax(dim=1) / 127
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+"""),
+    # ------------------------------------------------------------ int4 groups
+    Mistake("quantize_int4", "16 steps instead of 15 (levels off by one)", """
+def quantize_int4(w, group_size):
+    N, K = w.shape
+    g = w.float().view(N, K // group_size, group_size)
+    lo = g.amin(dim=-1).clamp(max=0)
+    hi = g.amax(dim=-1).clamp(min=0)
+    scale = (hi - lo) / 16
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    zero = torch.round(-lo / scale)
+    q = (torch.round(g / scale[..., None]) + zero[..., None]).clamp(0, 15)
+    return q.view(N, K).to(torch.uint8), scale, zero.to(torch.uint8)
+"""),
+    Mistake("quantize_int4", "zero point off by one (rounds -lo / s up)", """
+def quantize_int4(w, group_size):
+    N, K = w.shape
+    g = w.float().view(N, K // group_size, group_size)
+    lo = g.amin(dim=-1).clamp(max=0)
+    hi = g.amax(dim=-1).clamp(min=0)
+    scale = (hi - lo) / 15
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    zero = torch.ceil(-lo / scale)
+    q = (torch.round(g / scale[..., None]) + zero[..., None]).clamp(0, 15)
+    return q.view(N, K).to(torch.uint8), scale, zero.to(torch.uint8)
+"""),
+    Mistake("quantize_int4", "zero point with the wrong sign convention (z = round(lo / s) + 15)",
+            """
+def quantize_int4(w, group_size):
+    N, K = w.shape
+    g = w.float().view(N, K // group_size, group_size)
+    lo = g.amin(dim=-1).clamp(max=0)
+    hi = g.amax(dim=-1).clamp(min=0)
+    scale = (hi - lo) / 15
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    zero = torch.round(hi / scale)
+    q = (torch.round(g / scale[..., None]) + zero[..., None]).clamp(0, 15)
+    return q.view(N, K).to(torch.uint8), scale, zero.to(torch.uint8)
+"""),
+    Mistake("quantize_int4", "groups of strided columns (view(N, G, K // G) then the wrong axis)",
+            """
+def quantize_int4(w, group_size):
+    N, K = w.shape
+    g = w.float().view(N, group_size, K // group_size).transpose(1, 2)
+    lo = g.amin(dim=-1).clamp(max=0)
+    hi = g.amax(dim=-1).clamp(min=0)
+    scale = (hi - lo) / 15
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    zero = torch.round(-lo / scale)
+    q = (torch.round(g / scale[..., None]) + zero[..., None]).clamp(0, 15)
+    return q.transpose(1, 2).reshape(N, K).to(torch.uint8), scale, zero.to(torch.uint8)
+"""),
+    Mistake("quantize_int4", "range not widened to contain 0 (lo = group min)", """
+def quantize_int4(w, group_size):
+    N, K = w.shape
+    g = w.float().view(N, K // group_size, group_size)
+    lo = g.amin(dim=-1)
+    hi = g.amax(dim=-1)
+    scale = (hi - lo) / 15
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    zero = torch.round(-lo / scale)
+    q = (torch.round(g / scale[..., None]) + zero[..., None]).clamp(0, 15)
+    return q.view(N, K).to(torch.uint8), scale, zero.to(torch.uint8)
+"""),
+    Mistake("quantize_int4", "rounds with floor", """
+def quantize_int4(w, group_size):
+    N, K = w.shape
+    g = w.float().view(N, K // group_size, group_size)
+    lo = g.amin(dim=-1).clamp(max=0)
+    hi = g.amax(dim=-1).clamp(min=0)
+    scale = (hi - lo) / 15
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    zero = torch.round(-lo / scale)
+    q = (torch.floor(g / scale[..., None]) + zero[..., None]).clamp(0, 15)
+    return q.view(N, K).to(torch.uint8), scale, zero.to(torch.uint8)
+"""),
+    Mistake("quantize_int4", "no guard for an all-zero group", """
+def quantize_int4(w, group_size):
+    N, K = w.shape
+    g = w.float().view(N, K // group_size, group_size)
+    lo = g.amin(dim=-1).clamp(max=0)
+    hi = g.amax(dim=-1).clamp(min=0)
+    scale = (hi - lo) / 15
+    zero = torch.nan_to_num(torch.round(-lo / scale))
+    q = torch.nan_to_num(torch.round(g / scale[..., None]) + zero[..., None]).clamp(0, 15)
+    return q.view(N, K).to(torch.uint8), scale, zero.to(torch.uint8)
+"""),
+    # ------------------------------------------------------------ nibbles
+    Mistake("pack_int4", "int4 nibbles swapped (even column in the high nibble)", """
+def pack_int4(q):
+    return (q[..., 0::2] << 4) | q[..., 1::2]
+
+
+def unpack_int4(packed):
+    return torch.stack([packed >> 4, packed & 0x0F], dim=-1).flatten(-2)
+"""),
+    Mistake("pack_int4", "unpack concatenates all low nibbles, then all high ones", """
+def pack_int4(q):
+    return q[..., 0::2] | (q[..., 1::2] << 4)
+
+
+def unpack_int4(packed):
+    return torch.cat([packed & 0x0F, packed >> 4], dim=-1)
+"""),
+    Mistake("pack_int4", "unpack masks the high nibble without shifting it down", """
+def pack_int4(q):
+    return q[..., 0::2] | (q[..., 1::2] << 4)
+
+
+def unpack_int4(packed):
+    return torch.stack([packed & 0x0F, packed & 0xF0], dim=-1).flatten(-2)
+"""),
+    Mistake("pack_int4", "packs pairs of rows of the first half and second half", """
+def pack_int4(q):
+    half = q.shape[-1] // 2
+    return q[..., :half] | (q[..., half:] << 4)
+
+
+def unpack_int4(packed):
+    return torch.cat([packed & 0x0F, packed >> 4], dim=-1)
+"""),
+    # ------------------------------------------------------------ the dequantizing linear
+    Mistake("int4_linear", "subtracts the zero point in uint8 (wraps around below zero)", """
+def int4_linear(x, packed, scale, zero, group_size):
+    q = unpack_int4(packed)
+    z = zero.repeat_interleave(group_size, dim=1)
+    s = scale.float().repeat_interleave(group_size, dim=1)
+    w = (q - z).float() * s
+    return x.float() @ w.T
+"""),
+    Mistake("int4_linear", "forgets the zero point", """
+def int4_linear(x, packed, scale, zero, group_size):
+    q = unpack_int4(packed).float()
+    s = scale.float().repeat_interleave(group_size, dim=1)
+    return x.float() @ (q * s).T
+"""),
+    Mistake("int4_linear", "tiles the group scales with repeat instead of repeat_interleave", """
+def int4_linear(x, packed, scale, zero, group_size):
+    q = unpack_int4(packed).float()
+    z = zero.float().repeat(1, group_size)
+    s = scale.float().repeat(1, group_size)
+    return x.float() @ ((q - z) * s).T
+"""),
+    Mistake("int4_linear", "multiplies by the scale before subtracting the zero point", """
+def int4_linear(x, packed, scale, zero, group_size):
+    q = unpack_int4(packed).float()
+    z = zero.float().repeat_interleave(group_size, dim=1)
+    s = scale.float().repeat_interleave(group_size, dim=1)
+    return x.float() @ (q * s - z).T
+"""),
+    # ------------------------------------------------------------ int8 KV cache
+    Mistake("quantize_kv", "scales from the wrong axis (one per channel, across tokens)", """
+def quantize_kv(x):
+    amax = x.float().abs().amax(dim=-2, keepdim=True)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    q = torch.round(x.float() / scale).clamp(-127, 127).to(torch.int8)
+    return q, scale.transpose(-1, -2)[..., :1].expand(*x.shape[:-1], 1)
+"""),
+    Mistake("quantize_kv", "one scale per head for all tokens", """
+def quantize_kv(x):
+    amax = x.float().abs().amax(dim=(-2, -1), keepdim=True).expand(*x.shape[:-1], 1)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    q = torch.round(x.float() / scale).clamp(-127, 127).to(torch.int8)
+    return q, scale
+"""),
+    Mistake("quantize_kv", "rounds with floor", """
+def quantize_kv(x):
+    amax = x.float().abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    q = torch.floor(x.float() / scale).clamp(-127, 127).to(torch.int8)
+    return q, scale
+"""),
+    Mistake("quantize_kv", "no guard for a zero vector", """
+def quantize_kv(x):
+    scale = x.float().abs().amax(dim=-1, keepdim=True) / 127
+    q = torch.nan_to_num(torch.round(x.float() / scale)).clamp(-127, 127).to(torch.int8)
+    return q, scale
+"""),
+    # ------------------------------------------------------------ self-checks
+    Mistake("q1", "forgets the scale and zero point bytes", "answer_q1 = 0.5\n"),
+    Mistake("q1", "counts a byte per code", "answer_q1 = 1 + 5 / 128\n"),
+    Mistake("q2", "thinks large weights overflow", 'answer_q2 = "A"\n'),
+    Mistake("q3", "thinks weight-only int8 saves FLOPs", 'answer_q3 = "A"\n'),
+    Mistake("q4", "forgets the per-token scale", "answer_q4 = 2\n"),
+    Mistake("q4", "compares with float32", "answer_q4 = 4 * 128 / 132\n"),
+]
+
+# One mistake, one charge: int4_linear is tested with the package's unpack_int4, so a bug in
+# the packing exercise leaves it its full marks.
+MISTAKES = [replace(m, keeps=("int4_linear",)) if m.grade_id == "pack_int4" else m
+            for m in MISTAKES]
+
+# Mutants (autograder/mutants.py) that compute the same thing as the solution.
+_SYMMETRIC = ("with scale = max|x| / 127, |round(x / scale)| never exceeds 127, so the clamp "
+              "never acts and widening it changes nothing")
+EQUIVALENT_MUTANTS: dict[str, str] = {
+    "quantize_int8: q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8) => "
+    "q = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8)": _SYMMETRIC,
+    "quantize_int8: q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8) => "
+    "q = torch.round(w / scale[:, None]).clamp(-127, 128).to(torch.int8)": _SYMMETRIC,
+    "quantize_kv: q = torch.round(x.float() / scale).clamp(-127, 127).to(torch.int8) => "
+    "q = torch.round(x.float() / scale).clamp(-128, 127).to(torch.int8)": _SYMMETRIC,
+    "quantize_kv: q = torch.round(x.float() / scale).clamp(-127, 127).to(torch.int8) => "
+    "q = torch.round(x.float() / scale).clamp(-127, 128).to(torch.int8)": _SYMMETRIC,
+    "quantize_int4: q = (torch.round(g / scale[..., None]) + zero[..., None]).clamp(0, 15) => "
+    "q = (torch.round(g / scale[..., None]) + zero[..., None]).clamp(-1, 15)":
+        "round(w / s) >= round(lo / s) = -round(-lo / s) = -zero, so q is never below 0",
+}
