@@ -201,12 +201,14 @@ def test_a_disconnecting_client_has_its_request_cancelled(served):
     health = wait_for(served, lambda h: h["cancelled"] > before["cancelled"]
                       and h["running"] == 0)
     assert health["cancelled"] == before["cancelled"] + 1 and health["running"] == 0
+    assert health["kv_blocks_used"] == 0, "the cancelled request still holds KV blocks"
+    assert health["kv_blocks_total"] > 0
     generated = health["tokens_generated"] - before["tokens_generated"]
     assert generated < 1000, "the request ran to the end after its client left"
 
 
 def test_a_full_queue_answers_429_and_keeps_serving():
-    with server("--max-queue", "1") as (url, _):
+    with server("--max-queue", "1", "--max-running", "1") as (url, _):
         body = {"model": "tinygpt", "prompt": "The", "max_tokens": 400, "ignore_eos": True}
 
         def post(_):
@@ -264,3 +266,22 @@ def test_the_load_generator_measures_a_running_server(served, tmp_path):
                  "--plot", str(tmp_path / "load.png")]) == 0
     assert json.loads(out.read_text())[0]["ok"] == 3 and (tmp_path / "load.png").stat().st_size
     assert main(["--url", served, "--rates", "0"]) == 2
+
+
+def test_the_serial_engine_serves_the_same_text(reference):
+    model, tokenizer = reference
+    with server("--engine", "serial") as (url, _):
+        got = client(url).completions.create(model="tinygpt", prompt="A dog", max_tokens=15,
+                                             temperature=0)
+        health = httpx.get(f"{url}/health").json()
+    want = generate(model, tokenizer.encode("A dog"), SamplingParams(temperature=0,
+                    max_new_tokens=15), eos_id=tokenizer.special_tokens["<|endoftext|>"],
+                    tokenizer=tokenizer)
+    assert got.choices[0].text == want.text
+    assert health["kv_blocks_total"] == 0          # no paged pool behind the serial engine
+
+
+def test_bad_engine_flags_are_refused():
+    from tinygpt.server import main
+    assert main(["--max-running", "0"]) == 2
+    assert main(["--token-budget", "-1"]) == 2

@@ -20,7 +20,10 @@ One module per concept, named after the course day that finishes it:
     quant       day 15  int8 / int4 weight-only quantization, quantized linear, int8 KV cache
     flash       day 16  online softmax, tiled attention, memory-traffic counts
     paged       day 16  the paged KV cache: block pool, block tables, prefix sharing
-    engine      day 17  the serving engine's interface and its reference SerialEngine
+    scheduler   day 17  the engine's step policy: decodes first, chunked prefill, admission,
+                        preemption
+    runner      day 17  one forward pass over every scheduled token on the paged cache
+    engine      day 17  continuous batching (Engine, AsyncEngine) and the reference SerialEngine
     server      day 17  python -m tinygpt serve: an OpenAI-compatible HTTP server
     device_sampling     the token choice of a captured GPU step: per-row knobs, no host sync
 

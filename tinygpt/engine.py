@@ -1,17 +1,31 @@
-"""Day 17: a serving engine. What an HTTP server talks to, and the plain engine behind it.
+"""Day 17: a serving engine. Requests come and go; one continuously refilled batch serves them.
 
-A serving engine takes requests as they arrive and streams each one's tokens back while other
-requests come and go. The server (tinygpt/server.py) needs only this:
+Three rooms, arrows one way (engine -> scheduler, engine -> runner -> paged cache):
+
+    tinygpt/scheduler.py  which sequences run in the next step and how many tokens each feeds:
+                          decodes first, prefill chunks in the token budget, admission against
+                          free blocks, preemption of the newest when the pool runs dry
+    tinygpt/runner.py     one forward pass over every scheduled token on the paged cache
+    tinygpt/engine.py     this module: requests in, tokens out
+
+Engine is the synchronous core: add_request(), step() (one scheduled forward pass and the
+tokens it produced), run() / generate() to drive it to the end. Each request keeps its own
+copy of the batch-1 token loop (tinygpt.generate.token_events): its generator, penalties, stop
+strings and held-back text, fed the logits the batch computed for it. So a request's output
+depends only on its own prompt, parameters and seed, never on what it was batched with, and at
+temperature 0 it equals its batch-1 `generate` (tests/test_engine.py).
+
+What the HTTP server (tinygpt/server.py) needs is an asynchronous interface:
 
     request = await engine.submit(prompt_ids, params, eos_ids)   # EngineFull: queue is full
     async for event in request: ...                               # Event per new token
-    request.cancel()                                              # frees its place at once
+    request.cancel()                                              # frees its blocks at once
     engine.stats()                                                # EngineStats
 
-SerialEngine is that interface over the plain loop: one worker thread runs one request at a
-time with tinygpt.generate.stream (the KV-cached batch-1 loop), the others wait in a bounded
-queue. It is the reference a batching engine must match token for token at temperature 0,
-and the baseline it must beat.
+AsyncEngine is that interface over Engine: a worker thread steps the engine while requests
+arrive and leave. SerialEngine is the same interface over the plain loop: one request at a
+time with tinygpt.generate.stream (the KV-cached batch-1 loop) while the others wait; it is the
+reference a batching engine must match and the baseline it must beat.
 
 Threads: the model runs on the worker thread; events reach the request's asyncio queue through
 the event loop's call_soon_threadsafe, so `async for` never blocks the server.
@@ -24,14 +38,27 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from tinygpt.bench.metrics import RequestTrace, inter_token_latencies, ttft
-from tinygpt.generate import stream
-from tinygpt.sampling import SamplingParams
+from tinygpt.generate import (
+    GenerationResult,
+    TokenEvent,
+    _check_args,
+    model_device,
+    model_limits,
+    prepare_prompt,
+    stream,
+    token_events,
+)
+from tinygpt.model import TinyGPT
+from tinygpt.paged import PagedKVCache
+from tinygpt.runner import ModelRunner
+from tinygpt.sampling import DEFAULT_ORDER, SamplingParams
+from tinygpt.scheduler import Scheduler, Seq
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
@@ -70,6 +97,20 @@ class EngineStats:
     rejected: int
     tokens_generated: int
     max_waiting: int
+    kv_blocks_used: int = 0      # the paged engine's pool (0 and 0 for SerialEngine)
+    kv_blocks_total: int = 0
+    preemptions: int = 0
+
+
+def to_event(event: TokenEvent, eos_ids: Sequence[int]) -> Event:
+    """A token loop's TokenEvent as the server's Event: any of eos_ids ends the request with
+    "stop" and no text; a stop string is "stop" too; max_new_tokens is "length"."""
+    finish = event.finish_reason
+    reason = None if finish is None else ("length" if finish == "length" else "stop")
+    if reason is None and event.token_id in eos_ids:
+        reason = "stop"
+    text = "" if reason is not None and event.token_id in eos_ids else event.text or ""
+    return Event(event.token_id, text, reason)
 
 
 @dataclass(eq=False)
@@ -113,6 +154,344 @@ class Request:
             yield event
             if event.finish_reason is not None:
                 return
+
+
+# ------------------------------------------------------------------------------------------------
+# the engine: scheduler + runner + one token loop per request
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one step did (Engine.log, for the timeline widget and the tests).
+
+    prefill: request id -> tokens it fed as a prompt chunk (or a recompute after preemption);
+    decode: ids that fed one token; waiting: ids still queued after the step; preempted: ids
+    taken out before it; finished: ids that ended with it; seconds: the step's wall time.
+    """
+
+    index: int
+    prefill: dict
+    decode: tuple
+    waiting: tuple
+    preempted: tuple
+    finished: tuple
+    seconds: float
+
+
+@dataclass(eq=False)
+class _Active:
+    """The engine's side of one request: its sequence and its own batch-1 token loop."""
+
+    seq: Seq
+    loop: object                  # the token_events generator
+    holder: dict                  # the logits the loop reads next
+    eos_ids: tuple[int, ...]
+    submitted_at: float
+    token_times: list[float] = field(default_factory=list)
+    events: list[TokenEvent] = field(default_factory=list)
+
+
+class Engine:
+    """Continuous batching over a paged KV cache (synchronous; see the module docstring).
+
+    model: a TinyGPT in eval mode. tokenizer: decode(list[int]) -> str, for text and stop
+    strings (optional without them). block_size, num_blocks: the paged pool (num_blocks
+    default: room for max_running sequences of min(max_seq_len, 512) positions).
+    max_running: sequences in the batch at once. token_budget: tokens one step may feed
+    (decodes count one each; prefill chunks share the rest). record: keep a StepRecord per
+    step in `log` (the timeline widget draws it).
+    """
+
+    def __init__(self, model: TinyGPT, tokenizer=None, *, block_size: int = 16,
+                 num_blocks: int | None = None, max_running: int = 32,
+                 token_budget: int = 256, order: Sequence[str] = DEFAULT_ORDER,
+                 record: bool = False) -> None:
+        if not isinstance(model, TinyGPT):
+            raise TypeError(f"model must be a TinyGPT, got {type(model).__name__}")
+        if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
+            raise TypeError("tokenizer must have a decode(list[int]) -> str method")
+        if num_blocks is None:
+            per_seq = -(-min(model.cfg.max_seq_len, 512) // block_size)
+            num_blocks = max_running * per_seq
+        self.model, self.tokenizer, self.order = model, tokenizer, tuple(order)
+        self.cache = PagedKVCache.for_model(model, num_blocks, block_size)
+        self.scheduler = Scheduler(self.cache, max_running=max_running,
+                                   token_budget=token_budget)
+        self.runner = ModelRunner(model, self.cache)
+        self.record = record
+        self.log: list[StepRecord] = []
+        self.steps = 0
+        self.tokens_generated = 0
+        self._active: dict[Hashable, _Active] = {}
+        self._results: dict[Hashable, _Active] = {}     # finished, until release()
+        self._ids = itertools.count()
+
+    def check_request(self, prompt_ids, params: SamplingParams,
+                      eos_ids: Sequence[int] = ()) -> list[int]:
+        """The checks add_request makes, with nothing changed (a server calls it before
+        queueing). Returns the prompt as a list of ids."""
+        eos_ids = tuple(eos_ids)
+        vocab_size, max_seq_len = model_limits(self.model)
+        for eos in eos_ids:
+            if isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < vocab_size:
+                raise ValueError(f"eos_ids must be ints in [0, {vocab_size}), got {eos_ids!r}")
+        _check_args(self.model, params, eos_ids[0] if eos_ids else None, self.tokenizer, None,
+                    self.order)
+        prompt = prepare_prompt(prompt_ids, vocab_size, max_seq_len)[0].tolist()
+        positions = len(prompt) + params.max_new_tokens - 1
+        if positions > max_seq_len:
+            raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens "
+                             f"({params.max_new_tokens}) - 1 = {positions} positions exceed the "
+                             f"model's max_seq_len={max_seq_len}")
+        blocks = -(-positions // self.cache.block_size)
+        if blocks > self.cache.allocator.num_blocks:
+            raise ValueError(f"the request can need {blocks} KV blocks; the pool has "
+                             f"num_blocks={self.cache.allocator.num_blocks}")
+        return prompt
+
+    def add_request(self, prompt_ids, params: SamplingParams, *, eos_ids: Sequence[int] = (),
+                    request_id: Hashable | None = None) -> Hashable:
+        """Queue a request; returns its id (`request_id`, or a fresh int). Sampling uses a
+        generator seeded with params.seed (torch's global one when the seed is None)."""
+        prompt = self.check_request(prompt_ids, params, eos_ids)
+        request_id = next(self._ids) if request_id is None else request_id
+        if request_id in self._active:
+            raise ValueError(f"request_id {request_id!r} is already in the engine")
+        device = model_device(self.model)
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=device).manual_seed(params.seed)
+        holder: dict = {}
+        eos_ids = tuple(eos_ids)
+        loop = token_events(lambda ids: holder.pop("logits"),
+                            torch.tensor([prompt], device=device), params,
+                            eos_ids[0] if eos_ids else None, self.tokenizer, generator,
+                            self.order, self.model.cfg.max_seq_len)
+        seq = Seq(request_id, prompt, params.max_new_tokens, arrival=self.steps)
+        self.scheduler.add(seq)
+        self._active[request_id] = _Active(seq, loop, holder, eos_ids, time.perf_counter())
+        return request_id
+
+    def abort(self, request_id: Hashable) -> None:
+        """Drop a request now (cancelled): its blocks return to the pool before the next step."""
+        active = self._active.pop(request_id, None)
+        if active is not None:
+            self.scheduler.finish(active.seq)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def step(self) -> list[tuple[Hashable, TokenEvent]]:
+        """Schedule, run one forward pass, sample for every sequence that reached its last
+        token, and free the finished. Returns (request id, TokenEvent) per new token."""
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule()
+        out: list[tuple[Hashable, TokenEvent]] = []
+        if not plan.scheduled:
+            return out
+        sampling = [item.samples for item in plan.scheduled]
+        decode = [item.n == 1 and item.start >= len(item.seq.prompt_ids)
+                  for item in plan.scheduled]
+        logits = self.runner.forward([(item.seq.id, item.seq.tokens(item.start, item.n),
+                                       item.start) for item in plan.scheduled])
+        self.scheduler.complete(plan.scheduled)
+        now = time.perf_counter()
+        finished = []
+        for row, (item, samples) in enumerate(zip(plan.scheduled, sampling, strict=True)):
+            if not samples:
+                continue
+            active = self._active[item.seq.id]
+            active.holder["logits"] = logits[row:row + 1]
+            event = next(active.loop)
+            if event.finish_reason is None and event.token_id in active.eos_ids:
+                event = TokenEvent(event.token_id, event.index, "" if event.text is not None
+                                   else None, "eos")
+            item.seq.output_ids.append(event.token_id)
+            active.token_times.append(now)
+            active.events.append(event)
+            self.tokens_generated += 1
+            out.append((item.seq.id, event))
+            if event.finish_reason is not None:
+                self.scheduler.finish(item.seq)
+                self._results[item.seq.id] = self._active.pop(item.seq.id)
+                finished.append(item.seq.id)
+        self.steps += 1
+        if self.record:
+            self.log.append(StepRecord(
+                self.steps - 1,
+                {i.seq.id: i.n for i, d in zip(plan.scheduled, decode, strict=True) if not d},
+                tuple(i.seq.id for i, d in zip(plan.scheduled, decode, strict=True) if d),
+                tuple(s.id for s in self.scheduler.waiting),
+                tuple(s.id for s in plan.preempted), tuple(finished),
+                time.perf_counter() - t0))
+        return out
+
+    def result(self, request_id: Hashable) -> GenerationResult:
+        """A finished request's GenerationResult (as tinygpt.generate.generate returns it)."""
+        active = self._results[request_id]
+        text = None
+        if self.tokenizer is not None:
+            text = "".join(e.text or "" for e in active.events)
+        return GenerationResult(active.seq.prompt_ids, list(active.seq.output_ids),
+                                active.events[-1].finish_reason, text)
+
+    def trace(self, request_id: Hashable) -> RequestTrace | None:
+        """The request's timestamps as tinygpt.bench's RequestTrace (None before a token)."""
+        active = self._results.get(request_id) or self._active.get(request_id)
+        if active is None or not active.token_times:
+            return None
+        return RequestTrace(active.submitted_at, tuple(active.token_times),
+                            len(active.seq.prompt_ids))
+
+    def release(self, request_id: Hashable) -> None:
+        """Forget a finished request's result (a server does, once it has streamed it)."""
+        self._results.pop(request_id, None)
+
+    def run(self) -> None:
+        """Step until every queued request has finished."""
+        while self.has_work:
+            self.step()
+
+    def generate(self, prompts: Sequence, params: SamplingParams | Sequence[SamplingParams],
+                 *, eos_ids: Sequence[int] = ()) -> list[GenerationResult]:
+        """Every prompt through the engine at once; results in the prompts' order."""
+        if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence) or not prompts:
+            raise ValueError(f"prompts must be a non-empty list of token-id lists, got "
+                             f"{prompts!r}")
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"params must be one SamplingParams or one per prompt: "
+                             f"{len(params)} for {len(prompts)} prompts")
+        ids = [self.add_request(p, sp, eos_ids=eos_ids) for p, sp in zip(prompts, params,
+                                                                          strict=True)]
+        self.run()
+        return [self.result(i) for i in ids]
+
+
+class AsyncEngine:
+    """Engine behind the server's interface (see the module docstring): a worker thread steps
+    the engine; submit() queues, at most max_waiting requests wait (EngineFull beyond).
+
+    model, tokenizer: as for Engine. on_finish: called on the worker thread with each finished
+    Request (metrics). engine_options: Engine's keyword arguments (block_size, num_blocks,
+    max_running, token_budget).
+    """
+
+    def __init__(self, model: TinyGPT, tokenizer, *, max_waiting: int = 64, on_finish=None,
+                 **engine_options) -> None:
+        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
+            raise ValueError(f"max_waiting must be an int >= 0, got {max_waiting!r}")
+        self.engine = Engine(model, tokenizer, **engine_options)
+        self.model, self.tokenizer = model, tokenizer
+        self.max_waiting, self.on_finish = max_waiting, on_finish
+        self._inbox: deque[Request] = deque()
+        self._live: dict[int, Request] = {}          # in the engine (waiting or running)
+        self._lock = threading.Condition()
+        self._closed = False
+        self._ids = itertools.count(1)
+        self._counts = dict(submitted=0, finished=0, cancelled=0, rejected=0)
+        self._thread = threading.Thread(target=self._work, name="tinygpt-engine", daemon=True)
+        self._thread.start()
+
+    async def submit(self, prompt_ids: Sequence[int], params: SamplingParams,
+                     eos_ids: Sequence[int] = ()) -> Request:
+        """Queue a request; EngineFull when max_waiting already wait, EngineClosed after
+        shutdown() began, ValueError / TypeError for arguments the engine cannot take."""
+        prompt = self.engine.check_request(prompt_ids, params, eos_ids)
+        request = Request(next(self._ids), prompt, params, tuple(eos_ids),
+                          asyncio.get_running_loop())
+        with self._lock:
+            if self._closed:
+                raise EngineClosed("the engine is shutting down")
+            waiting = len(self._inbox) + len(self.engine.scheduler.waiting)
+            if waiting >= self.max_waiting:
+                self._counts["rejected"] += 1
+                raise EngineFull(f"{waiting} requests are waiting (the limit is "
+                                 f"{self.max_waiting}); try again later")
+            self._inbox.append(request)
+            self._counts["submitted"] += 1
+            self._lock.notify()
+        return request
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            c, scheduler, cache = self._counts, self.engine.scheduler, self.engine.cache
+            return EngineStats(running=len(scheduler.running),
+                               waiting=len(scheduler.waiting) + len(self._inbox),
+                               submitted=c["submitted"], finished=c["finished"],
+                               cancelled=c["cancelled"], rejected=c["rejected"],
+                               tokens_generated=self.engine.tokens_generated,
+                               max_waiting=self.max_waiting,
+                               kv_blocks_used=cache.used_blocks,
+                               kv_blocks_total=cache.allocator.num_blocks,
+                               preemptions=scheduler.num_preemptions)
+
+    async def shutdown(self, grace_s: float = 5.0) -> None:
+        """Take no new requests and cancel the waiting ones; the running ones get `grace_s`
+        seconds to finish, then are cancelled; returns when the worker has stopped."""
+        with self._lock:
+            self._closed = True            # the worker cancels every waiting request
+            self._lock.notify_all()
+        deadline = time.monotonic() + grace_s
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        with self._lock:
+            for request in self._live.values():
+                request.cancel()
+            self._lock.notify_all()
+        await asyncio.to_thread(self._thread.join, 10.0)
+
+    # -- the worker (the only thread that touches the engine) ----------------------------------
+
+    def _work(self) -> None:
+        engine = self.engine
+        while True:
+            with self._lock:
+                while not self._inbox and not engine.has_work and not self._closed:
+                    self._lock.wait()
+                if self._closed and not self._inbox and not engine.has_work:
+                    return
+                arrivals, self._inbox = list(self._inbox), deque()
+                for request in arrivals:
+                    self._live[request.id] = request
+                    engine.add_request(request.prompt_ids, request.params,
+                                       eos_ids=request.eos_ids, request_id=request.id)
+                if self._closed:               # shutting down: nobody new starts
+                    for seq in engine.scheduler.waiting:
+                        self._live[seq.id].cancel()
+            for request in [r for r in self._live.values() if r.cancelled]:
+                engine.abort(request.id)
+                self._finish(request, Event(None, "", "cancelled"))
+            if not engine.has_work:
+                continue
+            try:
+                events = engine.step()
+            except Exception as err:  # noqa: BLE001 (fail the batch, keep the server up)
+                for request in list(self._live.values()):
+                    engine.abort(request.id)
+                    self._finish(request, Event(None, "", "error",
+                                                f"{type(err).__name__}: {err}"))
+                continue
+            for request_id, token_event in events:
+                request = self._live[request_id]
+                request.token_times.append(time.perf_counter())
+                out = to_event(token_event, request.eos_ids)
+                if out.finish_reason is None:
+                    request._put(out)
+                else:
+                    engine.release(request_id)
+                    self._finish(request, out)
+
+    def _finish(self, request: Request, event: Event) -> None:
+        request.finish_reason = event.finish_reason
+        with self._lock:
+            self._live.pop(request.id, None)
+            self._counts["cancelled" if event.finish_reason == "cancelled" else "finished"] += 1
+        request._put(event)
+        if self.on_finish is not None:
+            self.on_finish(request)
 
 
 class SerialEngine:
@@ -217,15 +596,11 @@ class SerialEngine:
                 request.token_times.append(time.perf_counter())
                 with self._lock:
                     self._counts["tokens"] += 1
-                finish = event.finish_reason
-                reason = None if finish is None else ("length" if finish == "length" else "stop")
-                if reason is None and event.token_id in request.eos_ids:
-                    reason = "stop"
-                if reason is not None:
-                    text = "" if event.token_id in request.eos_ids else event.text or ""
-                    self._finish(request, Event(event.token_id, text, reason))
+                out = to_event(event, request.eos_ids)
+                if out.finish_reason is not None:
+                    self._finish(request, out)
                     return
-                request._put(Event(event.token_id, event.text or ""))
+                request._put(out)
         except Exception as err:  # noqa: BLE001 (one request's failure must not stop the engine)
             self._finish(request, Event(None, "", "error", f"{type(err).__name__}: {err}"))
 

@@ -21,6 +21,7 @@ tokens. The pieces, in the order a step uses them:
     find_stop           where the first stop string starts in a text
     held_back_length    how much of a text's end could still become a stop string
     stream              yields one TokenEvent per new token, with the text it releases
+    token_events        the loop behind stream, fed logits by a callback (day 17's engine)
     generate            runs stream to the end and returns a GenerationResult
     time_per_token      the loop's seconds per token at several prompt lengths
     main                `python -m tinygpt generate --prompt ...`
@@ -308,15 +309,18 @@ def stream(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
         def next_logits(ids: torch.Tensor) -> torch.Tensor:
             return last_token_logits(model, crop_context(ids, max_seq_len))
 
-    return _events(next_logits, prompt, params, eos_id, tokenizer, generator, tuple(order),
+    return token_events(next_logits, prompt, params, eos_id, tokenizer, generator, tuple(order),
                    max_seq_len)
 
 
-def _events(next_logits, prompt, params, eos_id, tokenizer, generator, order,
-            max_seq_len) -> Iterator[TokenEvent]:
+def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, order,
+                 max_seq_len) -> Iterator[TokenEvent]:
     """The loop behind stream(); arguments already validated, prompt (1, T) on the device.
 
-    next_logits(ids (1, n)) -> (1, V) gives the next-token logits of the context so far.
+    next_logits(ids (1, n)) -> (1, V) gives the next-token logits of the context so far. The
+    loop owns everything per request (sampling with its generator, penalties over its own
+    history, stop conditions, held-back text), so day 17's engine drives one of these per
+    request with logits it computed for a whole batch, and gets batch-1 behaviour by design.
     """
     device = prompt.device
     prompt_len = prompt.shape[1]

@@ -17,8 +17,10 @@ request never disturbs the others. A streaming client that disconnects has its r
 cancelled at once. On SIGTERM uvicorn stops accepting connections, running requests get
 `--grace` seconds to finish, and the rest are cancelled.
 
-The engine is anything with SerialEngine's interface (tinygpt/engine.py): submit, stats and
-shutdown. Sampling knobs map to tinygpt.sampling.SamplingParams: temperature, top_p, seed,
+The engine (tinygpt/engine.py) is AsyncEngine by default: continuous batching on a paged KV
+cache (--max-running, --token-budget, --kv-blocks); `--engine serial` serves one request at a
+time (the reference). /metrics adds the pool's blocks in use and the preemptions.
+Sampling knobs map to tinygpt.sampling.SamplingParams: temperature, top_p, seed,
 stop, presence_penalty, frequency_penalty, max_tokens (-> max_new_tokens), and the vLLM-style
 extensions top_k, min_p and ignore_eos (generate past the end-of-text token).
 """
@@ -177,6 +179,12 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0):
                ).set_function(lambda: engine.stats().running)
     prom.Gauge("tinygpt_requests_waiting", "requests waiting for the engine", registry=registry
                ).set_function(lambda: engine.stats().waiting)
+    prom.Gauge("tinygpt_kv_blocks_used", "KV-cache blocks in use", registry=registry
+               ).set_function(lambda: engine.stats().kv_blocks_used)
+    prom.Gauge("tinygpt_kv_blocks_total", "KV-cache blocks in the pool", registry=registry
+               ).set_function(lambda: engine.stats().kv_blocks_total)
+    prom.Gauge("tinygpt_preemptions", "sequences preempted so far", registry=registry
+               ).set_function(lambda: engine.stats().preemptions)
 
     def observe(request) -> None:           # the engine calls this when a request ends
         finished.labels(request.finish_reason or "unknown").inc()
@@ -256,6 +264,8 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0):
                            code="queue_full") from None
         except EngineClosed as err:
             raise APIError(503, str(err), kind="service_unavailable") from None
+        except (TypeError, ValueError) as err:     # what the engine itself cannot take
+            raise APIError(400, str(err)) from None
 
     def run(request, prompt_len: int, chat: bool, include_usage: bool):
         stamp, ident = int(time.time()), f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -393,6 +403,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grace", type=float, default=5.0,
                         help="seconds running requests get to finish on shutdown (default 5)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--engine", choices=("batch", "serial"), default="batch",
+                        help="batch: continuous batching on a paged KV cache (default); serial: "
+                             "one request at a time (the reference)")
+    parser.add_argument("--max-running", type=int, default=32,
+                        help="sequences in the batch at once (default 32)")
+    parser.add_argument("--token-budget", type=int, default=256,
+                        help="tokens one step may feed; long prompts are prefilled in chunks "
+                             "(default 256)")
+    parser.add_argument("--kv-blocks", type=int, default=None,
+                        help="KV-cache blocks of 16 positions (default: room for --max-running "
+                             "sequences of 512 positions)")
     return parser
 
 
@@ -405,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import uvicorn
 
-    from tinygpt.engine import SerialEngine
+    from tinygpt.engine import AsyncEngine, SerialEngine
     from tinygpt.train import load_checkpoint, load_pretrained
 
     problems = []
@@ -417,6 +438,10 @@ def main(argv: list[str] | None = None) -> int:
         problems.append(f"--grace must be >= 0 seconds, got {args.grace}")
     if args.threads is not None and args.threads < 1:
         problems.append(f"--threads must be >= 1, got {args.threads}")
+    for flag, value in (("--max-running", args.max_running),
+                        ("--token-budget", args.token_budget), ("--kv-blocks", args.kv_blocks)):
+        if value is not None and value < 1:
+            problems.append(f"{flag} must be >= 1, got {value}")
     if problems:
         print("error: " + "; ".join(problems), file=sys.stderr)
         return 2
@@ -428,7 +453,12 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as err:
         print(f"error: cannot load the model: {err}", file=sys.stderr)
         return 2
-    engine = SerialEngine(model.eval(), tokenizer, max_waiting=args.max_queue)
+    if args.engine == "serial":
+        engine = SerialEngine(model.eval(), tokenizer, max_waiting=args.max_queue)
+    else:
+        engine = AsyncEngine(model.eval(), tokenizer, max_waiting=args.max_queue,
+                             max_running=args.max_running, token_budget=args.token_budget,
+                             num_blocks=args.kv_blocks)
     app = create_app(engine, tokenizer, model.cfg.max_seq_len, grace_s=args.grace)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                             timeout_graceful_shutdown=round(args.grace) + 5)

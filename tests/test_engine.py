@@ -1,0 +1,312 @@
+"""Day 17's engine: the scheduler's policy, the runner against the model, and the engine
+against its oracle, batch-1 `generate`, under random arrivals, budgets and preemptions."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+import torch
+
+from tinygpt.engine import AsyncEngine, Engine, EngineFull
+from tinygpt.generate import generate
+from tinygpt.model import ModelConfig, TinyGPT
+from tinygpt.paged import PagedKVCache
+from tinygpt.runner import ModelRunner
+from tinygpt.sampling import SamplingParams
+from tinygpt.scheduler import Scheduler, Seq
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    from tinygpt.train import load_pretrained
+    model, tokenizer = load_pretrained()
+    return model.eval(), tokenizer
+
+
+@pytest.fixture(scope="module")
+def prompts(shipped):
+    _, tok = shipped
+    texts = ["Once upon a time", "The cat sat on the", "A dog", "Tom and Lily went to the park",
+             "The bird", "She was happy because", "One day, a little girl named Sue found a "
+             "big red ball in the garden and", "It"]
+    return [tok.encode(t) for t in texts]
+
+
+def tiny_model(n_kv_heads: int = 2) -> TinyGPT:
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
+                      d_ff=64, max_seq_len=96)
+    return TinyGPT(cfg).eval()
+
+
+# -- the scheduler ---------------------------------------------------------------------------
+
+def _cache(num_blocks: int, block_size: int = 4, max_len: int = 64) -> PagedKVCache:
+    return PagedKVCache(1, 1, 2, num_blocks=num_blocks, block_size=block_size, max_len=max_len)
+
+
+def _seq(i, prompt_len, max_new=8, arrival=None):
+    return Seq(i, list(range(1, prompt_len + 1)), max_new, arrival=i if arrival is None
+               else arrival)
+
+
+def _run_plan(scheduler, plan, sample=7):
+    """Pretend the step ran: the scheduler's bookkeeping, and a token for each sampler."""
+    samplers = [item.seq for item in plan.scheduled if item.samples]
+    scheduler.complete(plan.scheduled)
+    for seq in samplers:
+        seq.output_ids.append(sample)
+
+
+def test_decodes_go_first_and_prefill_is_chunked_in_the_budget():
+    s = Scheduler(_cache(64), max_running=8, token_budget=10)
+    s.add(_seq(0, 3))
+    _run_plan(s, s.schedule())                       # 0 prefilled, sampled one token
+    s.add(_seq(1, 25))
+    plan = s.schedule()
+    shares = {item.seq.id: (item.start, item.n) for item in plan.scheduled}
+    assert shares == {0: (3, 1), 1: (0, 9)}           # the decode first, the rest is a chunk
+    assert [item.samples for item in plan.scheduled] == [True, False]
+    _run_plan(s, plan)
+    plan = s.schedule()
+    assert {i.seq.id: (i.start, i.n) for i in plan.scheduled} == {0: (4, 1), 1: (9, 9)}
+    _run_plan(s, plan)
+    plan = s.schedule()
+    assert {i.seq.id: (i.start, i.n) for i in plan.scheduled} == {0: (5, 1), 1: (18, 7)}
+    assert [i.samples for i in plan.scheduled] == [True, True]
+
+
+def test_admission_needs_blocks_for_the_whole_prompt_and_never_skips_ahead():
+    s = Scheduler(_cache(6), max_running=8, token_budget=100)
+    s.add(_seq(0, 16))                    # 4 blocks
+    s.add(_seq(1, 12))                    # 3 blocks: does not fit in the 2 left
+    s.add(_seq(2, 4))                     # 1 block: would fit, but must not jump the queue
+    plan = s.schedule()
+    assert [seq.id for seq in plan.admitted] == [0]
+    assert [seq.id for seq in s.waiting] == [1, 2]
+    assert s.cache.allocator.num_free == 2
+    s.finish(s.running[0])                # a finished sequence frees its blocks at once
+    assert s.cache.allocator.num_free == 6
+    plan = s.schedule()
+    assert [seq.id for seq in plan.admitted] == [1, 2]
+
+
+def test_max_running_limits_the_batch():
+    s = Scheduler(_cache(64), max_running=2, token_budget=100)
+    for i in range(4):
+        s.add(_seq(i, 3))
+    plan = s.schedule()
+    assert [seq.id for seq in plan.admitted] == [0, 1] and len(s.waiting) == 2
+
+
+def test_out_of_blocks_mid_decode_preempts_the_newest_and_it_resumes_first():
+    s = Scheduler(_cache(4), max_running=8, token_budget=100)
+    s.add(_seq(0, 4))
+    s.add(_seq(1, 4))
+    s.add(_seq(2, 4))
+    _run_plan(s, s.schedule())            # three prompts of one full block each; 1 free
+    assert s.cache.allocator.num_free == 1
+    plan = s.schedule()                   # each decode needs a new block: 0 takes the free
+    assert [seq.id for seq in plan.preempted] == [2]     # one, 2 (newest) makes room for 1
+    assert {i.seq.id for i in plan.scheduled} == {0, 1}
+    victim = plan.preempted[0]
+    assert victim.num_computed == 0 and victim.preemptions == 1 and s.waiting[0] is victim
+    assert s.num_preemptions == 1
+    s.cache.check()
+    # when there is room again, the victim recomputes its prompt and its output so far
+    _run_plan(s, plan)
+    s.finish(s.running[0])
+    s.finish(s.running[0])
+    plan = s.schedule()
+    assert [(i.seq.id, i.start, i.n) for i in plan.scheduled] == [(2, 0, 5)]
+
+
+def test_a_sequence_can_preempt_itself_when_it_is_the_newest():
+    s = Scheduler(_cache(3), max_running=8, token_budget=100)
+    s.add(_seq(0, 4, max_new=5))
+    s.add(_seq(1, 4, max_new=5))
+    _run_plan(s, s.schedule())
+    plan = s.schedule()                   # 0 takes the free block; 1, the newest, needs one
+    assert [seq.id for seq in plan.preempted] == [1]      # and makes room by leaving itself
+    assert [i.seq.id for i in plan.scheduled] == [0]
+    s.cache.check()
+
+
+def test_scheduler_refuses_what_can_never_fit():
+    s = Scheduler(_cache(4, max_len=64), max_running=2, token_budget=8)
+    with pytest.raises(ValueError, match="max_len"):
+        s.add(_seq(0, 60, max_new=10))
+    with pytest.raises(ValueError, match="num_blocks"):
+        s.add(_seq(1, 17, max_new=2))
+    with pytest.raises(ValueError, match="prompt_ids"):
+        s.add(Seq(2, [], 4))
+    with pytest.raises(ValueError, match="max_running"):
+        Scheduler(_cache(4), max_running=0)
+    with pytest.raises(ValueError, match="token_budget"):
+        Scheduler(_cache(4), token_budget=-1)
+    with pytest.raises(TypeError, match="Seq"):
+        s.add([1, 2, 3])
+
+
+# -- the runner ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n_kv_heads", [1, 2, 4])
+def test_runner_logits_equal_the_model_on_each_sequence(n_kv_heads):
+    model = tiny_model(n_kv_heads)
+    cache = PagedKVCache.for_model(model, num_blocks=40, block_size=4)
+    runner = ModelRunner(model, cache)
+    rng = random.Random(n_kv_heads)
+    seqs = {i: [rng.randrange(61) for _ in range(n)] for i, n in enumerate((3, 17, 9, 1))}
+    done = dict.fromkeys(seqs, 0)
+    for seq_id in seqs:
+        cache.add(seq_id)
+    while any(done[i] < len(ids) for i, ids in seqs.items()):
+        work = []
+        for seq_id, ids in seqs.items():
+            n = min(rng.randint(1, 6), len(ids) - done[seq_id])
+            if n:
+                cache.reserve(seq_id, n)
+                work.append((seq_id, ids[done[seq_id]:done[seq_id] + n], done[seq_id]))
+        logits = runner.forward(work)
+        for row, (seq_id, chunk, start) in enumerate(work):
+            end = start + len(chunk)
+            with torch.inference_mode():
+                expected = model(torch.tensor([seqs[seq_id][:end]]))[0, -1]
+            torch.testing.assert_close(logits[row], expected, atol=2e-5, rtol=1e-4)
+            cache.lengths[seq_id] = done[seq_id] = end
+
+
+def test_runner_rejects_empty_work():
+    model = tiny_model()
+    runner = ModelRunner(model, PagedKVCache.for_model(model, num_blocks=4, block_size=4))
+    with pytest.raises(ValueError, match="work"):
+        runner.forward([])
+
+
+# -- the engine against batch-1 generate -------------------------------------------------------
+
+def test_engine_equals_batch1_generate_under_random_arrivals_budgets_and_preemptions(
+        shipped, prompts):
+    model, tok = shipped
+    eos = tok.special_tokens["<|endoftext|>"]
+    rng = random.Random(17)
+    cases = []
+    for i in range(24):
+        prompt = list(rng.choice(prompts))
+        params = SamplingParams(temperature=0.0, max_new_tokens=rng.randint(1, 24),
+                                stop=(" the",) if i % 5 == 0 else ())
+        cases.append((prompt, params))
+    expected = [generate(model, p, sp, eos_id=eos, tokenizer=tok) for p, sp in cases]
+    preemptions = 0
+    for trial in range(6):
+        engine = Engine(model, tok, block_size=rng.choice([4, 8, 16]),
+                        num_blocks=rng.choice([16, 24, 64]), max_running=rng.choice([2, 5, 16]),
+                        token_budget=rng.choice([3, 8, 32, 256]))
+        order = list(range(len(cases)))
+        rng.shuffle(order)
+        ids = {}
+        while order or engine.has_work:
+            for _ in range(rng.randint(0, 3)):       # a few arrivals between steps
+                if order:
+                    i = order.pop()
+                    ids[i] = engine.add_request(cases[i][0], cases[i][1], eos_ids=(eos,))
+            engine.step()
+        for i, want in enumerate(expected):
+            got = engine.result(ids[i])
+            assert got.token_ids == want.token_ids, (trial, i)
+            assert got.text == want.text and got.stop_reason == want.stop_reason, (trial, i)
+        assert engine.cache.used_blocks == 0
+        preemptions += engine.scheduler.num_preemptions
+    assert preemptions > 0                  # the small pools did force preemptions
+
+
+def test_a_sampled_request_does_not_depend_on_its_batch(shipped, prompts):
+    model, tok = shipped
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=16, seed=123)
+    alone = Engine(model, tok).generate([prompts[0]], params)[0]
+    others = [SamplingParams(temperature=1.0, max_new_tokens=10, seed=s) for s in range(5)]
+    crowd = Engine(model, tok, token_budget=7).generate(
+        [prompts[3], prompts[0], *prompts[4:8]], [others[0], params, *others[1:]])
+    assert crowd[1].token_ids == alone.token_ids
+    assert alone.token_ids == generate(model, prompts[0], params, tokenizer=tok).token_ids
+
+
+def test_abort_frees_blocks_at_once(shipped, prompts):
+    model, tok = shipped
+    engine = Engine(model, tok)
+    rid = engine.add_request(prompts[6], GREEDY)
+    engine.step()
+    assert engine.cache.used_blocks > 0
+    engine.abort(rid)
+    assert engine.cache.used_blocks == 0 and not engine.has_work
+
+
+def test_engine_bad_input_names_the_argument(shipped):
+    model, tok = shipped
+    engine = Engine(model, tok, num_blocks=4, block_size=16)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        engine.add_request([1] * 1000, SamplingParams(max_new_tokens=100))
+    with pytest.raises(ValueError, match="num_blocks"):
+        engine.add_request([1] * 60, SamplingParams(max_new_tokens=10))
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request([], GREEDY)
+    with pytest.raises(ValueError, match="eos_ids"):
+        engine.add_request([1, 2], GREEDY, eos_ids=(10_000,))
+    with pytest.raises(TypeError, match="params"):
+        engine.add_request([1, 2], {"temperature": 0})
+    with pytest.raises(ValueError, match="prompts"):
+        engine.generate([], GREEDY)
+    with pytest.raises(TypeError, match="TinyGPT"):
+        Engine(torch.nn.Linear(2, 2))
+
+
+def test_step_log_records_phases(shipped, prompts):
+    model, tok = shipped
+    engine = Engine(model, tok, token_budget=6, max_running=2, record=True)
+    engine.generate(prompts[:3], SamplingParams(temperature=0.0, max_new_tokens=3))
+    first = engine.log[0]
+    assert first.prefill and not first.decode and first.waiting
+    assert any(record.decode for record in engine.log)
+    assert {i for record in engine.log for i in record.finished} == {0, 1, 2}
+
+
+# -- the asynchronous engine -------------------------------------------------------------------
+
+def test_async_engine_streams_cancels_and_refuses_when_full(shipped, prompts):
+    model, tok = shipped
+
+    async def main():
+        engine = AsyncEngine(model, tok, max_waiting=2, max_running=1)
+        try:
+            first = await engine.submit(prompts[0], SamplingParams(temperature=0.0,
+                                                                   max_new_tokens=200))
+            events = []
+            async for event in first:
+                events.append(event)
+                if len(events) == 3:
+                    break
+            second = await engine.submit(prompts[1], GREEDY)
+            third = await engine.submit(prompts[2], GREEDY)
+            with pytest.raises(EngineFull):
+                await engine.submit(prompts[3], GREEDY)
+            first.cancel()
+            tail = [event async for event in first]
+            assert tail[-1].finish_reason == "cancelled"
+            done = [event async for event in second]
+            assert [e.token_id for e in done] == generate(model, prompts[1], GREEDY).token_ids
+            assert done[-1].finish_reason == "length"
+            await asyncio.wait_for(_drain(third), 30)
+            stats = engine.stats()
+            assert stats.kv_blocks_used == 0 and stats.cancelled == 1 and stats.rejected == 1
+        finally:
+            await engine.shutdown(1.0)
+
+    asyncio.run(main())
+
+
+async def _drain(request):
+    return [event async for event in request]
