@@ -48,7 +48,6 @@ from tinygpt.generate import (
     GenerationResult,
     TokenEvent,
     _check_args,
-    model_device,
     model_limits,
     prepare_prompt,
     stream,
@@ -257,7 +256,7 @@ class Engine:
         request_id = next(self._ids) if request_id is None else request_id
         if request_id in self._active:
             raise ValueError(f"request_id {request_id!r} is already in the engine")
-        device = model_device(self.model)
+        device = self.cache.k.device
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=device).manual_seed(params.seed)

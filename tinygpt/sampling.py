@@ -162,6 +162,10 @@ def _check_logits(logits, name: str = "logits") -> torch.Tensor:
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {logits.dtype}")
     if logits.ndim != 2 or logits.shape[1] == 0:
         raise ValueError(f"{name} must have shape (B, V) with V >= 1, got {tuple(logits.shape)}")
+    # one reduction for the common case: each row's max is finite exactly when the row has no
+    # NaN (amax propagates it), no +inf, and at least one token that is not -inf
+    if logits.shape[0] and bool(torch.isfinite(logits.amax(dim=-1)).all()):
+        return logits
     if torch.isnan(logits).any() or torch.isposinf(logits).any():
         raise ValueError(f"{name} must not contain NaN or +inf (-inf marks a removed token)")
     if logits.shape[0] and torch.isneginf(logits).all(dim=-1).any():
@@ -400,7 +404,7 @@ def sample_next_token(logits: torch.Tensor, params: SamplingParams,
     """Pick one next token per row: logits (B, V) float -> ids (B,) long.
 
     1. penalties: repetition (over prompt_ids + generated_ids), then frequency / presence (over
-       generated_ids); both (B, S) long or None.
+       generated_ids); both (B, S) long or None, read (and checked) only when a penalty is on.
     2. temperature 0: return the argmax (first index on ties). The filters are skipped: top-k,
        top-p and min-p always keep the argmax anyway; typical could drop it, and greedy means
        "the most likely token".
@@ -416,7 +420,9 @@ def sample_next_token(logits: torch.Tensor, params: SamplingParams,
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
     order = check_order(order)
-    logits = apply_penalties(logits, params, prompt_ids, generated_ids)
+    if params.repetition_penalty != 1 or params.frequency_penalty != 0 \
+            or params.presence_penalty != 0:
+        logits = apply_penalties(logits, params, prompt_ids, generated_ids)
     if params.greedy:
         return torch.argmax(logits, dim=-1)
     for stage in order:
