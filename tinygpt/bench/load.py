@@ -21,9 +21,12 @@ import argparse
 import asyncio
 import json
 import random
+import signal
+import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -112,6 +115,53 @@ def run_load(url: str, rate: float, n: int, *, ttft_slo: float = 1.0, tpot_slo: 
                             if traces else 0.0),
             "metrics": request_metrics(traces, ttft_slo, tpot_slo) if traces else None,
             "plan": [asdict(p) for p in planned]}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def running_server(*args: str, timeout: float = 120.0) -> Iterator[str]:
+    """`python -m tinygpt serve --port <free> *args` in a subprocess; yields its base URL once
+    /health answers, and stops it with SIGTERM (then kill) on exit. RuntimeError, with the
+    server's last output, if it exits or stays silent for `timeout` seconds."""
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tinygpt", "serve", "--port", str(port),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+                raise RuntimeError(f"the server did not start (exit {proc.poll()}):\n"
+                                   f"{out[-2000:]}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
 
 
 def plot_goodput(reports: list[dict]):
