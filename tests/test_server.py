@@ -17,6 +17,7 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
+import torch
 
 from tinygpt import load_pretrained
 from tinygpt.generate import generate
@@ -285,3 +286,59 @@ def test_bad_engine_flags_are_refused():
     from tinygpt.server import main
     assert main(["--max-running", "0"]) == 2
     assert main(["--token-budget", "-1"]) == 2
+
+
+def hf_llama_folder(path):
+    """A tiny random Llama saved the Hugging Face way (config.json, model.safetensors) with a
+    word-level tokenizer and a chat template, all written locally."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    words = ["<unk>", "<s>", "</s>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran",
+             "user", "assistant", ":"]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.decoder = decoders.WordPiece(prefix="##")            # joins words with spaces
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>",
+                                               bos_token="<s>", eos_token="</s>")
+    tok.chat_template = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} "
+                         "{% endfor %}assistant :")
+    config = transformers.LlamaConfig(vocab_size=len(words), hidden_size=32,
+                                      intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64, eos_token_id=2,
+                                      bos_token_id=1, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return tok
+
+
+def test_a_hugging_face_llama_folder_is_served(tmp_path):
+    from tinygpt.server import load_model
+
+    tok = hf_llama_folder(tmp_path)
+    model, tokenizer = load_model(tmp_path)
+    prompt = "the cat sat on"
+    want = generate(model, tokenizer.encode(prompt), SamplingParams(temperature=0,
+                    max_new_tokens=6), tokenizer=tokenizer)
+    with server("--model", str(tmp_path)) as (url, _):
+        got = client(url).completions.create(model="tinygpt", prompt=prompt, max_tokens=6,
+                                             temperature=0, extra_body={"ignore_eos": True})
+        chat = client(url).chat.completions.create(
+            model="tinygpt", messages=[{"role": "user", "content": "a dog ran"}], max_tokens=3,
+            temperature=0)
+    assert got.choices[0].text == want.text
+    assert got.usage.prompt_tokens == len(tok.encode(prompt))
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.usage.prompt_tokens == len(tokenizer.encode_chat(
+        [{"role": "user", "content": "a dog ran"}]))
+
+
+def test_a_folder_without_safetensors_is_refused(tmp_path):
+    from tinygpt.server import load_model, main
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        load_model(tmp_path)
+    assert main(["--model", str(tmp_path / "nowhere")]) == 2

@@ -389,6 +389,69 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0):
 # command line
 
 
+class HFTokenizer:
+    """A Hugging Face tokenizer behind the interface the server uses: encode, decode (prefix
+    stable: no clean-up of spaces), encode_chat (the tokenizer's own chat template) and
+    special_tokens (its end-of-sequence id, as "<|endoftext|>")."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        eos = tokenizer.eos_token_id
+        self.special_tokens = {} if eos is None else {"<|endoftext|>": int(eos)}
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("this model's tokenizer has no chat template: use /v1/completions")
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                 tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)   # a BatchEncoding
+
+
+def load_model(path: Path | None):
+    """(model in eval mode, tokenizer) to serve: the shipped checkpoint (path None), a TinyGPT
+    checkpoint folder (tinygpt.train.save_checkpoint's), or a Hugging Face Llama folder
+    (config.json with model_type "llama", *.safetensors weights, a tokenizer; read from disk
+    only, never downloaded, weights through safetensors: no pickle). ValueError / OSError say
+    what is wrong."""
+    import json as json_
+
+    from tinygpt.train import load_checkpoint, load_pretrained
+
+    if path is None:
+        return load_pretrained()
+    config_path = Path(path) / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{path} has no config.json: not a checkpoint folder")
+    config = json_.loads(config_path.read_text())
+    if config.get("model_type") != "llama":
+        return load_checkpoint(path)
+    from safetensors.torch import load_file
+
+    from tinygpt.model import from_hf_llama
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} holds no *.safetensors weights (only safetensors "
+                                f"are loaded: a pickled .bin can run code)")
+    state: dict = {}
+    for file in files:
+        state.update(load_file(file))
+    model = from_hf_llama(state, config).eval()
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as err:
+        raise ValueError(f"serving a Hugging Face folder needs transformers for its "
+                         f"tokenizer: {err}") from None
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model, HFTokenizer(tokenizer)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tinygpt serve",
@@ -397,7 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="address to listen on (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     parser.add_argument("--model", type=Path, default=None,
-                        help="a TinyGPT checkpoint folder (default: the shipped checkpoint)")
+                        help="a TinyGPT checkpoint folder, or a Hugging Face Llama folder "
+                             "(safetensors weights and a tokenizer; default: the shipped "
+                             "checkpoint)")
     parser.add_argument("--max-queue", type=int, default=64,
                         help="requests that may wait; one more gets 429 (default 64)")
     parser.add_argument("--grace", type=float, default=5.0,
@@ -427,7 +492,6 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from tinygpt.engine import AsyncEngine, SerialEngine
-    from tinygpt.train import load_checkpoint, load_pretrained
 
     problems = []
     if not 0 <= args.port <= 65535:
@@ -448,8 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
-        model, tokenizer = load_pretrained() if args.model is None else \
-            load_checkpoint(args.model)
+        model, tokenizer = load_model(args.model)
     except (OSError, ValueError) as err:
         print(f"error: cannot load the model: {err}", file=sys.stderr)
         return 2
