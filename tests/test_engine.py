@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+from tinygpt.bench.metrics import ttft
 from tinygpt.engine import AsyncEngine, Engine, EngineFull
 from tinygpt.generate import generate
 from tinygpt.model import ModelConfig, TinyGPT
@@ -302,6 +303,9 @@ def test_async_engine_streams_cancels_and_refuses_when_full(shipped, prompts):
             await asyncio.wait_for(_drain(third), 30)
             stats = engine.stats()
             assert stats.kv_blocks_used == 0 and stats.cancelled == 1 and stats.rejected == 1
+            # queue time: the third request waited behind the second (max_running=1)
+            assert second.queue_time >= 0 and third.queue_time > second.queue_time
+            assert ttft(third.trace()) >= third.queue_time
         finally:
             await engine.shutdown(1.0)
 

@@ -133,7 +133,8 @@ def test_models_health_and_metrics(served):
     assert health["status"] == "ok" and health["running"] + health["waiting"] >= 0
     metrics = httpx.get(f"{served}/metrics").text
     for name in ("tinygpt_generated_tokens_total", "tinygpt_requests_running",
-                 "tinygpt_time_to_first_token_seconds_bucket",
+                 "tinygpt_time_to_first_token_seconds_bucket", "tinygpt_queue_seconds_count",
+                 "tinygpt_kv_blocks_used", "tinygpt_kv_blocks_total", "tinygpt_preemptions",
                  'tinygpt_http_requests_total{path="/v1/completions",status="200"}'):
         assert name in metrics, name
 

@@ -122,6 +122,7 @@ class Request:
     eos_ids: tuple[int, ...]
     loop: asyncio.AbstractEventLoop
     submitted_at: float = field(default_factory=time.perf_counter)
+    started_at: float | None = None        # when the engine first ran it (queue time ends)
     token_times: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     _cancel: threading.Event = field(default_factory=threading.Event)
@@ -134,6 +135,11 @@ class Request:
     @property
     def cancelled(self) -> bool:
         return self._cancel.is_set()
+
+    @property
+    def queue_time(self) -> float | None:
+        """Seconds between submit() and the engine first running it (None before that)."""
+        return None if self.started_at is None else self.started_at - self.submitted_at
 
     def trace(self) -> RequestTrace | None:
         """The request's timestamps as tinygpt.bench's RequestTrace (None before a token)."""
@@ -186,6 +192,7 @@ class _Active:
     holder: dict                  # the logits the loop reads next
     eos_ids: tuple[int, ...]
     submitted_at: float
+    started_at: float | None = None       # first admitted (queue time ends)
     token_times: list[float] = field(default_factory=list)
     events: list[TokenEvent] = field(default_factory=list)
 
@@ -286,6 +293,10 @@ class Engine:
         token, and free the finished. Returns (request id, TokenEvent) per new token."""
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
+        for seq in plan.admitted:
+            active = self._active[seq.id]
+            if active.started_at is None:
+                active.started_at = t0
         out: list[tuple[Hashable, TokenEvent]] = []
         if not plan.scheduled:
             return out
@@ -342,6 +353,11 @@ class Engine:
             return None
         return RequestTrace(active.submitted_at, tuple(active.token_times),
                             len(active.seq.prompt_ids))
+
+    def started_at(self, request_id: Hashable) -> float | None:
+        """When the request was first admitted (perf_counter seconds; None while queued)."""
+        active = self._active.get(request_id) or self._results.get(request_id)
+        return None if active is None else active.started_at
 
     def release(self, request_id: Hashable) -> None:
         """Forget a finished request's result (a server does, once it has streamed it)."""
@@ -475,6 +491,8 @@ class AsyncEngine:
                 continue
             for request_id, token_event in events:
                 request = self._live[request_id]
+                if request.started_at is None:
+                    request.started_at = engine.started_at(request_id)
                 request.token_times.append(time.perf_counter())
                 out = to_event(token_event, request.eos_ids)
                 if out.finish_reason is None:
@@ -586,6 +604,7 @@ class SerialEngine:
             self._finish(request, Event(None, "", "cancelled"))
             return
         eos = request.eos_ids[0] if request.eos_ids else None
+        request.started_at = time.perf_counter()
         try:
             for event in stream(self.model, request.prompt_ids, request.params, eos_id=eos,
                                 tokenizer=self.tokenizer):

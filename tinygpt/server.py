@@ -186,8 +186,13 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0):
     prom.Gauge("tinygpt_preemptions", "sequences preempted so far", registry=registry
                ).set_function(lambda: engine.stats().preemptions)
 
+    queue_hist = prom.Histogram("tinygpt_queue_seconds", "time waiting before the engine ran "
+                                "the request", registry=registry)
+
     def observe(request) -> None:           # the engine calls this when a request ends
         finished.labels(request.finish_reason or "unknown").inc()
+        if request.queue_time is not None:
+            queue_hist.observe(request.queue_time)
         tokens.inc(len(request.token_times))
         first, gaps = latency_samples(request)
         if first is not None:
