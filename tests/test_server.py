@@ -8,9 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -20,6 +17,7 @@ import pytest
 import torch
 
 from tinygpt import load_pretrained
+from tinygpt.bench.load import running_server
 from tinygpt.generate import generate
 from tinygpt.sampling import SamplingParams
 
@@ -27,39 +25,14 @@ pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextmanager
 def server(*args: str):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tinygpt", "serve", "--port", str(port),
-                             "--threads", "1", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-                pytest.fail(f"the server did not start (exit {proc.poll()}):\n{out[-2000:]}")
-            time.sleep(0.2)
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        with running_server("--threads", "1", *args,
+                            env=dict(os.environ, OMP_NUM_THREADS="1")) as (url, proc):
+            yield url, proc
+    except RuntimeError as err:
+        pytest.fail(str(err))
 
 
 @pytest.fixture(scope="module")

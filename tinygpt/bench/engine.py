@@ -209,7 +209,7 @@ def serve_goodput(ctx: BenchContext) -> list[Comparison]:
     curves = {}
     for engine in ("batch", "serial"):
         ctx.log(f"serve_goodput: --engine {engine}, rates {rates}, {n} requests each ...")
-        with running_server("--engine", engine, "--threads", str(ctx.threads)) as url:
+        with running_server("--engine", engine, "--threads", str(ctx.threads)) as (url, _):
             curves[engine] = [run_load(url, rate, n, seed=ctx.seed) for rate in rates]
     best = {e: max(r["goodput_rps"] for r in reports) for e, reports in curves.items()}
     ratio = best["batch"] / best["serial"] if best["serial"] > 0 else float("inf")

@@ -127,15 +127,17 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(*args: str, timeout: float = 120.0) -> Iterator[str]:
-    """`python -m tinygpt serve --port <free> *args` in a subprocess; yields its base URL once
-    /health answers, and stops it with SIGTERM (then kill) on exit. RuntimeError, with the
-    server's last output, if it exits or stays silent for `timeout` seconds."""
+def running_server(*args: str, timeout: float = 120.0, env: dict | None = None
+                   ) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`python -m tinygpt serve --port <free> *args` in a subprocess; yields (its base URL,
+    the process) once /health answers, and stops it with SIGTERM (then kill) on exit.
+    RuntimeError, with the server's last output, if it exits or stays silent for `timeout`
+    seconds. env: the server's environment (default: this one's)."""
     import httpx
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tinygpt", "serve", "--port", str(port),
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -151,7 +153,7 @@ def running_server(*args: str, timeout: float = 120.0) -> Iterator[str]:
                 raise RuntimeError(f"the server did not start (exit {proc.poll()}):\n"
                                    f"{out[-2000:]}")
             time.sleep(0.2)
-        yield url
+        yield url, proc
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
