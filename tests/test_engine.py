@@ -149,6 +149,8 @@ def test_scheduler_refuses_what_can_never_fit():
         Scheduler(_cache(4), max_running=0)
     with pytest.raises(ValueError, match="token_budget"):
         Scheduler(_cache(4), token_budget=-1)
+    with pytest.raises(ValueError, match="token_budget .* must be >= max_running"):
+        Scheduler(_cache(4), max_running=8, token_budget=4)
     with pytest.raises(TypeError, match="Seq"):
         s.add([1, 2, 3])
 
@@ -204,9 +206,10 @@ def test_engine_equals_batch1_generate_under_random_arrivals_budgets_and_preempt
     expected = [generate(model, p, sp, eos_id=eos, tokenizer=tok) for p, sp in cases]
     preemptions = 0
     for trial in range(6):
+        max_running = rng.choice([2, 5, 16])
         engine = Engine(model, tok, block_size=rng.choice([4, 8, 16]),
-                        num_blocks=rng.choice([16, 24, 64]), max_running=rng.choice([2, 5, 16]),
-                        token_budget=rng.choice([3, 8, 32, 256]))
+                        num_blocks=rng.choice([16, 24, 64]), max_running=max_running,
+                        token_budget=max(max_running, rng.choice([3, 8, 32, 256])))
         order = list(range(len(cases)))
         rng.shuffle(order)
         ids = {}

@@ -126,6 +126,7 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     _cancel: threading.Event = field(default_factory=threading.Event)
+    _error: str | None = None              # why the engine could not take it
     _events: asyncio.Queue = field(default_factory=asyncio.Queue)
 
     def cancel(self) -> None:
@@ -471,14 +472,19 @@ class AsyncEngine:
                 arrivals, self._inbox = list(self._inbox), deque()
                 for request in arrivals:
                     self._live[request.id] = request
-                    engine.add_request(request.prompt_ids, request.params,
-                                       eos_ids=request.eos_ids, request_id=request.id)
+                    try:
+                        engine.add_request(request.prompt_ids, request.params,
+                                           eos_ids=request.eos_ids, request_id=request.id)
+                    except Exception as err:  # noqa: BLE001 (checked in submit; never fatal)
+                        request.cancel()
+                        request._error = f"{type(err).__name__}: {err}"
                 if self._closed:               # shutting down: nobody new starts
                     for seq in engine.scheduler.waiting:
                         self._live[seq.id].cancel()
             for request in [r for r in self._live.values() if r.cancelled]:
                 engine.abort(request.id)
-                self._finish(request, Event(None, "", "cancelled"))
+                self._finish(request, Event(None, "", "cancelled") if request._error is None
+                             else Event(None, "", "error", request._error))
             if not engine.has_work:
                 continue
             try:

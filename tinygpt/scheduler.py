@@ -117,13 +117,17 @@ class Scheduler:
     cache: a tinygpt.paged.PagedKVCache (or anything with its add / reserve / free /
     blocks_needed and allocator.num_free / num_blocks, block_size). max_running: sequences
     in the batch at once. token_budget: tokens one step may feed in all (decodes count one
-    each; prefill chunks take what is left).
+    each; prefill chunks take what is left); at least max_running.
     """
 
     def __init__(self, cache, *, max_running: int = 32, token_budget: int = 256) -> None:
         self.cache = cache
         self.max_running = _positive("max_running", max_running)
         self.token_budget = _positive("token_budget", token_budget)
+        if token_budget < max_running:
+            raise ValueError(f"token_budget ({token_budget}) must be >= max_running "
+                             f"({max_running}): every running sequence needs one token a step "
+                             f"to decode, or the newest would wait for the oldest to finish")
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []          # oldest first
         self.num_preemptions = 0
