@@ -207,9 +207,12 @@ def test_engine_equals_batch1_generate_under_random_arrivals_budgets_and_preempt
     preemptions = 0
     for trial in range(6):
         max_running = rng.choice([2, 5, 16])
-        engine = Engine(model, tok, block_size=rng.choice([4, 8, 16]),
-                        num_blocks=rng.choice([16, 24, 64]), max_running=max_running,
-                        token_budget=max(max_running, rng.choice([3, 8, 32, 256])))
+        options = dict(block_size=rng.choice([4, 8, 16]), num_blocks=rng.choice([16, 18, 64]),
+                       max_running=max_running,
+                       token_budget=max(max_running, rng.choice([3, 8, 32, 256])))
+        if trial == 0:     # a pool that one long request nearly fills: preemption is certain
+            options = dict(block_size=4, num_blocks=16, max_running=16, token_budget=32)
+        engine = Engine(model, tok, **options)
         order = list(range(len(cases)))
         rng.shuffle(order)
         ids = {}
@@ -233,7 +236,7 @@ def test_a_sampled_request_does_not_depend_on_its_batch(shipped, prompts):
     params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=16, seed=123)
     alone = Engine(model, tok).generate([prompts[0]], params)[0]
     others = [SamplingParams(temperature=1.0, max_new_tokens=10, seed=s) for s in range(5)]
-    crowd = Engine(model, tok, token_budget=7).generate(
+    crowd = Engine(model, tok, max_running=4, token_budget=7).generate(
         [prompts[3], prompts[0], *prompts[4:8]], [others[0], params, *others[1:]])
     assert crowd[1].token_ids == alone.token_ids
     assert alone.token_ids == generate(model, prompts[0], params, tokenizer=tok).token_ids

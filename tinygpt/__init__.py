@@ -20,6 +20,7 @@ One module per concept, named after the course day that finishes it:
     quant       day 15  int8 / int4 weight-only quantization, quantized linear, int8 KV cache
     flash       day 16  online softmax, tiled attention, memory-traffic counts
     paged       day 16  the paged KV cache: block pool, block tables, prefix sharing
+    triton_attention    day 16  a Triton kernel for the tiled attention forward (GPU or interpreter)
     scheduler   day 17  the engine's step policy: decodes first, chunked prefill, admission,
                         preemption
     runner      day 17  one forward pass over every scheduled token on the paged cache
