@@ -386,7 +386,52 @@ class Engine:
         return [self.result(i) for i in ids]
 
 
-class AsyncEngine:
+class _Frontend:
+    """What both asynchronous engines share: a bounded queue's admission (EngineFull,
+    EngineClosed), the counts, and how a request ends. Subclasses start a worker thread."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, max_waiting: int, on_finish) -> None:
+        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
+            raise ValueError(f"max_waiting must be an int >= 0, got {max_waiting!r}")
+        self.model, self.tokenizer = model, tokenizer
+        self.max_waiting, self.on_finish = max_waiting, on_finish
+        self._lock = threading.Condition()
+        self._closed = False
+        self._ids = itertools.count(1)
+        self._counts = dict(submitted=0, finished=0, cancelled=0, rejected=0, tokens=0)
+
+    def _enqueue(self, prompt: list[int], params: SamplingParams, eos_ids: Sequence[int],
+                 queue: deque, waiting) -> Request:
+        """A new Request appended to `queue`, unless shutting down or `waiting()` requests
+        already wait (called on the event loop)."""
+        request = Request(next(self._ids), prompt, params, tuple(eos_ids),
+                          asyncio.get_running_loop())
+        with self._lock:
+            if self._closed:
+                raise EngineClosed("the engine is shutting down")
+            if waiting() >= self.max_waiting:
+                self._counts["rejected"] += 1
+                raise EngineFull(f"{waiting()} requests are waiting (the limit is "
+                                 f"{self.max_waiting}); try again later")
+            queue.append(request)
+            self._counts["submitted"] += 1
+            self._lock.notify()
+        return request
+
+    def _forget(self, request: Request) -> None:
+        """Drop the worker's reference to a request that ended (under the lock)."""
+
+    def _finish(self, request: Request, event: Event) -> None:
+        request.finish_reason = event.finish_reason
+        with self._lock:
+            self._forget(request)
+            self._counts["cancelled" if event.finish_reason == "cancelled" else "finished"] += 1
+        request._put(event)
+        if self.on_finish is not None:
+            self.on_finish(request)
+
+
+class AsyncEngine(_Frontend):
     """Engine behind the server's interface (see the module docstring): a worker thread steps
     the engine; submit() queues, at most max_waiting requests wait (EngineFull beyond).
 
@@ -397,17 +442,10 @@ class AsyncEngine:
 
     def __init__(self, model: TinyGPT, tokenizer, *, max_waiting: int = 64, on_finish=None,
                  **engine_options) -> None:
-        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
-            raise ValueError(f"max_waiting must be an int >= 0, got {max_waiting!r}")
+        super().__init__(model, tokenizer, max_waiting, on_finish)
         self.engine = Engine(model, tokenizer, **engine_options)
-        self.model, self.tokenizer = model, tokenizer
-        self.max_waiting, self.on_finish = max_waiting, on_finish
         self._inbox: deque[Request] = deque()
         self._live: dict[int, Request] = {}          # in the engine (waiting or running)
-        self._lock = threading.Condition()
-        self._closed = False
-        self._ids = itertools.count(1)
-        self._counts = dict(submitted=0, finished=0, cancelled=0, rejected=0)
         self._thread = threading.Thread(target=self._work, name="tinygpt-engine", daemon=True)
         self._thread.start()
 
@@ -416,20 +454,8 @@ class AsyncEngine:
         """Queue a request; EngineFull when max_waiting already wait, EngineClosed after
         shutdown() began, ValueError / TypeError for arguments the engine cannot take."""
         prompt = self.engine.check_request(prompt_ids, params, eos_ids)
-        request = Request(next(self._ids), prompt, params, tuple(eos_ids),
-                          asyncio.get_running_loop())
-        with self._lock:
-            if self._closed:
-                raise EngineClosed("the engine is shutting down")
-            waiting = len(self._inbox) + len(self.engine.scheduler.waiting)
-            if waiting >= self.max_waiting:
-                self._counts["rejected"] += 1
-                raise EngineFull(f"{waiting} requests are waiting (the limit is "
-                                 f"{self.max_waiting}); try again later")
-            self._inbox.append(request)
-            self._counts["submitted"] += 1
-            self._lock.notify()
-        return request
+        return self._enqueue(prompt, params, eos_ids, self._inbox,
+                             lambda: len(self._inbox) + len(self.engine.scheduler.waiting))
 
     def stats(self) -> EngineStats:
         with self._lock:
@@ -507,17 +533,11 @@ class AsyncEngine:
                     engine.release(request_id)
                     self._finish(request, out)
 
-    def _finish(self, request: Request, event: Event) -> None:
-        request.finish_reason = event.finish_reason
-        with self._lock:
-            self._live.pop(request.id, None)
-            self._counts["cancelled" if event.finish_reason == "cancelled" else "finished"] += 1
-        request._put(event)
-        if self.on_finish is not None:
-            self.on_finish(request)
+    def _forget(self, request: Request) -> None:
+        self._live.pop(request.id, None)
 
 
-class SerialEngine:
+class SerialEngine(_Frontend):
     """One request at a time on a worker thread; a bounded FIFO queue for the rest.
 
     model, tokenizer: a TinyGPT in eval mode and its tokenizer (decode for text and stop
@@ -527,16 +547,9 @@ class SerialEngine:
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_waiting: int = 64,
                  on_finish=None) -> None:
-        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
-            raise ValueError(f"max_waiting must be an int >= 0, got {max_waiting!r}")
-        self.model, self.tokenizer = model, tokenizer
-        self.max_waiting, self.on_finish = max_waiting, on_finish
+        super().__init__(model, tokenizer, max_waiting, on_finish)
         self._waiting: deque[Request] = deque()
         self._running: Request | None = None
-        self._lock = threading.Condition()
-        self._closed = False
-        self._ids = itertools.count(1)
-        self._counts = dict(submitted=0, finished=0, cancelled=0, rejected=0, tokens=0)
         self._thread = threading.Thread(target=self._work, name="tinygpt-engine", daemon=True)
         self._thread.start()
 
@@ -547,19 +560,8 @@ class SerialEngine:
         """Queue a request; raises EngineFull when max_waiting requests already wait, and
         EngineClosed after shutdown() began. Arguments are checked by the caller (the server)
         and again by tinygpt.generate.stream on the worker."""
-        request = Request(next(self._ids), list(prompt_ids), params, tuple(eos_ids),
-                          asyncio.get_running_loop())
-        with self._lock:
-            if self._closed:
-                raise EngineClosed("the engine is shutting down")
-            if len(self._waiting) >= self.max_waiting:
-                self._counts["rejected"] += 1
-                raise EngineFull(f"{len(self._waiting)} requests are waiting (the limit is "
-                                 f"{self.max_waiting}); try again later")
-            self._waiting.append(request)
-            self._counts["submitted"] += 1
-            self._lock.notify()
-        return request
+        return self._enqueue(list(prompt_ids), params, eos_ids, self._waiting,
+                             lambda: len(self._waiting))
 
     def stats(self) -> EngineStats:
         with self._lock:
@@ -628,13 +630,6 @@ class SerialEngine:
         except Exception as err:  # noqa: BLE001 (one request's failure must not stop the engine)
             self._finish(request, Event(None, "", "error", f"{type(err).__name__}: {err}"))
 
-    def _finish(self, request: Request, event: Event) -> None:
-        request.finish_reason = event.finish_reason
-        with self._lock:
-            self._counts["cancelled" if event.finish_reason == "cancelled" else "finished"] += 1
-        request._put(event)
-        if self.on_finish is not None:
-            self.on_finish(request)
 
 
 def latency_samples(request: Request) -> tuple[float | None, list[float]]:
