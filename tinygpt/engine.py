@@ -631,7 +631,6 @@ class SerialEngine(_Frontend):
             self._finish(request, Event(None, "", "error", f"{type(err).__name__}: {err}"))
 
 
-
 def latency_samples(request: Request) -> tuple[float | None, list[float]]:
     """(TTFT, inter-token latencies) of a finished request, by tinygpt.bench's definitions."""
     trace = request.trace()
