@@ -1,0 +1,281 @@
+"""Day 17 mistakes: each must lose its exercise's points."""
+
+from autograder.mistakes import Mistake
+
+MISTAKES = [
+    # ------------------------------------------------------------ admission
+    Mistake("can_admit", "admits without checking for free blocks", """
+def can_admit(scheduler, seq, budget_left):
+    return len(scheduler.running) < scheduler.max_running and budget_left > 0
+"""),
+    Mistake("can_admit", "counts only the blocks of the first chunk it feeds this step", """
+def can_admit(scheduler, seq, budget_left):
+    if len(scheduler.running) >= scheduler.max_running or budget_left <= 0:
+        return False
+    first_chunk = min(seq.num_pending, budget_left)
+    return blocks_for(scheduler.cache, first_chunk) <= scheduler.cache.allocator.num_free
+"""),
+    Mistake("can_admit", "counts the prompt, not the pending tokens (a preempted sequence's "
+            "outputs are forgotten)", """
+def can_admit(scheduler, seq, budget_left):
+    if len(scheduler.running) >= scheduler.max_running or budget_left <= 0:
+        return False
+    return blocks_for(scheduler.cache, len(seq.prompt_ids)) <= scheduler.cache.allocator.num_free
+"""),
+    Mistake("can_admit", "floor division: a partly filled last block is not counted", """
+def can_admit(scheduler, seq, budget_left):
+    if len(scheduler.running) >= scheduler.max_running or budget_left <= 0:
+        return False
+    blocks = seq.num_pending // scheduler.cache.block_size
+    return blocks <= scheduler.cache.allocator.num_free
+"""),
+    Mistake("can_admit", "demands a spare block (an exact fit is refused)", """
+def can_admit(scheduler, seq, budget_left):
+    if len(scheduler.running) >= scheduler.max_running or budget_left <= 0:
+        return False
+    return blocks_for(scheduler.cache, seq.num_pending) < scheduler.cache.allocator.num_free
+"""),
+    Mistake("can_admit", "ignores max_running", """
+def can_admit(scheduler, seq, budget_left):
+    if budget_left <= 0:
+        return False
+    return blocks_for(scheduler.cache, seq.num_pending) <= scheduler.cache.allocator.num_free
+"""),
+    Mistake("can_admit", "ignores the budget", """
+def can_admit(scheduler, seq, budget_left):
+    if len(scheduler.running) >= scheduler.max_running:
+        return False
+    return blocks_for(scheduler.cache, seq.num_pending) <= scheduler.cache.allocator.num_free
+"""),
+    # ------------------------------------------------------------ the token budget
+    Mistake("step_shares", "prefill chunks first: a long prompt starves the decodes", """
+def step_shares(running, budget):
+    shares = []
+    for seq in running:
+        if seq.num_pending > 1 and budget > 0:
+            n = min(seq.num_pending, budget)
+            shares.append((seq, seq.num_computed, n))
+            budget -= n
+    for seq in running:
+        if seq.num_pending == 1 and budget > 0:
+            shares.append((seq, seq.num_computed, 1))
+            budget -= 1
+    return shares
+"""),
+    Mistake("step_shares", "one pass in batch order: decodes and prefills take turns", """
+def step_shares(running, budget):
+    shares = []
+    for seq in running:
+        if budget > 0:
+            n = min(seq.num_pending, budget)
+            shares.append((seq, seq.num_computed, n))
+            budget -= n
+    return shares
+"""),
+    Mistake("step_shares", "a prefill is fed whole, ignoring the budget", """
+def step_shares(running, budget):
+    shares = []
+    for seq in running:
+        if seq.num_pending == 1 and budget > 0:
+            shares.append((seq, seq.num_computed, 1))
+            budget -= 1
+    for seq in running:
+        if seq.num_pending > 1 and budget > 0:
+            shares.append((seq, seq.num_computed, seq.num_pending))
+            budget -= seq.num_pending
+    return shares
+"""),
+    Mistake("step_shares", "every chunk starts at 0 instead of num_computed", """
+def step_shares(running, budget):
+    shares = []
+    for seq in running:
+        if seq.num_pending == 1 and budget > 0:
+            shares.append((seq, seq.num_computed, 1))
+            budget -= 1
+    for seq in running:
+        if seq.num_pending > 1 and budget > 0:
+            n = min(seq.num_pending, budget)
+            shares.append((seq, 0, n))
+            budget -= n
+    return shares
+"""),
+    Mistake("step_shares", "decodes do not count against the budget", """
+def step_shares(running, budget):
+    shares = []
+    for seq in running:
+        if seq.num_pending == 1:
+            shares.append((seq, seq.num_computed, 1))
+    for seq in running:
+        if seq.num_pending > 1 and budget > 0:
+            n = min(seq.num_pending, budget)
+            shares.append((seq, seq.num_computed, n))
+            budget -= n
+    return shares
+"""),
+    Mistake("step_shares", "hands out zero-token shares once the budget is spent", """
+def step_shares(running, budget):
+    shares = []
+    for seq in running:
+        if seq.num_pending == 1:
+            n = min(1, budget)
+            shares.append((seq, seq.num_computed, n))
+            budget -= n
+    for seq in running:
+        if seq.num_pending > 1:
+            n = min(seq.num_pending, budget)
+            shares.append((seq, seq.num_computed, n))
+            budget -= n
+    return shares
+"""),
+    # ------------------------------------------------------------ the victim
+    Mistake("choose_victim", "preempts the oldest running sequence", """
+def choose_victim(scheduler):
+    return sorted(scheduler.running, key=lambda seq: seq.arrival)[0]
+"""),
+    Mistake("choose_victim", "picks the request that just arrived in the waiting queue", """
+def choose_victim(scheduler):
+    if scheduler.waiting:
+        return scheduler.waiting[-1]
+    return scheduler.running[-1]
+"""),
+    Mistake("choose_victim", "preempts the longest sequence (the one holding most blocks)", """
+def choose_victim(scheduler):
+    return max(scheduler.running, key=lambda seq: seq.num_tokens)
+"""),
+    Mistake("choose_victim", "the last in the running list (not the newest after a readmission)",
+            """
+def choose_victim(scheduler):
+    return scheduler.running[-1]
+"""),
+    Mistake("choose_victim", "of equal arrivals, the one admitted first", """
+def choose_victim(scheduler):
+    return max(scheduler.running, key=lambda seq: seq.arrival)
+"""),
+    # ------------------------------------------------------------ preemption
+    Mistake("preempt", "sends the preempted sequence to the back of the queue", """
+def preempt(scheduler, seq):
+    scheduler.running.remove(seq)
+    scheduler.cache.free(seq.id)
+    seq.num_computed = 0
+    seq.status = "waiting"
+    seq.preemptions += 1
+    scheduler.num_preemptions += 1
+    scheduler.waiting.append(seq)
+"""),
+    Mistake("preempt", "never frees the victim's blocks", """
+def preempt(scheduler, seq):
+    scheduler.running.remove(seq)
+    seq.num_computed = 0
+    seq.status = "waiting"
+    seq.preemptions += 1
+    scheduler.num_preemptions += 1
+    scheduler.waiting.appendleft(seq)
+"""),
+    Mistake("preempt", "does not reset num_computed (it resumes as if its keys were kept)", """
+def preempt(scheduler, seq):
+    scheduler.running.remove(seq)
+    scheduler.cache.free(seq.id)
+    seq.status = "waiting"
+    seq.preemptions += 1
+    scheduler.num_preemptions += 1
+    scheduler.waiting.appendleft(seq)
+"""),
+    Mistake("preempt", "drops the outputs it already produced", """
+def preempt(scheduler, seq):
+    scheduler.running.remove(seq)
+    scheduler.cache.free(seq.id)
+    seq.num_computed = 0
+    seq.output_ids = []
+    seq.status = "waiting"
+    seq.preemptions += 1
+    scheduler.num_preemptions += 1
+    scheduler.waiting.appendleft(seq)
+"""),
+    Mistake("preempt", "does not count the preemption", """
+def preempt(scheduler, seq):
+    scheduler.running.remove(seq)
+    scheduler.cache.free(seq.id)
+    seq.num_computed = 0
+    seq.status = "waiting"
+    scheduler.waiting.appendleft(seq)
+"""),
+    # ------------------------------------------------------------ finishing
+    Mistake("finish", "never releases a finished sequence's blocks", """
+def finish(scheduler, seq):
+    if seq in scheduler.running:
+        scheduler.running.remove(seq)
+    elif seq in scheduler.waiting:
+        scheduler.waiting.remove(seq)
+    seq.status = "finished"
+"""),
+    Mistake("finish", "frees the blocks but leaves the sequence in the batch", """
+def finish(scheduler, seq):
+    if seq in scheduler.running:
+        scheduler.cache.free(seq.id)
+    elif seq in scheduler.waiting:
+        scheduler.waiting.remove(seq)
+    seq.status = "finished"
+"""),
+    Mistake("finish", "forgets a cancelled request that is still waiting", """
+def finish(scheduler, seq):
+    if seq in scheduler.running:
+        scheduler.running.remove(seq)
+        scheduler.cache.free(seq.id)
+    seq.status = "finished"
+"""),
+    Mistake("finish", "frees blocks for a waiting sequence too (it holds none)", """
+def finish(scheduler, seq):
+    if seq in scheduler.running:
+        scheduler.running.remove(seq)
+    elif seq in scheduler.waiting:
+        scheduler.waiting.remove(seq)
+    scheduler.cache.free(seq.id)
+    seq.status = "finished"
+"""),
+    # ------------------------------------------------------------ the runner's mask
+    Mistake("step_mask", "ignores the start: every chunk masked as if it began at position 0", """
+def step_mask(starts, counts, n_keys):
+    count = torch.tensor(counts)[:, None, None]
+    j = torch.arange(max(counts))[None, :, None]
+    k = torch.arange(n_keys)[None, None, :]
+    return torch.where(j < count, k <= j, k == 0).expand(len(starts), -1, -1)
+"""),
+    Mistake("step_mask", "strictly before the query: a token cannot see itself", """
+def step_mask(starts, counts, n_keys):
+    start = torch.tensor(starts)[:, None, None]
+    count = torch.tensor(counts)[:, None, None]
+    j = torch.arange(max(counts))[None, :, None]
+    k = torch.arange(n_keys)[None, None, :]
+    return torch.where(j < count, k < start + j, k == 0)
+"""),
+    Mistake("step_mask", "padding queries see no key (their softmax is NaN)", """
+def step_mask(starts, counts, n_keys):
+    start = torch.tensor(starts)[:, None, None]
+    count = torch.tensor(counts)[:, None, None]
+    j = torch.arange(max(counts))[None, :, None]
+    k = torch.arange(n_keys)[None, None, :]
+    return (j < count) & (k <= start + j)
+"""),
+    Mistake("step_mask", "padding queries treated as real ones", """
+def step_mask(starts, counts, n_keys):
+    start = torch.tensor(starts)[:, None, None]
+    j = torch.arange(max(counts))[None, :, None]
+    k = torch.arange(n_keys)[None, None, :]
+    return k <= start + j
+"""),
+    Mistake("step_mask", "keys counted from the step's first token (only this step's keys)", """
+def step_mask(starts, counts, n_keys):
+    start = torch.tensor(starts)[:, None, None]
+    count = torch.tensor(counts)[:, None, None]
+    j = torch.arange(max(counts))[None, :, None]
+    k = torch.arange(n_keys)[None, None, :]
+    return torch.where(j < count, (k >= start) & (k <= start + j), k == 0)
+"""),
+    # ------------------------------------------------------------ self-checks
+    Mistake("q1", "thinks the newest holds the most blocks", 'answer_q1 = "A"\n'),
+    Mistake("q2", "forgets that the decodes take their share first", "answer_q2 = -(-210 // 64)\n"),
+    Mistake("q2", "floor division: the last partial chunk is not a step", "answer_q2 = 210 // 40\n"),
+    Mistake("q3", "thinks the batch shares one random generator", 'answer_q3 = "B"\n'),
+]
+
+EQUIVALENT_MUTANTS: dict[str, str] = {}
