@@ -331,6 +331,8 @@ def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, orde
     text_ids: list[int] = []         # the new ids that carry text (EOS excluded)
     released = ""                    # text already yielded
     warned = False
+    penalized = params.repetition_penalty != 1 or params.frequency_penalty != 0 \
+        or params.presence_penalty != 0   # the history is read only when a penalty is on
     while True:
         if ids.shape[1] > max_seq_len and not warned:
             warnings.warn(
@@ -340,10 +342,9 @@ def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, orde
             warned = True
         with torch.inference_mode():
             logits = next_logits(ids)
-            generated_t = ids[:, prompt_len:]
-            token = int(sample_next_token(logits, params, generator=generator,
-                                          prompt_ids=prompt, generated_ids=generated_t,
-                                          order=order)[0])
+            generated_t = ids[:, prompt_len:] if penalized else None
+            token = sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
+                                      generated_ids=generated_t, order=order).item()
         generated.append(token)
         buffer[0, ids.shape[1]] = token
         ids = buffer[:, :ids.shape[1] + 1]
