@@ -164,7 +164,10 @@ def _check_logits(logits, name: str = "logits") -> torch.Tensor:
         raise ValueError(f"{name} must have shape (B, V) with V >= 1, got {tuple(logits.shape)}")
     # one reduction for the common case: each row's max is finite exactly when the row has no
     # NaN (amax propagates it), no +inf, and at least one token that is not -inf
-    if logits.shape[0] and all(map(math.isfinite, logits.amax(dim=-1).tolist())):
+    rows = logits.shape[0]
+    if rows == 1 and math.isfinite(logits.amax().item()):
+        return logits
+    if rows > 1 and all(map(math.isfinite, logits.amax(dim=-1).tolist())):
         return logits
     if torch.isnan(logits).any() or torch.isposinf(logits).any():
         raise ValueError(f"{name} must not contain NaN or +inf (-inf marks a removed token)")
