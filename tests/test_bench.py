@@ -396,6 +396,11 @@ def test_bench_quick_smoke(tmp_path, capsys):
     assert names[:5] == ["kv_cache_speedup", "hf_generate_speedup", "decode_bandwidth",
                          "decode_bandwidth_unpacked", "roofline_prediction"]
     assert len(names) > 5, "the later days' rows must run in the quick plan too"
+    rows = {c["name"]: c for c in report["comparisons"]}
+    for name in ("engine_vs_serial", "engine_vs_hf_cb", "speculative_greedy",
+                 "batched_decode"):
+        assert rows[name]["details"]["identical_tokens"], f"{name}: the tokens differ"
+    assert rows["engine_vs_serial"]["details"]["tokens"] == 16 * 32
     assert "all targets met" in capsys.readouterr().out
 
 
