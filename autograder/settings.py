@@ -18,6 +18,7 @@ COURSE_ID = "tinygpt"
 SOURCE_DIR = "solutions"  # nbgrader "source": solutions, hidden tests, executed outputs
 RELEASE_DIR = "course"  # nbgrader "release": what students open
 CELL_TIMEOUT_S = 600  # day 06 trains a model in one cell: minutes, not seconds
+NBGRADER_CELL_TIMEOUT_S = 180  # stock nbgrader's Execute (see nbgrader_config)
 CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
 
 
@@ -35,7 +36,12 @@ def nbgrader_config(root: Path | str = REPO_ROOT, db_url: str | None = None) -> 
     c.CourseDirectory.release_directory = RELEASE_DIR
     c.CourseDirectory.db_url = db_url or f"sqlite:///{root / 'gradebook.db'}"
     c.ClearSolutions.code_stub = {"python": CODE_STUB}
-    c.Execute.timeout = CELL_TIMEOUT_S
+    # Stock nbgrader's execution (the grading proofs): a cell that takes longer than this is
+    # interrupted. Under load nbclient has been seen to miss the end of a widget cell (an
+    # `interact`) and wait for the full timeout with the kernel idle, so the limit is what
+    # such a stall costs: 180 s is 9x the slowest cell (day 06's training, about 20 s on 2
+    # busy cores). The stalled widget cell is not graded, so no grade changes.
+    c.Execute.timeout = NBGRADER_CELL_TIMEOUT_S
     c.Autograde.autograde_preprocessors = autograde_preprocessors()
     return c
 
