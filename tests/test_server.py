@@ -316,3 +316,14 @@ def test_a_folder_without_safetensors_is_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="safetensors"):
         load_model(tmp_path)
     assert main(["--model", str(tmp_path / "nowhere")]) == 2
+
+
+def test_a_request_the_kv_pool_cannot_hold_is_a_400_and_others_are_served():
+    with server("--kv-blocks", "4") as (url, _):      # 4 blocks of 16: at most 64 positions
+        too_big = httpx.post(f"{url}/v1/completions", json={
+            "model": "tinygpt", "prompt": "The", "max_tokens": 200})
+        fits = httpx.post(f"{url}/v1/completions", json={
+            "model": "tinygpt", "prompt": "The", "max_tokens": 20}, timeout=60)
+    assert too_big.status_code == 400, too_big.text
+    assert "num_blocks" in too_big.json()["error"]["message"]
+    assert fits.status_code == 200
