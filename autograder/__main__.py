@@ -122,9 +122,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(str(err)) from None
         limits = Limits(args.cell_timeout, args.total_timeout, int(args.memory_gb * 2**30),
                         sandbox=not args.no_sandbox, integrity=not args.no_integrity)
-        results = grade_day(args.day, root=root, db_url=args.db, students=args.student,
-                            workers=args.workers, force=args.force, limits=limits,
-                            progress=not args.no_progress)
+        from autograder.preflight import PreflightError
+
+        try:
+            results = grade_day(args.day, root=root, db_url=args.db, students=args.student,
+                                workers=args.workers, force=args.force, limits=limits,
+                                progress=not args.no_progress)
+        except PreflightError as err:
+            raise SystemExit(f"grade {args.day}: stopped before grading anyone: {err}") from None
         if args.by_exercise:
             from autograder.reports import exercise_scores
 

@@ -26,8 +26,8 @@ from autograder.integrity import (
     guard_install_code,
     read_guard_reply,
 )
-from autograder.kernel import Kernel, _error, error_text
-from autograder.notebooks import is_test, nbgrader_meta
+from autograder.kernel import Kernel, _error, error_text, grading_env
+from autograder.notebooks import is_answer, is_test, nbgrader_meta
 from autograder.sandbox import DEFAULT_MEMORY_BYTES, SandboxKernelManager, SandboxPolicy
 
 BLOCKED_HINTS = ("Network is unreachable", "Connection refused", "Read-only file system",
@@ -48,7 +48,10 @@ def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: floa
     status: "graded" (ran to the end; failing tests are just failing tests), "timeout",
     "crashed" (the kernel died), "memory-limit" or "blocked" (the sandbox refused something).
     reason: what made the status; warnings: errors in ungraded cells that did not (the tests
-    that depend on them fail on their own). guard: when given, the integrity guard
+    that depend on them fail on their own). An ungraded cell the grader stopped (a timeout, a
+    dead kernel, the memory limit) is named as such in the reason ("stopped_cell"), and the
+    errors of later ungraded cells are folded into it as follow-on errors: they are the
+    grader's limit, not the student's mistakes. guard: when given, the integrity guard
     (autograder/integrity.py) is installed before the first cell and, before every test cell,
     restores what student code changed; "evidence" lists what it found (dicts of Evidence).
     """
@@ -56,7 +59,12 @@ def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: floa
     start, problems, status = time.monotonic(), [], "graded"
     evidence: list[Evidence] = []
     warnings: list[str] = []
-    with Kernel(scratch, timeout=cell_timeout, manager=manager) as kernel:
+    stopped = ""      # an ungraded cell the grader stopped (timeout, crash, memory): its label
+    follow_on = 0     # errors of later ungraded cells after it (missing names, dead kernel ...)
+    # Grading mode (tinygpt.testing.grading): the sandbox sets it in its clean environment; an
+    # unsandboxed kernel gets it here.
+    env = None if manager is not None else grading_env()
+    with Kernel(scratch, timeout=cell_timeout, manager=manager, env=env) as kernel:
         if guard is not None:
             failed = error_text(kernel.run(guard_install_code(guard)))
             if failed:
@@ -85,6 +93,9 @@ def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: floa
                         "CellNotRun", "NotImplementedError"):  # not run / not answered yet
                     continue
                 text = f"{out.get('ename')}: {str(out.get('evalue') or '')[:160]}"
+                if stopped and not is_test(cell):
+                    follow_on += 1          # a consequence of the stopped cell, not a new fault
+                    continue
                 before = status
                 if out.get("ename") == "CellTimeoutError":
                     status = "timeout"
@@ -94,18 +105,28 @@ def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: floa
                     status = "memory-limit"
                 elif any(h in text for h in BLOCKED_HINTS) and status == "graded":
                     status = "blocked"
-                if status != before or status != "graded":
+                grader_stop = out.get("ename") in ("CellTimeoutError", "DeadKernelError",
+                                                   "MemoryError")
+                if status != before and grader_stop and not is_test(cell) \
+                        and not is_answer(cell):
+                    stopped = _label(cell, index)
+                    problems.append(f"{stopped} (not a graded cell) was stopped by the grader: "
+                                    f"{text}")
+                elif status != before or status != "graded":
                     problems.append(f"{_label(cell, index)}: {text}")
                 elif not is_test(cell):     # an error outside the tests: not why it scored
                     warnings.append(f"{_label(cell, index)}: {text}")
         if kernel.dead and status == "graded":
             status = "crashed"
+    if follow_on:
+        problems.append(f"{follow_on} later ungraded cell{'s' if follow_on > 1 else ''} failed "
+                        f"after {stopped} was stopped (follow-on errors, folded into it)")
     if status == "timeout" and not any("time limit" in p or "Timeout" in p for p in problems):
         problems.append(f"total time limit of {total_timeout:.0f} s reached")
     reason = "; ".join(dict.fromkeys(problems))  # distinct, in order
     return {"status": status, "reason": reason[:1000],
             "warnings": "; ".join(dict.fromkeys(warnings))[:1000],
-            "evidence": [dataclasses.asdict(e) for e in evidence]}
+            "evidence": [dataclasses.asdict(e) for e in evidence], "stopped_cell": stopped}
 
 
 class SandboxExecute(NbGraderPreprocessor):

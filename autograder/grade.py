@@ -37,6 +37,7 @@ from autograder.grading import GradingError, _api, _check, generate_release
 from autograder.integrity import FLAGGED, Evidence, guard_spec, scan_submission, summarize
 from autograder.kernel import _error
 from autograder.notebooks import is_test, read, solution_path
+from autograder.preflight import check_imports
 from autograder.preprocessors import StderrToStdout
 from autograder.sandbox import DEFAULT_MEMORY_BYTES
 from autograder.settings import RELEASE_DIR, REPO_ROOT, ensure_venv_on_path
@@ -153,6 +154,10 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
     release_nb = read(template)
     source_nb = read(solution_path(day, root))
     files = root / RELEASE_DIR / day
+    # Before anyone is graded: the kernel must import what the notebook imports (a broken
+    # environment would score the whole class 0 with status `graded`). Raises PreflightError.
+    check_imports(release_nb, files=files, sandbox=limits.sandbox,
+                  memory_bytes=limits.memory_bytes)
     guard = work / "guard.json" if limits.integrity else None   # autograder/integrity.py
     if guard is not None:
         guard.write_text(guard_spec(release_nb).to_json())

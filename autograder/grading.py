@@ -7,6 +7,7 @@ in a scratch copy so the repository's own folders are never touched by a check.
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,12 +71,25 @@ def autograde(day: str, workdir: Path, submissions: dict[str, Path]) -> dict[str
     (already holding the generated assignment). Returns each student's graded cells."""
     from nbgrader.api import Gradebook
 
+    from tinygpt.testing import GRADING_VARIABLE
+
     api = _api(workdir)
-    for student, notebook in submissions.items():
-        target = workdir / "submitted" / student / day
-        target.mkdir(parents=True, exist_ok=True)
-        shutil.copy(notebook, target / f"{day}.ipynb")
-        _check(api.autograde(day, student, force=True, create=True), f"autograde {day} {student}")
+    saved = os.environ.get(GRADING_VARIABLE)
+    # nbgrader's kernels inherit this process's environment: they run in grading mode (nbgrader
+    # also sets NBGRADER_EXECUTION, which tinygpt.testing.grading() reads as well).
+    os.environ[GRADING_VARIABLE] = "1"
+    try:
+        for student, notebook in submissions.items():
+            target = workdir / "submitted" / student / day
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy(notebook, target / f"{day}.ipynb")
+            _check(api.autograde(day, student, force=True, create=True),
+                   f"autograde {day} {student}")
+    finally:
+        if saved is None:
+            os.environ.pop(GRADING_VARIABLE, None)
+        else:
+            os.environ[GRADING_VARIABLE] = saved
     grades = {}
     with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
         for student in submissions:

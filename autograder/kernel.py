@@ -9,6 +9,7 @@ nbgrader run per mistake.
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import subprocess
@@ -45,12 +46,14 @@ class Kernel:
     """
 
     def __init__(self, cwd: Path, timeout: float = CELL_TIMEOUT_S,
-                 manager: KernelManager | None = None, log: Path | None = None) -> None:
+                 manager: KernelManager | None = None, log: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.timeout = timeout
         self.dead: str = ""  # why the kernel can no longer run cells, once it can't
         self.manager = manager or KernelManager(kernel_name="python3")
         self._log = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
-        self.manager.start_kernel(cwd=str(cwd), stdout=self._log, stderr=self._log)
+        extra = {"env": env} if env is not None else {}
+        self.manager.start_kernel(cwd=str(cwd), stdout=self._log, stderr=self._log, **extra)
         self.client = self.manager.client()
         self.client.start_channels()
         self.client.wait_for_ready(timeout=120)
@@ -194,7 +197,8 @@ def run_notebook_with_mistakes(path: Path, mistakes: list[Mistake]) -> list[Tria
                          f"its exercises are {sorted(known)}")
     answers = {ex.grade_id: nb.cells[ex.answer_index].source for ex in by_test.values()}
     trials: list[Trial] = []
-    with Kernel(cwd=path.parent) as kernel:
+    # The kernel runs in grading mode, as the grader's does: ungraded measurements shrink.
+    with Kernel(cwd=path.parent, env=grading_env()) as kernel:
         for index, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue
@@ -220,6 +224,14 @@ def run_notebook_with_mistakes(path: Path, mistakes: list[Mistake]) -> list[Tria
             else:
                 _must_run(kernel, cell.source, f"cell {index} of {path.name}")
     return trials
+
+
+def grading_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """`base` (default: this process's environment) with the notebooks' grading mode on
+    (tinygpt.testing.grading() reads it)."""
+    from tinygpt.testing import GRADING_VARIABLE
+
+    return {**(os.environ if base is None else base), GRADING_VARIABLE: "1"}
 
 
 def _must_run(kernel: Kernel, code: str, what: str) -> None:

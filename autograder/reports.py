@@ -29,13 +29,20 @@ def grading_record(root: Path, student: str, day: str) -> dict:
         return {}
 
 
+GRADER_LIMITS = ("timeout", "crashed", "memory-limit", "blocked", "error")
+
+
 def review_note(root: Path, student: str, days: list[str]) -> str:
-    """The days a student's submission was flagged for review, with the evidence."""
+    """The days a student's submission needs a look: flagged for signs of tampering (with the
+    evidence), or stopped by one of the grader's limits (a timeout, a crash, the memory limit:
+    with what was stopped, so that it never reads as the student's mistake)."""
     notes = []
     for day in days:
         record = grading_record(root, student, day)
         if record.get("status") == "flagged" or record.get("evidence"):
             notes.append(f"{day}: {record.get('evidence') or record.get('reason', '')}")
+        elif record.get("status") in GRADER_LIMITS:
+            notes.append(f"{day}: {record['status']}: {record.get('reason', '')}")
     return " | ".join(notes)
 
 
@@ -100,7 +107,8 @@ BY_EXERCISE_FILE = "grades-by-exercise.csv"
 
 def export_csv(path: Path, root: Path, db_url: str | None = None) -> Path:
     """One row per student, one column per day (its score, 0 when not submitted), a total,
-    and a `review` column naming the days flagged for signs of tampering (with evidence).
+    and a `review` column naming the days flagged for signs of tampering (with evidence) or
+    stopped by a grader limit (timeout, crash, memory: with what was stopped).
     Beside it, grades-by-exercise.csv: a row per student, day and exercise."""
     from nbgrader.api import Gradebook, MissingEntry
 
@@ -145,6 +153,33 @@ def _titles(nb) -> dict[str, str]:
         elif is_answer(cell):
             titles[nbgrader_meta(cell)["grade_id"]] = heading
     return titles
+
+
+def answer_names(answer_source: str) -> list[str]:
+    """The names an answer cell defines, as a student knows its exercise: its functions and
+    classes (`def positions_from_mask`), or for a self-check `answer_q1` and "Q1"."""
+    try:
+        tree = ast.parse(answer_source)
+    except SyntaxError:
+        return []
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+    names += [n.replace("answer_q", "Q") for n in names if n.startswith("answer_q")]
+    return list(dict.fromkeys(names))
+
+
+def name_the_exercise(message: str, names: list[str]) -> str:
+    """`message` (a failed check or an exception) as the feedback shows it: led by the name
+    of the exercise it belongs to when it does not already name it, so that a message such as
+    "2 free blocks, 9 pending tokens: expected False" says it is about `can_admit`."""
+    if not names or not message or any(re.search(rf"\b{re.escape(n)}\b", message)
+                                       for n in names):
+        return message
+    return f"{names[0]}: {message}"
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -201,9 +236,10 @@ def explain_error(test_source: str, error: dict) -> str:
 
 
 def feedback_html(day: str, student: str, notebook, grades: dict[str, tuple[float, float]],
-                  evidence: str = "") -> str:
+                  evidence: str = "", limit_note: str = "") -> str:
     """An HTML page for one student's graded notebook (no test-cell code); `evidence`: why
-    the submission was flagged for review, shown at the top."""
+    the submission was flagged for review, shown at the top; `limit_note`: a grader limit
+    that stopped the run (a timeout, a crash), shown at the top as what it is."""
     titles, answer, parts = _titles(notebook), None, []
     total = sum(s for s, _ in grades.values())
     maximum = sum(m for _, m in grades.values())
@@ -220,6 +256,8 @@ def feedback_html(day: str, student: str, notebook, grades: dict[str, tuple[floa
                 message = f"{errors[-1].get('ename')}: {errors[-1].get('evalue')}"
             elif errors:    # the student's code raised before a check could judge it
                 message = explain_error(cell.source, errors[-1])
+            if answer is not None:
+                message = name_the_exercise(message, answer_names(answer.source))
             name = nbgrader_meta(answer)["grade_id"] if answer is not None else grade_id
             parts.append(
                 f'<section class="{"pass" if passed else "fail"}">'
@@ -244,6 +282,11 @@ def feedback_html(day: str, student: str, notebook, grades: dict[str, tuple[floa
                f"that this submission changed how it is tested; an instructor will look at it."
                f"</p><pre class='msg'>{html.escape(evidence)}</pre></section>" if evidence
                else "")
+            + (f"<section class='fail'><h2>Stopped by the grader</h2><p>The grader stopped "
+               f"this run at one of its limits (time, memory, a crashed kernel). That is not a "
+               f"mistake in your answers; errors of later cells that follow from it are folded "
+               f"into it. An instructor will look at it.</p><pre class='msg'>"
+               f"{html.escape(limit_note)}</pre></section>" if limit_note else "")
             + "".join(parts) + "</body></html>")
 
 
@@ -267,7 +310,10 @@ def write_feedback(day: str, root: Path, db_url: str | None = None,
             grades = {g.name: (float(g.score), float(g.max_score)) for g in submission.grades}
             target = root / "feedback" / student / day / f"{day}.html"
             target.parent.mkdir(parents=True, exist_ok=True)
-            evidence = grading_record(root, student, day).get("evidence", "")
-            target.write_text(feedback_html(day, student, read(graded), grades, evidence))
+            record = grading_record(root, student, day)
+            limit_note = (f"{record['status']}: {record.get('reason', '')}"
+                          if record.get("status") in GRADER_LIMITS else "")
+            target.write_text(feedback_html(day, student, read(graded), grades,
+                                            record.get("evidence", ""), limit_note))
             written.append(target)
     return written

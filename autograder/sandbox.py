@@ -17,6 +17,7 @@ scratch folder, so no TCP port crosses the network namespace.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -43,10 +44,20 @@ class SandboxPolicy:
     def readonly_paths(self) -> list[Path]:
         """Host paths the kernel may read: the interpreter, the venv and the tinygpt package."""
         paths = {Path("/usr"), Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(),
-                 Path(sysconfig.get_paths()["purelib"]).resolve(), REPO_ROOT / "tinygpt"}
+                 Path(sysconfig.get_paths()["purelib"]).resolve(), REPO_ROOT / "tinygpt",
+                 imported_tinygpt()}
         paths.add(Path(os.path.realpath(sys.executable)).parent.parent)
         # Never widen to the repository itself (that would expose solutions/ and gradebook.db).
         return sorted(p for p in paths if p.exists() and p != REPO_ROOT)
+
+
+def imported_tinygpt() -> Path:
+    """The folder this Python imports the tinygpt package from: an editable install may point
+    outside this repository, and the sandbox must bind that folder, not an assumed one."""
+    spec = importlib.util.find_spec("tinygpt")
+    if spec is None or spec.origin is None:
+        return REPO_ROOT / "tinygpt"
+    return Path(spec.origin).resolve().parent
 
 
 def bwrap_path() -> str:
@@ -82,6 +93,7 @@ def sandbox_prefix(policy: SandboxPolicy) -> list[str]:
         "IPYTHONDIR": f"{scratch}/.ipython",
         "PYTHONDONTWRITEBYTECODE": "1",
         "NBGRADER_EXECUTION": "autograde",
+        "TINYGPT_GRADING": "1",
         "OMP_NUM_THREADS": "1",
         "LANG": "C.UTF-8",
     }

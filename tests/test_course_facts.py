@@ -125,3 +125,39 @@ def test_day12_does_not_say_every_engine_reports_goodput():
 
 def test_every_path_the_tests_read_exists():
     assert Path(PRETRAINED_DIR, "config.json").is_file()
+
+
+# ---- the README's speed table: every ratio agrees with the figures printed beside it ---------
+
+SPEED_ROW = re.compile(r"(?P<ratio>\d+(?:\.\d+)?)x(?P<between>[^(|]*)\((?P<between2>[^|]*?)"
+                       r"(?P<a>[\d,]+(?:\.\d+)?) vs (?P<b>[\d,]+(?:\.\d+)?) tokens/s")
+STATISTIC_NAMED = "median of the per-round"
+
+
+def _speed_table_rows() -> list[str]:
+    text = (REPO_ROOT / "README.md").read_text()
+    section = text.split("## Speed targets: measured results", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("|") and "tokens/s" in line]
+
+
+def test_readme_speed_ratios_agree_with_their_tokens_per_second():
+    """'2.14x (818 vs 382 tokens/s)': 818 / 382 must round to 2.14, within what the rounding of
+    the printed figures allows; a row whose ratio is another statistic (a median of per-round
+    ratios) must say so beside the figures."""
+    rows = _speed_table_rows()
+    checked, wrong = 0, []
+    for row in rows:
+        for m in SPEED_ROW.finditer(row):
+            ratio = float(m["ratio"])
+            a, b = (float(m[k].replace(",", "")) for k in ("a", "b"))
+            # the printed figures are rounded: half a unit of their last digit either way
+            da = 0.5 * 10 ** -(len(m["a"].split(".")[1]) if "." in m["a"] else 0)
+            db = 0.5 * 10 ** -(len(m["b"].split(".")[1]) if "." in m["b"] else 0)
+            low, high = (a - da) / (b + db), (a + da) / (b - db)
+            half = 0.5 * 10 ** -(len(m["ratio"].split(".")[1]) if "." in m["ratio"] else 0)
+            checked += 1
+            if not low - half <= ratio <= high + half and STATISTIC_NAMED not in m.group(0):
+                wrong.append(f"{m.group(0)!r}: {a:g} / {b:g} = {a / b:.3f}")
+    assert checked >= 5, f"the speed table changed shape: only {checked} ratios found in {rows}"
+    assert not wrong, ("README speed table: a ratio disagrees with the tokens/s beside it (state "
+                       f"which statistic it is): {wrong}")

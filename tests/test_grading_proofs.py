@@ -7,8 +7,11 @@
    leaves them their full marks (one mistake, one charge); and a fixed, seeded sample of the
    day's mutants (autograder/mutants.py; the full run is `make mutants`) loses points too,
    unless listed as equivalent.
-Plus: a correct answer whose code writes to stderr keeps its points.
+Plus: a correct answer whose code writes to stderr keeps its points, and every recorded
+mistake's feedback names its own exercise (and no other exercise before it).
 """
+
+import re
 
 import pytest
 
@@ -16,6 +19,7 @@ from autograder import mistakes
 from autograder.kernel import run_notebook_with_mistakes
 from autograder.mutants import sample as mutant_sample
 from autograder.notebooks import exercises, read, solution_path
+from autograder.reports import answer_names, name_the_exercise
 from tests.conftest import DAYS
 
 pytestmark = pytest.mark.slow
@@ -57,6 +61,19 @@ def test_every_mistake_loses_its_points(day):
     survived = [t for t in trials if t.mistake is not None and not t.keeps and t.score > 0]
     assert not survived, f"{day}: these mistakes kept their points (tests too weak): " + "; ".join(
         f"{t.grade_id}: {t.mistake.name}" for t in survived)
+    nb = read(solution_path(day))
+    names = {ex.grade_id: answer_names(nb.cells[ex.answer_index].source) for ex in exercises(nb)}
+    misnamed = []
+    for t in trials:
+        if t.mistake is None or t.keeps or t.mistake not in recorded:
+            continue
+        shown = name_the_exercise(t.error, names[t.grade_id])     # as the feedback page shows it
+        found = sorted((m.start(), grade_id) for grade_id, ns in names.items() for n in ns
+                       for m in re.finditer(rf"\b{re.escape(n)}\b", shown))
+        if not found or found[0][1] != t.grade_id:
+            misnamed.append(f"{t.grade_id}: {t.mistake.name}: {shown[:120]!r}")
+    assert not misnamed, (f"{day}: feedback that does not name its own exercise first: "
+                          + "; ".join(misnamed))
     charged_twice = [t for t in trials if t.keeps and t.score != t.max_points]
     assert not charged_twice, (f"{day}: a mistake in an earlier exercise cost a later one its "
                                "points (swap in the reference version in its tests): " + "; ".join(

@@ -4,12 +4,15 @@ import numpy as np
 import pytest
 
 from tinygpt.testing import (
+    GRADING_VARIABLE,
     CheckFailed,
     answer_digest,
     check_choice,
     check_close,
     check_raises,
     check_true,
+    grading,
+    inputs,
 )
 
 
@@ -90,3 +93,49 @@ def test_with_reference_swaps_names_for_the_call_only():
     assert _later() == 2                              # restored after an exception too
     with pytest.raises(TypeError, match="Python function"):
         with_reference(len, _earlier=boom)
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({}, False),
+    ({"NBGRADER_EXECUTION": "autograde"}, True),     # stock nbgrader autograde
+    ({"NBGRADER_EXECUTION": "validate"}, True),
+    ({GRADING_VARIABLE: "1"}, True),                 # the course's grader (sandbox.py)
+    ({GRADING_VARIABLE: "0", "NBGRADER_EXECUTION": "autograde"}, False),  # forced reading mode
+])
+def test_grading_mode_reads_the_graders_environment(monkeypatch, env, expected):
+    for name in (GRADING_VARIABLE, "NBGRADER_EXECUTION"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert grading() is expected
+
+
+def test_grading_mode_refuses_an_unknown_value(monkeypatch):
+    monkeypatch.setenv(GRADING_VARIABLE, "yes")
+    with pytest.raises(ValueError, match=GRADING_VARIABLE):
+        grading()
+
+
+def test_inputs_names_the_input_shape_and_the_rule():
+    torch = pytest.importorskip("torch")
+    x = torch.zeros(2, 4, 96)
+    with pytest.raises(CheckFailed) as err:
+        with inputs("int4_linear(x, ...)", "x may have any number of leading dimensions", x=x,
+                    group_size=32):
+            torch.mm(x, torch.zeros(96, 3))          # raises: "self must be a matrix"
+    text = str(err.value)
+    assert "int4_linear(x, ...) raised RuntimeError" in text and "matrix" in text
+    assert "x: shape (2, 4, 96), float32" in text and "group_size: 32" in text
+    assert "x may have any number of leading dimensions" in text
+    assert isinstance(err.value.__cause__, RuntimeError)
+
+
+def test_inputs_lets_failed_checks_and_unanswered_exercises_through():
+    with pytest.raises(CheckFailed, match="^own message$"):
+        with inputs("f(x)", "rule", x=1):
+            raise CheckFailed("own message")
+    with pytest.raises(NotImplementedError):
+        with inputs("f(x)", "rule", x=1):
+            raise NotImplementedError
+    with inputs("f(x)", "rule", x=1):   # nothing raised: nothing reported
+        pass

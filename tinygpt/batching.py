@@ -94,8 +94,8 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0
 
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
     """Positions that count real tokens only: (B, T) bool -> (B, T) long, 0 at each row's first
-    real token (pads get 0 too; nothing attends to them)."""
-    return (mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+    real token (pads get 0 too, before or after the real tokens; nothing attends to them)."""
+    return torch.where(mask, mask.long().cumsum(dim=-1) - 1, 0)
 
 
 def attention_mask(key_mask: torch.Tensor, n_queries: int) -> torch.Tensor:

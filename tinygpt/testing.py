@@ -7,13 +7,34 @@ themselves, so a test cell reads as "call your function, then check what it retu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
+import os
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
+
+GRADING_VARIABLE = "TINYGPT_GRADING"
+
+
+def grading() -> bool:
+    """True when the notebook runs to be graded, not read.
+
+    The course's grader (autograder/sandbox.py) sets TINYGPT_GRADING=1 in the kernel's
+    environment, and nbgrader itself sets NBGRADER_EXECUTION while it autogrades or validates,
+    so stock `nbgrader autograde` counts too. TINYGPT_GRADING=0 forces reading mode. Notebooks
+    use it to skip or shrink what no test reads (timing sweeps, widgets, servers): a widget
+    created during a headless run can stall the run until the cell times out.
+    """
+    flag = os.environ.get(GRADING_VARIABLE)
+    if flag is not None:
+        if flag not in ("0", "1"):
+            raise ValueError(f"{GRADING_VARIABLE} must be '0' or '1', got {flag!r}")
+        return flag == "1"
+    return bool(os.environ.get("NBGRADER_EXECUTION"))
 
 
 class CheckFailed(AssertionError):
@@ -73,6 +94,40 @@ def check_raises(exc_type: type[BaseException], fn: Callable, *args, what: str,
               hint)
     _fail(f"{what} should raise {exc_type.__name__}, but returned {result!r}", hint)
     raise AssertionError("unreachable")
+
+
+def describe(value) -> str:
+    """A short description of a test input: a tensor's or array's shape and dtype, a list's
+    length, or the repr of a small value."""
+    shape = getattr(value, "shape", None)
+    if shape is not None and hasattr(value, "dtype"):
+        return f"shape {tuple(int(n) for n in shape)}, {str(value.dtype).replace('torch.', '')}"
+    if isinstance(value, list | tuple) and len(value) > 6:
+        return f"a {type(value).__name__} of length {len(value)}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@contextlib.contextmanager
+def inputs(call: str, rule: str, **values) -> Iterator[None]:
+    """Name the test input when the student's code raises inside the block.
+
+        with inputs("int4_linear(x, ...)", "x may have any leading dimensions", x=x):
+            got = int4_linear(x, packed, scale, zero, 32)
+
+    An exception from the block (not a failed check, not NotImplementedError, which means
+    "not answered yet") becomes a CheckFailed that says which call raised what, the shape
+    of each input (`values`) and the rule this input exercises, so that a torch error such
+    as "self must be a matrix" reads together with "x had shape (2, 4, 96)".
+    """
+    try:
+        yield
+    except (CheckFailed, NotImplementedError):
+        raise
+    except Exception as err:  # noqa: BLE001 (reported with the input that caused it)
+        given = "; ".join(f"{name}: {describe(value)}" for name, value in values.items())
+        raise CheckFailed(f"{call} raised {type(err).__name__}: {err}\nThe test's input: "
+                          f"{given}.\nWhat this input checks: {rule}") from err
 
 
 def answer_digest(question: str, answer: str) -> str:

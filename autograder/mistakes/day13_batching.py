@@ -82,6 +82,11 @@ def positions_from_mask(mask):
 def positions_from_mask(mask):
     return mask.long().cumsum(dim=1) - 1
 """),
+    Mistake("positions_from_mask", "a pad after the real tokens gets the last real position "
+            "(the clamp only reaches pads before them)", """
+def positions_from_mask(mask):
+    return (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+"""),
     Mistake("positions_from_mask", "cumsum over the batch dimension", """
 def positions_from_mask(mask):
     return (mask.long().cumsum(dim=0) - 1).clamp(min=0)

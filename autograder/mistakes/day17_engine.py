@@ -273,6 +273,7 @@ def step_mask(starts, counts, n_keys):
 """),
     # ------------------------------------------------------------ self-checks
     Mistake("q1", "thinks the newest holds the most blocks", 'answer_q1 = "A"\n'),
+    Mistake("q1", "thinks the newest is always the cheapest to recompute", 'answer_q1 = "C"\n'),
     Mistake("q2", "forgets that the decodes take their share first", "answer_q2 = -(-210 // 64)\n"),
     Mistake("q2", "floor division: the last partial chunk is not a step", "answer_q2 = 210 // 40\n"),
     Mistake("q3", "thinks the batch shares one random generator", 'answer_q3 = "B"\n'),
