@@ -16,6 +16,8 @@ PYTEST_ARGS ?=
 # the tests keep each day's nbgrader checks on one worker (loadgroup, see conftest.py).
 TEST_WORKERS ?= 2
 DAY ?=
+# Days for `make bench-grading`'s per-day table, comma-separated (default: every day).
+DAYS ?=
 # Jupyter refuses to run as root (containers, CI) unless told to.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
@@ -78,8 +80,9 @@ bench: $(STAMP) ## the speed targets of SYLLABUS.md section 5 (JSON + table in b
 bench-quick: $(STAMP) ## a one-minute smoke run of make bench
 	$(BIN)/python -m tinygpt bench --quick --json bench-results/inference-quick.json
 
-bench-grading: $(STAMP) ## grade a generated class of 50 day-01 submissions; prints submissions/min
-	$(BIN)/python -m autograder.bench_grading --json bench-results/grading.json
+bench-grading: $(STAMP) ## seconds per submission of every day (DAYS=day01_logits,day13_batching), then a class of 50
+	$(BIN)/python -m autograder.bench_grading --json bench-results/grading.json \
+		$(if $(DAYS),--days $(DAYS),)
 
 collect: $(STAMP) ## import submissions: make collect SRC=folder-or.zip
 	$(BIN)/python -m autograder collect $(SRC)

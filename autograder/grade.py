@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -56,6 +57,8 @@ class Result:
     evidence: str = ""  # signs of tampering found (autograder/integrity.py), for review
     warnings: str = ""  # errors in ungraded cells: worth a look, but not why the status is what
     #                     it is (a failing test cell is just a failing test)
+    seconds: float = 0.0  # wall time of this submission's execution step (its worker process)
+    cpu_seconds: float = 0.0  # CPU time (user + system) of that worker and its kernel
 
 
 @dataclass
@@ -96,10 +99,25 @@ def students_for(day: str, root: Path, api) -> list[str]:
     return sorted(found)
 
 
+def _wait_with_usage(proc: subprocess.Popen, timeout: float) -> float | None:
+    """Wait for `proc` (at most `timeout` s); return the CPU seconds (user + system) it and the
+    children it waited for (the kernel) used, or None when it is still running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return usage.ru_utime + usage.ru_stime
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
 def _run_worker(work: Path, day: str, student: str, limits: Limits, files: Path,
                 guard: Path | None = None) -> tuple:
     """Execute one student's notebook in its own process: (notebook or None, status, reason,
-    runtime evidence as a list of Evidence, warnings)."""
+    runtime evidence as a list of Evidence, warnings, (wall seconds, CPU seconds) of the worker
+    and its kernel)."""
     cmd = [sys.executable, "-m", "autograder.worker", str(work), day, student,
            "--cell-timeout", str(limits.cell_timeout), "--total-timeout",
            str(limits.total_timeout), "--memory", str(limits.memory_bytes), "--files", str(files)]
@@ -107,16 +125,18 @@ def _run_worker(work: Path, day: str, student: str, limits: Limits, files: Path,
         cmd += ["--guard", str(guard)]
     if not limits.sandbox:
         cmd.append("--no-sandbox")
+    started = time.monotonic()
     with open(work / "worker.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        try:
-            proc.wait(timeout=limits.total_timeout + 120)
-        except subprocess.TimeoutExpired:
+        cpu = _wait_with_usage(proc, limits.total_timeout + 120)
+        if cpu is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             return (None, "timeout",
-                    f"killed after the time limit ({limits.total_timeout:.0f} s)", [], "")
+                    f"killed after the time limit ({limits.total_timeout:.0f} s)", [], "",
+                    (time.monotonic() - started, 0.0))
+    seconds = (time.monotonic() - started, cpu)
     executed = work / "autograded" / student / day / f"{day}.ipynb"
     report_path = work / "report.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
@@ -124,9 +144,9 @@ def _run_worker(work: Path, day: str, student: str, limits: Limits, files: Path,
     if proc.returncode != 0 or not executed.exists():
         tail = (work / "worker.log").read_text(errors="replace").strip().splitlines()[-1:]
         return (None, "error", report.get("reason") or f"grader error: {' '.join(tail)[:300]}",
-                evidence, report.get("warnings", ""))
+                evidence, report.get("warnings", ""), seconds)
     return (read(executed), report.get("status", "graded"), report.get("reason", ""), evidence,
-            report.get("warnings", ""))
+            report.get("warnings", ""), seconds)
 
 
 def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
@@ -163,7 +183,8 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
         guard.write_text(guard_spec(release_nb).to_json())
 
     results: dict[str, Result] = {}
-    outcomes: dict[str, tuple] = {}  # student -> (notebook, status, reason, evidence, warnings)
+    outcomes: dict[str, tuple] = {}  # student -> (notebook, status, reason, evidence, warnings,
+    #                                  seconds)
     jobs: dict[str, tuple] = {}
     for student in students:
         folder = root / "submitted" / student / day
@@ -179,7 +200,7 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
         notes = "; ".join(staged.notes)
         if staged.notebook is None:
             outcomes[student] = (zero_notebook(release_nb, staged.status, notes),
-                                 staged.status, notes, [], "")
+                                 staged.status, notes, [], "", (0.0, 0.0))
             continue
         wroot = work / "workers" / student
         target = wroot / "submitted" / student / day
@@ -205,10 +226,10 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
             student = futures[future]
             _, staged, notes, evidence = jobs[student]
             try:
-                nb, status, reason, found, warnings = future.result()
+                nb, status, reason, found, warnings, seconds = future.result()
             except Exception as err:  # noqa: BLE001 (one student's failure stays theirs)
                 nb, status, reason = None, "error", f"grader error: {type(err).__name__}: {err}"
-                found, warnings = [], ""
+                found, warnings, seconds = [], "", (0.0, 0.0)
             evidence = evidence + found
             if status == "graded" and staged.status == "repaired":
                 status = "repaired"
@@ -217,7 +238,7 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
                 nb = zero_notebook(staged.notebook, status, reason)
             if evidence and status in ("graded", "repaired"):
                 status = FLAGGED
-            outcomes[student] = (nb, status, reason, evidence, warnings)
+            outcomes[student] = (nb, status, reason, evidence, warnings, seconds)
 
     record_grades(day, root, db_url, work, outcomes, results)
     return [results[s] for s in students]
@@ -245,7 +266,7 @@ def record_grades(day: str, root: Path, db_url: str | None, work: Path, outcomes
     config.Autograde.autograde_preprocessors = [StderrToStdout, LimitOutput, SaveAutoGrades,
                                                 AssignLatePenalties, CheckCellMetadata]
     api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
-    for student, (nb, status, reason, evidence, warnings) in outcomes.items():
+    for student, (nb, status, reason, evidence, warnings, seconds) in outcomes.items():
         target = executed_dir / student / day
         target.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, str(target / f"{day}.ipynb"))
@@ -267,7 +288,8 @@ def record_grades(day: str, root: Path, db_url: str | None, work: Path, outcomes
             submission = gb.find_submission(day, student)
             score, max_score = float(submission.score), float(submission.max_score)
         results[student] = Result(student, score, max_score, status, reason,
-                                  summarize(evidence) if evidence else "", warnings)
+                                  summarize(evidence) if evidence else "", warnings,
+                                  round(seconds[0], 2), round(seconds[1], 2))
         record = root / "autograded" / student / day / RECORD_FILE
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps({"fingerprint": fingerprint(root / "submitted" / student
