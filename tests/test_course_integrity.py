@@ -1,5 +1,6 @@
 """The course's notebooks are consistent: metadata, day naming, course/ == nbgrader(solutions/)."""
 
+import ast
 import json
 import re
 
@@ -59,3 +60,50 @@ def test_course_matches_nbgrader_output(day, graded_days):
     committed = json.loads(release_path(day).read_text())
     assert committed == generated, (
         f"course/{day} is not what nbgrader generates from solutions/; {FIX}")
+
+
+def _widget_creations(tree) -> list:
+    """Calls that create an ipywidget (widgets.X(...), interact(...)) or a tqdm bar (tqdm.auto
+    shows one as a widget in a notebook)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+                and func.value.id == "widgets":
+            found.append(node)
+        elif isinstance(func, ast.Name) and func.id in ("interact", "interactive", "tqdm"):
+            found.append(node)
+    return found
+
+
+def _under_grading_else(tree, call) -> bool:
+    """Is `call` inside the else branch of an `if grading():` (or a tqdm disabled while
+    grading)?"""
+    if isinstance(call.func, ast.Name) and call.func.id == "tqdm":
+        return any(k.arg == "disable" and "grading()" in ast.unparse(k.value)
+                   for k in call.keywords)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "grading()":
+            if any(call is inner for branch in node.orelse for inner in ast.walk(branch)):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("day", DAYS)
+def test_no_widget_is_created_while_grading(day):
+    """A widget created in a headless run can stall nbclient until the cell times out (nbclient
+    issue #312): while grading (tinygpt.testing.grading()), no cell may create one."""
+    offending = []
+    for index, cell in enumerate(read(solution_path(day)).cells):
+        if cell.cell_type != "code":
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            continue
+        offending += [f"cell {index}: {ast.unparse(c)[:60]}" for c in _widget_creations(tree)
+                      if not _under_grading_else(tree, c)]
+    assert not offending, (f"{day}: widgets created while grading (put them under `if "
+                           f"grading(): print(why) else: ...`): {offending}")
