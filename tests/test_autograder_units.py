@@ -1,5 +1,6 @@
 """Fast checks of the grading pieces (the slow end-to-end runs are in test_autograder_term.py)."""
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -152,3 +153,61 @@ def test_item_analysis_and_the_by_exercise_summary():
     assert header.split()[:6] == ["student", "score", "max", "status", "softmax", "q1"]
     assert ann.split()[4:6] == ["2", "0"] and "warnings: q1: NameError" in ann
     assert bob.split()[4:6] == ["0", "0"]
+
+
+@pytest.mark.slow
+def test_a_stopped_ungraded_cell_is_named_and_its_follow_on_errors_folded(tmp_path):
+    """An ungraded measurement past the cell limit: the reason says the grader stopped that
+    cell, later ungraded cells' errors are folded into it (not listed as the student's), the
+    test cells still run, and the kernel ran in grading mode."""
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from autograder.execute import execute_cells
+
+    def test_cell(source, grade_id):
+        return new_code_cell(source, metadata={"nbgrader": {
+            "grade": True, "solution": False, "locked": True, "points": 1,
+            "grade_id": grade_id, "schema_version": 3}})
+
+    nb = new_notebook(cells=[
+        new_code_cell("from tinygpt.testing import grading\nx = 1"),
+        new_code_cell("import time\nresults = {}\ntime.sleep(30)\nresults['a'] = 1"),
+        new_code_cell("print(results['a'])"),                    # KeyError: follows from it
+        new_code_cell("print(undefined_name)"),                  # NameError: folded too
+        test_cell("assert x == 1 and grading()", "x_tests"),
+    ])
+    report = execute_cells(nb, tmp_path, cell_timeout=2, total_timeout=60, sandbox=False)
+    assert report["status"] == "timeout" and report["stopped_cell"] == "cell 1", report
+    assert "cell 1 (not a graded cell) was stopped by the grader" in report["reason"], report
+    assert "2 later ungraded cells failed after cell 1" in report["reason"], report
+    assert "KeyError" not in report["reason"] and "NameError" not in report["reason"], report
+    assert not [o for o in nb.cells[4].outputs if o.get("output_type") == "error"], \
+        "the test cell should still pass after the stopped cell"
+
+
+def test_the_review_column_names_grader_limits_and_flags(tmp_path):
+    from autograder.grade import RECORD_FILE
+    from autograder.reports import review_note
+
+    for day, status, reason in [("day01_logits", "timeout", "cell 46 (not a graded cell) was "
+                                 "stopped by the grader"), ("day02_tokenizer", "graded", ""),
+                                ("day03_positions", "flagged", "patched-checks")]:
+        record = tmp_path / "autograded" / "ann" / day / RECORD_FILE
+        record.parent.mkdir(parents=True)
+        record.write_text(json.dumps({"status": status, "reason": reason,
+                                      "evidence": reason if status == "flagged" else ""}))
+    note = review_note(tmp_path, "ann", ["day01_logits", "day02_tokenizer", "day03_positions"])
+    assert "day01_logits: timeout: cell 46 (not a graded cell) was stopped" in note
+    assert "day03_positions: patched-checks" in note and "day02" not in note
+
+
+def test_feedback_leads_with_the_exercise_name():
+    from autograder.reports import answer_names, name_the_exercise
+
+    names = answer_names("def can_admit(scheduler, seq, budget_left):\n    return True\n")
+    assert names == ["can_admit"]
+    assert name_the_exercise("CheckFailed: 2 free blocks: expected False", names).startswith(
+        "can_admit: ")
+    assert name_the_exercise("can_admit(s, seq, 8) returned True", names) == \
+        "can_admit(s, seq, 8) returned True"
+    assert answer_names('answer_q2 = "B"\n') == ["answer_q2", "Q2"]
