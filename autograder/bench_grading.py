@@ -83,6 +83,12 @@ def make_class(out: Path, n: int, seed: int = 0) -> Counter:
     return kinds
 
 
+def cores() -> int:
+    """The cores this process may run on (taskset / cgroup affinity), not the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+
+
 class Burner:
     """Keeps every core busy (one spinning process per core) while in use."""
 
@@ -121,7 +127,7 @@ def bench_day(day: str, n: int, cell_timeout: float, loaded: bool) -> dict:
         grade = [*run, "grade", day, "--root", str(root), "--workers", "1", "--cell-timeout",
                  str(cell_timeout), "--no-progress", "--force", *sandbox,
                  "--json", str(Path(tmp) / "results.json")]
-        with Burner(os.cpu_count() or 1) if loaded else contextlib.nullcontext():
+        with Burner(cores()) if loaded else contextlib.nullcontext():
             start = time.perf_counter()
             subprocess.run(grade, check=True, capture_output=True)
             total = time.perf_counter() - start
@@ -146,8 +152,8 @@ def per_day_table(days: list[str], n: int, cell_timeout: float) -> list[dict]:
     rows = []
     header = (f"{'day':<18} {'s/submission':>12} {'CPU s':>6} {'imports s':>9} {'load':>5} "
               f"{'loaded s':>8}  {'loaded statuses':<22} result")
-    print(f"per-day grading, 1 worker, {os.cpu_count()} cores, target <= "
-          f"{PER_SUBMISSION_TARGET_S:g} s per submission; loaded: {os.cpu_count()} spinning "
+    print(f"per-day grading, 1 worker, {cores()} cores, target <= "
+          f"{PER_SUBMISSION_TARGET_S:g} s per submission; loaded: {cores()} spinning "
           "processes beside it" + ("" if shutil.which("bwrap") else
                                    " (no sandbox: bubblewrap is not installed)")
           + "\n" + header, flush=True)
@@ -161,7 +167,7 @@ def per_day_table(days: list[str], n: int, cell_timeout: float) -> list[dict]:
                            f"{PER_SUBMISSION_TARGET_S:g} s ({cpu:.1f} CPU s), of which kernel "
                            f"start and imports "
                            f"{quiet['kernel_start_and_imports_s']:.1f} s; load average "
-                           f"{quiet['load_average_1min']:.1f} on {os.cpu_count()} cores")
+                           f"{quiet['load_average_1min']:.1f} on {cores()} cores")
         if busy["statuses"].get("timeout"):
             reasons.append(f"{busy['statuses']['timeout']} honest submissions ended timeout "
                            "under load")
