@@ -178,6 +178,12 @@ def metadata(source, key: str, default: Any = ...) -> Any:
     return field.contents()
 
 
+def _decimal(value: float) -> float:
+    """A float32 from the file as the shortest decimal that rounds to it: the file stores 1e-5
+    as 9.99999975e-06, and the model was trained with 1e-5."""
+    return float(str(np.float32(value)))
+
+
 def config_from_gguf(source, max_seq_len: int | None = None) -> ModelConfig:
     """The ModelConfig a GGUF Llama-architecture file describes.
 
@@ -216,8 +222,8 @@ def config_from_gguf(source, max_seq_len: int | None = None) -> ModelConfig:
         n_kv_heads=int(get("attention.head_count_kv", n_heads)),
         d_ff=int(get("feed_forward_length")),
         max_seq_len=int(max_seq_len if max_seq_len is not None else get("context_length")),
-        rope_base=float(get("rope.freq_base", 10000.0)),
-        norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        rope_base=_decimal(get("rope.freq_base", 10000.0)),
+        norm_eps=_decimal(get("attention.layer_norm_rms_epsilon")),
         tie_embeddings="output.weight" not in tensors,
     )
     rope_dim = int(get("rope.dimension_count", cfg.head_dim))
