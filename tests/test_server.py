@@ -289,18 +289,19 @@ def hf_llama_folder(path):
 
 
 def test_a_hugging_face_llama_folder_is_served(tmp_path):
-    from tinygpt.server import load_model
+    from tinygpt.loading import load_model
 
     tok = hf_llama_folder(tmp_path)
-    model, tokenizer = load_model(tmp_path)
+    model, tokenizer, info = load_model(tmp_path)
+    assert info.model_id == tmp_path.name           # served under the folder's name
     prompt = "the cat sat on"
     want = generate(model, tokenizer.encode(prompt), SamplingParams(temperature=0,
                     max_new_tokens=6), tokenizer=tokenizer)
     with server("--model", str(tmp_path)) as (url, _):
-        got = client(url).completions.create(model="tinygpt", prompt=prompt, max_tokens=6,
+        got = client(url).completions.create(model=info.model_id, prompt=prompt, max_tokens=6,
                                              temperature=0, extra_body={"ignore_eos": True})
         chat = client(url).chat.completions.create(
-            model="tinygpt", messages=[{"role": "user", "content": "a dog ran"}], max_tokens=3,
+            model=info.model_id, messages=[{"role": "user", "content": "a dog ran"}], max_tokens=3,
             temperature=0)
     assert got.choices[0].text == want.text
     assert got.usage.prompt_tokens == len(tok.encode(prompt))
@@ -310,7 +311,8 @@ def test_a_hugging_face_llama_folder_is_served(tmp_path):
 
 
 def test_a_folder_without_safetensors_is_refused(tmp_path):
-    from tinygpt.server import load_model, main
+    from tinygpt.loading import load_model
+    from tinygpt.server import main
 
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(FileNotFoundError, match="safetensors"):

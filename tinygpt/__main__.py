@@ -1,4 +1,4 @@
-"""The tinygpt command line: `python -m tinygpt {generate,bench,roofline,serve} ...`.
+"""The tinygpt command line: `python -m tinygpt {generate,chat,bench,roofline,serve} ...`.
 
 Each subcommand lives in the module that owns the concept and exposes `main(argv) -> int`.
 """
@@ -11,9 +11,10 @@ import sys
 
 COMMANDS = {
     "generate": ("tinygpt.generate", "generate text from the shipped checkpoint"),
+    "chat": ("tinygpt.chat", "chat in the terminal (default: SmolLM2-135M-Instruct, offline)"),
     "bench": ("tinygpt.bench", "measure TTFT, TPOT, tokens/s and the course's speed targets"),
     "roofline": ("tinygpt.roofline", "estimate prefill/decode times on a roofline"),
-    "serve": ("tinygpt.server", "serve a checkpoint over an OpenAI-compatible HTTP API"),
+    "serve": ("tinygpt.server", "serve a model over an OpenAI-compatible HTTP API"),
 }
 
 # Settings a command wants in the environment before torch loads (OpenMP reads them once, when

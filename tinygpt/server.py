@@ -5,7 +5,7 @@
     POST /v1/completions       prompt (text, or a list of token ids) -> text; stream: true
                                sends server-sent events, then "data: [DONE]"
     POST /v1/chat/completions  messages -> the assistant's reply, through day 02's chat template
-    GET  /v1/models            the one model, listed as "tinygpt"
+    GET  /v1/models            the one model, under its own id ("tinygpt", "SmolLM2-135M-Instruct")
     GET  /health               {"status": "ok", ...engine counts}
     GET  /metrics              Prometheus text: requests, tokens, running / waiting, TTFT, ITL
 
@@ -34,11 +34,11 @@ import sys
 import time
 import uuid
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 MODEL_ID = "tinygpt"
 MAX_STOP_STRINGS = 4
+KV_POOL_BYTES = 256 * 2**20       # the default KV pool's ceiling (see default_kv_blocks)
 
 
 class APIError(Exception):
@@ -120,14 +120,14 @@ def sampling_params(body, max_tokens: int):
                        param=param) from None
 
 
-def _check_common(body, fields: set[str]) -> None:
+def _check_common(body, fields: set[str], model_id: str = MODEL_ID) -> None:
     unknown = sorted(set(body.model_extra or {}))
     if unknown:
         raise APIError(400, f"unsupported field(s) {unknown}; this server supports "
                             f"{sorted(fields)}", param=unknown[0])
-    if body.model != MODEL_ID:
+    if body.model != model_id:
         raise APIError(404, f"the model {body.model!r} does not exist; this server serves "
-                            f"{MODEL_ID!r}", param="model", code="model_not_found")
+                            f"{model_id!r}", param="model", code="model_not_found")
     if body.n != 1:
         raise APIError(400, f"n must be 1 (one choice per request), got {body.n}", param="n")
 
@@ -151,9 +151,12 @@ def _fit_context(prompt_len: int, max_tokens: int | None, context: int) -> int:
     return max_tokens
 
 
-def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0):
+def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
+               model_id: str = MODEL_ID, eos_ids=None, end_of_turn_ids=None):
     """The FastAPI app over `engine` (SerialEngine's interface) and `tokenizer` (encode,
-    decode, encode_chat, special_tokens); `context`: the model's max_seq_len."""
+    decode, encode_chat, special_tokens); `context`: the model's max_seq_len. model_id: the
+    name served. eos_ids end a completion, end_of_turn_ids a chat reply (default: the
+    tokenizer's "<|endoftext|>", and "<|end|>" then it; see tinygpt.loading.ModelInfo)."""
     import prometheus_client as prom
     from fastapi import FastAPI
     from fastapi import Request as HTTPRequest
@@ -202,9 +205,10 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0):
 
     engine.on_finish = observe
     eos = [tokenizer.special_tokens[t] for t in ("<|endoftext|>",)
-           if t in getattr(tokenizer, "special_tokens", {})]
+           if t in getattr(tokenizer, "special_tokens", {})] if eos_ids is None else list(eos_ids)
     end_of_turn = [tokenizer.special_tokens[t] for t in ("<|end|>",)
-                   if t in getattr(tokenizer, "special_tokens", {})]
+                   if t in getattr(tokenizer, "special_tokens", {})] + eos \
+        if end_of_turn_ids is None else list(end_of_turn_ids)
     vocab = getattr(getattr(engine.model, "cfg", None), "vocab_size", 1 << 31)
     fields_completion = set(CompletionBody.model_fields)
     fields_chat = set(ChatBody.model_fields)
@@ -258,7 +262,7 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0):
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": MODEL_ID, "object": "model",
+        return {"object": "list", "data": [{"id": model_id, "object": "model",
                                             "created": 0, "owned_by": "tinygpt"}]}
 
     async def submit(prompt_ids: list[int], params, eos_ids: list[int]):
@@ -282,9 +286,9 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0):
                     {"content": text} if text else {})
                 choice = {"index": 0, "delta": delta, "finish_reason": finish}
                 return {"id": ident, "object": "chat.completion.chunk", "created": stamp,
-                        "model": MODEL_ID, "choices": [choice]}
+                        "model": model_id, "choices": [choice]}
             return {"id": ident, "object": "text_completion", "created": stamp,
-                    "model": MODEL_ID, "choices": [{"index": 0, "text": text or "",
+                    "model": model_id, "choices": [{"index": 0, "text": text or "",
                                                     "finish_reason": finish,
                                                     "logprobs": None}]}
 
@@ -338,7 +342,7 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0):
             choice = ({"index": 0, "message": {"role": "assistant", "content": text},
                        "finish_reason": finish} if chat else
                       {"index": 0, "text": text, "finish_reason": finish, "logprobs": None})
-            return {"id": ident, "object": kind, "created": stamp, "model": MODEL_ID,
+            return {"id": ident, "object": kind, "created": stamp, "model": model_id,
                     "choices": [choice], "usage": usage(count)}
 
         return events, whole
@@ -353,7 +357,7 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0):
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody):  # type: ignore[valid-type]
-        _check_common(body, fields_completion)
+        _check_common(body, fields_completion, model_id)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
@@ -375,7 +379,7 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0):
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatBody):  # type: ignore[valid-type]
-        _check_common(body, fields_chat)
+        _check_common(body, fields_chat, model_id)
         try:
             ids = tokenizer.encode_chat([{"role": m.role, "content": m.content}
                                          for m in body.messages])
@@ -384,7 +388,7 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0):
         max_tokens = body.max_completion_tokens or body.max_tokens
         max_tokens = _fit_context(len(ids), max_tokens, context)
         params = sampling_params(body, max_tokens)
-        request = await submit(ids, params, [] if body.ignore_eos else end_of_turn + eos)
+        request = await submit(ids, params, [] if body.ignore_eos else end_of_turn)
         return await respond(request, len(ids), True, body)
 
     return app
@@ -394,67 +398,22 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0):
 # command line
 
 
-class HFTokenizer:
-    """A Hugging Face tokenizer behind the interface the server uses: encode, decode (prefix
-    stable: no clean-up of spaces), encode_chat (the tokenizer's own chat template) and
-    special_tokens (its end-of-sequence id, as "<|endoftext|>")."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        eos = tokenizer.eos_token_id
-        self.special_tokens = {} if eos is None else {"<|endoftext|>": int(eos)}
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text))
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, clean_up_tokenization_spaces=False)
-
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("this model's tokenizer has no chat template: use /v1/completions")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                 tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)   # a BatchEncoding
-
-
-def load_model(path: Path | None):
-    """(model in eval mode, tokenizer) to serve: the shipped checkpoint (path None), a TinyGPT
-    checkpoint folder (tinygpt.train.save_checkpoint's), or a Hugging Face Llama folder
-    (config.json with model_type "llama", *.safetensors weights, a tokenizer; read from disk
-    only, never downloaded, weights through safetensors: no pickle). ValueError / OSError say
-    what is wrong."""
-    import json as json_
-
-    from tinygpt.train import load_checkpoint, load_pretrained
-
-    if path is None:
-        return load_pretrained()
-    config_path = Path(path) / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{path} has no config.json: not a checkpoint folder")
-    config = json_.loads(config_path.read_text())
-    if config.get("model_type") != "llama":
-        return load_checkpoint(path)
-    from safetensors.torch import load_file
-
-    from tinygpt.model import from_hf_llama
-
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{path} holds no *.safetensors weights (only safetensors "
-                                f"are loaded: a pickled .bin can run code)")
-    state: dict = {}
-    for file in files:
-        state.update(load_file(file))
-    model = from_hf_llama(state, config).eval()
-    try:
-        from transformers import AutoTokenizer
-    except ImportError as err:
-        raise ValueError(f"serving a Hugging Face folder needs transformers for its "
-                         f"tokenizer: {err}") from None
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return model, HFTokenizer(tokenizer)
+def default_kv_blocks(cfg, max_running: int, model_id: str, block_size: int = 16,
+                      budget_bytes: int = KV_POOL_BYTES) -> int:
+    """The KV pool when --kv-blocks is not given: room for max_running sequences of
+    min(context, 512) positions (the engine's default), capped at budget_bytes of float32 K
+    and V; prints a note when capped (SmolLM2's 8192-position context would otherwise ask for
+    755 MB)."""
+    per_position = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4
+    wanted = max_running * -(-min(cfg.max_seq_len, 512) // block_size)
+    cap = max(1, budget_bytes // (per_position * block_size))
+    if wanted <= cap:
+        return wanted
+    print(f"note: {model_id}: context {cfg.max_seq_len} positions; KV pool capped at {cap} "
+          f"blocks of {block_size} = {cap * block_size} positions "
+          f"({cap * block_size * per_position / 2**20:.0f} MiB); --kv-blocks N to change",
+          file=sys.stderr, flush=True)
+    return cap
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -464,10 +423,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    parser.add_argument("--model", type=Path, default=None,
-                        help="a TinyGPT checkpoint folder, or a Hugging Face Llama folder "
-                             "(safetensors weights and a tokenizer; default: the shipped "
-                             "checkpoint)")
+    parser.add_argument("--model", default=None,
+                        help="tinygpt (the shipped checkpoint, default), smollm2 (the installed "
+                             "SmolLM2-135M-Instruct), a .gguf file, a TinyGPT checkpoint "
+                             "folder or a Hugging Face Llama folder")
     parser.add_argument("--max-queue", type=int, default=64,
                         help="requests that may wait; one more gets 429 (default 64)")
     parser.add_argument("--grace", type=float, default=5.0,
@@ -497,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from tinygpt.engine import AsyncEngine, SerialEngine
+    from tinygpt.loading import load_model
 
     problems = []
     if not 0 <= args.port <= 65535:
@@ -517,17 +477,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
-        model, tokenizer = load_model(args.model)
+        model, tokenizer, info = load_model(args.model)
     except (OSError, ValueError) as err:
         print(f"error: cannot load the model: {err}", file=sys.stderr)
         return 2
+    if args.kv_blocks is None and args.engine == "batch":
+        args.kv_blocks = default_kv_blocks(model.cfg, args.max_running, info.model_id)
     if args.engine == "serial":
         engine = SerialEngine(model.eval(), tokenizer, max_waiting=args.max_queue)
     else:
         engine = AsyncEngine(model.eval(), tokenizer, max_waiting=args.max_queue,
                              max_running=args.max_running, token_budget=args.token_budget,
                              num_blocks=args.kv_blocks)
-    app = create_app(engine, tokenizer, model.cfg.max_seq_len, grace_s=args.grace)
+    app = create_app(engine, tokenizer, model.cfg.max_seq_len, grace_s=args.grace,
+                     model_id=info.model_id, eos_ids=info.eos_ids,
+                     end_of_turn_ids=info.end_of_turn_ids)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                             timeout_graceful_shutdown=round(args.grace) + 5)
 
@@ -540,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
             super().handle_exit(sig, frame)
 
     server = Server(config)
-    print(f"serving {MODEL_ID} ({sum(p.numel() for p in model.parameters()):,} parameters) on "
+    print(f"serving {info.model_id} ({sum(p.numel() for p in model.parameters()):,} parameters) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     # uvicorn shuts down gracefully on SIGINT / SIGTERM and then re-raises the signal to the
     # handler that was there before it; this one turns that into a clean exit with status 0.

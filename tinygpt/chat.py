@@ -1,0 +1,132 @@
+"""`python -m tinygpt chat`: talk to a model in the terminal, token by token.
+
+    python -m tinygpt chat                      # SmolLM2-135M-Instruct (installed, offline)
+    python -m tinygpt chat --model path/to/model.gguf --temperature 0
+
+Each line you type is a user turn; the whole conversation goes through the model's chat
+template (tinygpt.gguf_tokenizer.GGUFTokenizer.encode_chat for a GGUF model) and the reply
+streams as it is generated, up to the model's end-of-turn token. `/reset` forgets the
+conversation, `/quit` (or end of input, Ctrl-D) leaves. When the conversation outgrows the
+context, the oldest turns are dropped, with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+COMMANDS_HELP = "/reset clears the conversation, /quit or Ctrl-D leaves"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tinygpt chat",
+                                     description="An interactive chat in the terminal.")
+    parser.add_argument("--model", default="smollm2",
+                        help="smollm2 (default), tinygpt, a .gguf file, a TinyGPT checkpoint "
+                             "folder or a Hugging Face Llama folder")
+    parser.add_argument("--system", default=None, help="a system message opening the chat")
+    parser.add_argument("--max-tokens", type=int, default=256,
+                        help="longest reply in tokens (default 256)")
+    parser.add_argument("--temperature", type=float, default=0.7,
+                        help="0 = greedy (default 0.7)")
+    parser.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling (0.9)")
+    parser.add_argument("--seed", type=int, default=None, help="seed for reproducible replies")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    return parser
+
+
+def fit_history(tokenizer, messages: list[dict], budget: int) -> tuple[list[int], int]:
+    """The prompt ids of `messages`, dropping the oldest non-system turns (in place) until it
+    has at most `budget` ids. Returns (ids, turns dropped); ValueError when even the last
+    message alone does not fit."""
+    dropped = 0
+    while True:
+        ids = tokenizer.encode_chat(messages)
+        if len(ids) <= budget:
+            return ids, dropped
+        first = 1 if messages[0]["role"] == "system" else 0
+        if len(messages) - first <= 1:
+            raise ValueError(f"the message is {len(ids)} tokens with the template; at most "
+                             f"{budget} fit beside a reply of --max-tokens")
+        del messages[first]
+        dropped += 1
+
+
+def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
+    """Run the chat loop over stdin / stdout. Returns 0 at /quit or end of input, 2 for bad
+    arguments or a model that cannot be loaded."""
+    stdin = sys.stdin if stdin is None else stdin
+    stdout = sys.stdout if stdout is None else stdout
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    import torch
+
+    from tinygpt.generate import stream
+    from tinygpt.loading import load_model
+    from tinygpt.sampling import SamplingParams
+
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
+            return 2
+        torch.set_num_threads(args.threads)
+    try:
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                                max_new_tokens=args.max_tokens, seed=args.seed)
+    except (TypeError, ValueError) as err:
+        print(f"error: {str(err).replace('max_new_tokens', '--max-tokens')}", file=sys.stderr)
+        return 2
+    try:
+        model, tokenizer, info = load_model(args.model)
+    except (OSError, ValueError) as err:
+        print(f"error: cannot load the model: {err}", file=sys.stderr)
+        return 2
+    if args.max_tokens >= info.context_length:
+        print(f"error: --max-tokens must be < the context of {info.context_length}",
+              file=sys.stderr)
+        return 2
+    stops = set(info.end_of_turn_ids)
+    start = [] if args.system is None else [{"role": "system", "content": args.system}]
+    messages = list(start)
+    print(f"{info.model_id} ({sum(p.numel() for p in model.parameters()):,} parameters). "
+          f"{COMMANDS_HELP}.", file=stdout, flush=True)
+    while True:
+        print("\nyou> ", end="", file=stdout, flush=True)
+        line = stdin.readline()
+        if not line or line.strip() == "/quit":
+            print(file=stdout, flush=True)
+            return 0
+        text = line.rstrip("\n")
+        if text.strip() == "/reset":
+            messages = list(start)
+            print("(conversation cleared)", file=stdout, flush=True)
+            continue
+        if not text.strip():
+            continue
+        messages.append({"role": "user", "content": text})
+        try:
+            prompt, dropped = fit_history(tokenizer, messages,
+                                          info.context_length - args.max_tokens)
+        except ValueError as err:
+            messages.pop()
+            print(f"(not sent: {err})", file=stdout, flush=True)
+            continue
+        if dropped:
+            print(f"(the {dropped} oldest turns no longer fit the context and were dropped)",
+                  file=stdout, flush=True)
+        print(f"{info.model_id}> ", end="", file=stdout, flush=True)
+        reply = []
+        eos = info.end_of_turn_ids[0] if info.end_of_turn_ids else None
+        for event in stream(model, prompt, params, eos_id=eos, tokenizer=tokenizer):
+            if event.token_id in stops:        # another end-of-turn id than the first
+                break
+            reply.append(event.text)
+            print(event.text, end="", file=stdout, flush=True)
+        print(file=stdout, flush=True)
+        messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""The tokenizer stored inside a GGUF file: day 02's byte-level BPE with someone else's merges.
+
+A GGUF file of a GPT-2-style model ("tokenizer.ggml.model" = "gpt2") carries its whole
+tokenizer as metadata:
+
+    tokenizer.ggml.tokens       every token as a string, its id = its position
+    tokenizer.ggml.token_type   1 normal, 3 control (<|im_start|>, ...), 4 user-defined, ...
+    tokenizer.ggml.merges       "Ġ t", "Ġ a", "i n", ...: the learned merges, first = rank 0
+    tokenizer.ggml.pre          the pre-tokenizer rule's name ("smollm" for SmolLM2)
+    tokenizer.ggml.bos/eos/padding/unknown_token_id, tokenizer.chat_template (Jinja2)
+
+Three differences from the tokenizer we trained on day 02, none of them deep:
+
+1. Token strings are not bytes. GPT-2 made byte-level BPE printable by giving each of the 256
+   byte values a visible character: the printable ASCII and Latin-1 bytes stand for
+   themselves, the other 68 (space, newline, controls ...) take the characters U+0100,
+   U+0101, ... in byte order, so a space is "Ġ" and a newline "Ċ". `byte_to_char` rebuilds
+   that table; a token's bytes are its characters mapped back.
+2. Ids are not ranks. Our day-02 tokenizer gave the i-th merge id 256 + i, so "merge the
+   lowest id" was "merge the earliest learned". Here the 17 control tokens come first and only
+   235 of the 256 bytes have a token, so the rank of a merge is its position in the merge list.
+   Encoding a chunk is the day-02 loop with that rank: among adjacent pairs (a, b) that are a
+   listed merge, merge the earliest-listed one everywhere (`tinygpt.tokenizer.merge_pair`),
+   repeat. Only listed pairs merge: two parts whose concatenation is a token but which are
+   not a listed pair stay apart (the byte-string ranks of tiktoken would join them).
+   A byte with no token (SmolLM2 has none for 21 byte values, e.g. 0x04 and 0xF5-0xFF) is
+   dropped, which is what the Hugging Face tokenizer of the same file does; such text does
+   not round-trip.
+3. The split rule. "smollm" (like StarCoder's) first isolates every digit (\\p{N}), then
+   splits each remaining piece with GPT-2's pattern, whose whitespace rule keeps a run of
+   spaces together before a digit: "a  1" -> "a", "  ", "1". (transformers 5.23's GGUF
+   converter drops the digit step and splits that text "a", " ", " 1"; it agrees everywhere
+   else, since SmolLM2 has no token that joins a digit to anything.)
+
+Special tokens (token types 3 and 4) are produced only on request: `encode(text)` treats
+"<|im_end|>" typed by a user as 10 characters of text; `encode(text, allowed_special=...)`
+and the chat template produce them. `encode_chat` renders the file's own Jinja2 chat
+template in a sandbox, with each message's content swapped for a marker, so that the
+template's own text may produce special tokens and the content never does; the text between
+special tokens is then encoded in one piece, exactly as the Hugging Face tokenizer encodes
+the rendered string.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import regex
+
+from tinygpt.tokenizer import _check_flag, _check_messages, _split_on_specials, merge_pair
+
+# GPT-2's split pattern: contractions, optional space + letters, optional space + numbers,
+# optional space + other symbols, whitespace not followed by a non-space, other whitespace.
+GPT2_PATTERN = (r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+"""
+                r"""|\s+(?!\S)|\s+""")
+# tokenizer.ggml.pre -> the patterns applied one after another (each splits every piece the
+# previous one left, keeping the text between matches as pieces too)
+SPLIT_RULES: dict[str, tuple[str, ...]] = {
+    "gpt-2": (GPT2_PATTERN,),
+    "gpt2": (GPT2_PATTERN,),
+    "smollm": (r"\p{N}", GPT2_PATTERN),
+    "starcoder": (r"\p{N}", GPT2_PATTERN),
+}
+END_OF_TURN_NAMES = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+NORMAL, CONTROL, USER_DEFINED = 1, 3, 4
+
+
+def byte_to_char() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte value: 256 entries, byte -> one character."""
+    visible = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+               *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in visible}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def split_text(text: str, patterns: Sequence[str]) -> list[str]:
+    """Apply the split patterns in turn; each keeps its matches and the text between them.
+
+    split_text("a  12", SPLIT_RULES["smollm"]) -> ["a", "  ", "1", "2"]. The pieces always
+    concatenate back to `text`.
+    """
+    pieces = [text]
+    for pattern in patterns:
+        compiled = regex.compile(pattern)
+        out: list[str] = []
+        for piece in pieces:
+            end = 0
+            for match in compiled.finditer(piece):
+                if match.start() > end:
+                    out.append(piece[end:match.start()])
+                out.append(match.group())
+                end = match.end()
+            if end < len(piece):
+                out.append(piece[end:])
+        pieces = out
+    return pieces
+
+
+class GGUFTokenizer:
+    """A GPT-2-style byte-level BPE tokenizer read from GGUF metadata.
+
+    Attributes: tokens (the token strings, by id), token_bytes_table (each id's bytes),
+    merges {(left_id, right_id): (rank, new_id)}, special_tokens {text: id} (control and
+    user-defined tokens), bos_id / eos_id / pad_id (None when the file has none),
+    chat_template (a Jinja2 string or None), pre (the split rule's name).
+    Build one with `GGUFTokenizer.from_gguf(path)`.
+    """
+
+    def __init__(self, tokens: Sequence[str], token_types: Sequence[int],
+                 merges: Sequence[str], pre: str, *, bos_id: int | None = None,
+                 eos_id: int | None = None, pad_id: int | None = None,
+                 chat_template: str | None = None) -> None:
+        if len(token_types) != len(tokens):
+            raise ValueError(f"token_types has {len(token_types)} entries but tokens has "
+                             f"{len(tokens)}")
+        if pre not in SPLIT_RULES:
+            raise ValueError(f"tokenizer.ggml.pre {pre!r} is not supported; supported rules: "
+                             f"{sorted(SPLIT_RULES)}")
+        char_to_byte = {c: b for b, c in byte_to_char().items()}
+        self.tokens = list(tokens)
+        self.special_tokens: dict[str, int] = {}
+        table: list[bytes] = []
+        ids: dict[str, int] = {}
+        for i, (token, kind) in enumerate(zip(tokens, token_types, strict=True)):
+            if kind in (CONTROL, USER_DEFINED):
+                self.special_tokens[token] = i
+                table.append(token.encode("utf-8"))
+                continue
+            try:
+                table.append(bytes(char_to_byte[c] for c in token))
+            except KeyError as err:
+                raise ValueError(f"token {i} {token!r} has the character {err.args[0]!r}, "
+                                 f"which is no byte of GPT-2's byte-level alphabet") from None
+            ids.setdefault(token, i)
+        self.token_bytes_table = table
+        self.byte_ids = {b: ids[c] for b, c in byte_to_char().items() if c in ids}
+        self.merges: dict[tuple[int, int], tuple[int, int]] = {}
+        for rank, merge in enumerate(merges):
+            parts = merge.split(" ")
+            if len(parts) != 2 or parts[0] not in ids or parts[1] not in ids \
+                    or parts[0] + parts[1] not in ids:
+                raise ValueError(f"merge {rank} {merge!r} is not 'left right' with left, right "
+                                 f"and their concatenation all tokens")
+            self.merges[(ids[parts[0]], ids[parts[1]])] = (rank, ids[parts[0] + parts[1]])
+        for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
+            if value is not None and not 0 <= value < len(tokens):
+                raise ValueError(f"{name} {value} is not a token id (0..{len(tokens) - 1})")
+        self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
+        self.pre = pre
+        self.patterns = SPLIT_RULES[pre]
+        self.chat_template = chat_template
+        self._cache: dict[str, list[int]] = {}
+        self._template = None
+
+    @classmethod
+    def from_gguf(cls, source) -> GGUFTokenizer:
+        """The tokenizer of a GGUF file (a path or an open `tinygpt.gguf.open_gguf` reader).
+
+        ValueError when the file has no tokenizer or one that is not GPT-2-style BPE."""
+        from tinygpt.gguf import metadata, open_gguf
+
+        reader = open_gguf(source) if isinstance(source, (str, Path)) else source
+        model = metadata(reader, "tokenizer.ggml.model", None)
+        if model != "gpt2":
+            raise ValueError(f"tokenizer.ggml.model is {model!r}; only byte-level BPE ('gpt2') "
+                             f"tokenizers are supported")
+        tokens = metadata(reader, "tokenizer.ggml.tokens")
+        return cls(tokens, metadata(reader, "tokenizer.ggml.token_type", [NORMAL] * len(tokens)),
+                   metadata(reader, "tokenizer.ggml.merges"),
+                   metadata(reader, "tokenizer.ggml.pre", "gpt2"),
+                   bos_id=metadata(reader, "tokenizer.ggml.bos_token_id", None),
+                   eos_id=metadata(reader, "tokenizer.ggml.eos_token_id", None),
+                   pad_id=metadata(reader, "tokenizer.ggml.padding_token_id", None),
+                   chat_template=metadata(reader, "tokenizer.chat_template", None))
+
+    def __repr__(self) -> str:
+        return (f"GGUFTokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
+                f"pre={self.pre!r}, special_tokens={len(self.special_tokens)})")
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def end_of_turn_ids(self) -> tuple[int, ...]:
+        """Ids that end an assistant turn: the chat template's end marker(s), then eos."""
+        ids = [self.special_tokens[n] for n in END_OF_TURN_NAMES if n in self.special_tokens]
+        if self.eos_id is not None:
+            ids.append(self.eos_id)
+        return tuple(dict.fromkeys(ids))
+
+    # -- encoding ------------------------------------------------------------------------------
+
+    def encode_piece(self, piece: str) -> list[int]:
+        """One pre-tokenized piece -> ids: its bytes' tokens, merged by rank (day 02's loop)."""
+        ids = [self.byte_ids[b] for b in piece.encode("utf-8") if b in self.byte_ids]
+        merges = self.merges
+        while len(ids) > 1:
+            best = min(zip(ids, ids[1:], strict=False),
+                       key=lambda pair: merges.get(pair, (len(merges),))[0])
+            if best not in merges:
+                break
+            ids = merge_pair(ids, best, merges[best][1])
+        return ids
+
+    def _encode_ordinary(self, text: str) -> list[int]:
+        out: list[int] = []
+        cache = self._cache
+        if len(cache) > 100_000:
+            cache.clear()
+        for piece in split_text(text, self.patterns):
+            ids = cache.get(piece)
+            if ids is None:
+                ids = cache[piece] = self.encode_piece(piece)
+            out.extend(ids)
+        return out
+
+    def encode(self, text: str, allowed_special: str | Iterable[str] = ()) -> list[int]:
+        """Text -> ids (n_tokens,). Special-token text becomes special ids only for the names in
+        allowed_special ("all", or a set such as {"<|im_start|>"}); otherwise it is text."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"text contains the lone surrogate {text[exc.start]!r} at index "
+                             f"{exc.start}, which has no UTF-8 encoding") from None
+        if allowed_special == "all":
+            allowed = set(self.special_tokens)
+        elif isinstance(allowed_special, str):
+            raise ValueError(f'allowed_special must be "all" or a set of special token names, '
+                             f"got {allowed_special!r}")
+        else:
+            allowed = set(allowed_special)
+            unknown = allowed - set(self.special_tokens)
+            if unknown:
+                raise ValueError(f"allowed_special contains {sorted(unknown)}, which are not "
+                                 f"special tokens of this tokenizer")
+        if not allowed:
+            return self._encode_ordinary(text)
+        ids: list[int] = []
+        for part in _split_on_specials(text, allowed):
+            if part in allowed:
+                ids.append(self.special_tokens[part])
+            else:
+                ids.extend(self._encode_ordinary(part))
+        return ids
+
+    # -- the chat template ---------------------------------------------------------------------
+
+    def _compiled_template(self):
+        if self.chat_template is None:
+            raise ValueError("this tokenizer has no chat template (tokenizer.chat_template); "
+                             "use plain completions")
+        if self._template is None:
+            from jinja2 import TemplateError
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(message: str):
+                raise TemplateError(message)
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = raise_exception
+            self._template = env.from_string(self.chat_template)
+        return self._template
+
+    def _render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool,
+                contents: Sequence[str]) -> str:
+        from jinja2 import TemplateError
+
+        turns = [{"role": role, "content": content}
+                 for (role, _), content in zip(_check_messages(messages), contents, strict=True)]
+        special = {v: k for k, v in self.special_tokens.items()}
+        try:
+            return self._compiled_template().render(
+                messages=turns, add_generation_prompt=add_generation_prompt,
+                bos_token=special.get(self.bos_id, ""), eos_token=special.get(self.eos_id, ""))
+        except TemplateError as err:
+            raise ValueError(f"the chat template refused the messages: {err}") from None
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]],
+                    add_generation_prompt: bool = True) -> str:
+        """The conversation as the chat template lays it out (a string, for reading)."""
+        _check_flag(add_generation_prompt, "add_generation_prompt")
+        turns = _check_messages(messages)
+        return self._render(messages, add_generation_prompt, [c for _, c in turns])
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]],
+                    add_generation_prompt: bool = True) -> list[int]:
+        """A conversation -> ids through the file's chat template. Special tokens come only from
+        the template's own text; message contents are always encoded as text."""
+        _check_flag(add_generation_prompt, "add_generation_prompt")
+        turns = _check_messages(messages)
+        nonce = secrets.token_hex(8)
+        markers = [f"\ue000{nonce}:{i}\ue001" for i in range(len(turns))]
+        rendered = self._render(messages, add_generation_prompt, markers)
+        by_marker = dict(zip(markers, (c for _, c in turns), strict=True))
+        ids: list[int] = []
+        text: list[str] = []                      # ordinary text waiting to be encoded
+        for part in regex.split(f"(\ue000{nonce}:[0-9]+\ue001)", rendered):
+            if part in by_marker:
+                text.append(by_marker[part])
+                continue
+            for piece in _split_on_specials(part, self.special_tokens):
+                if piece in self.special_tokens:
+                    ids.extend(self._encode_ordinary("".join(text)))
+                    text.clear()
+                    ids.append(self.special_tokens[piece])
+                else:
+                    text.append(piece)
+        ids.extend(self._encode_ordinary("".join(text)))
+        return ids
+
+    # -- decoding ------------------------------------------------------------------------------
+
+    def token_bytes(self, ids: Iterable[int]) -> list[bytes]:
+        """The bytes of each id (a special token gives its text)."""
+        out = []
+        n = len(self.token_bytes_table)
+        for position, token_id in enumerate(ids):
+            if isinstance(token_id, bool) or not hasattr(token_id, "__index__") or \
+                    not 0 <= int(token_id) < n:
+                raise ValueError(f"ids[{position}] = {token_id!r} is not a token id of this "
+                                 f"tokenizer (valid ids are 0..{n - 1})")
+            out.append(self.token_bytes_table[int(token_id)])
+        return out
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        return b"".join(self.token_bytes(ids))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Ids -> text; bytes that are not valid UTF-8 (a cut character) become U+FFFD."""
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+

