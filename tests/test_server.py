@@ -293,10 +293,36 @@ def test_the_serial_engine_serves_the_same_text(reference):
     assert health["kv_blocks_total"] == 0          # no paged pool behind the serial engine
 
 
+def test_no_prefix_caching_turns_the_cache_off():
+    prompt = "Once upon a time there was a girl named Lily who loved her red ball. " * 3
+    with server("--no-prefix-caching") as (url, _):
+        for _ in range(2):
+            client(url).completions.create(model="tinygpt", prompt=prompt, max_tokens=2)
+        health = httpx.get(f"{url}/health").json()
+    assert health["prefix_hit_tokens"] == health["prefix_query_tokens"] == 0
+    assert health["prefix_cached_blocks"] == 0
+
+
+def test_a_client_that_never_finishes_its_headers_is_disconnected():
+    import socket
+    from urllib.parse import urlparse
+
+    with server("--header-timeout", "1") as (url, _):
+        where = urlparse(url)
+        with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")   # and no more
+            start = time.monotonic()
+            assert sock.recv(1024) == b""              # the server closed the connection
+            assert time.monotonic() - start < 5
+        assert httpx.get(f"{url}/health").status_code == 200
+
+
 def test_bad_engine_flags_are_refused():
     from tinygpt.server import main
     assert main(["--max-running", "0"]) == 2
     assert main(["--token-budget", "-1"]) == 2
+    assert main(["--max-body-bytes", "0"]) == 2
+    assert main(["--header-timeout", "0"]) == 2
 
 
 def hf_llama_folder(path):

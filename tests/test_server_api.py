@@ -340,3 +340,25 @@ def test_chat_logprobs_equal_the_plain_forward_pass(real, shipped):
             want[position].max().item(), abs=1e-5)
         # temperature 0 picks the most likely token: its logprob is the best one
         assert entry["logprob"] == pytest.approx(entry["top_logprobs"][0]["logprob"], abs=1e-6)
+
+
+def test_metrics_report_the_prefix_cache(real, shipped):
+    _, tokenizer = shipped
+    history = "Once upon a time there was a girl named Lily who loved her red ball. " * 3
+    before = real.get("/health").json()
+    for turn in ("She", "He"):
+        out = real.post("/v1/completions", {"model": "tinygpt", "prompt": history + turn,
+                                            "max_tokens": 2})
+        assert out.status_code == 200
+    after = real.get("/health").json()
+    prompt_len = len(tokenizer.encode(history + "She"))
+    assert after["prefix_query_tokens"] - before["prefix_query_tokens"] >= 2 * prompt_len
+    assert after["prefix_hit_tokens"] - before["prefix_hit_tokens"] >= 16 * (
+        len(tokenizer.encode(history)) // 16) - 16
+    metrics = real.get("/metrics").text
+    for name in ("tinygpt_prefix_cache_blocks", "tinygpt_prefix_cache_hits",
+                 "tinygpt_prefix_cache_queries", "tinygpt_prefix_cache_hit_rate"):
+        assert f"\n{name} " in metrics, name
+    rate = float(metrics.split("\ntinygpt_prefix_cache_hit_rate ")[1].split()[0])
+    assert 0 < rate == pytest.approx(after["prefix_hit_tokens"] / after["prefix_query_tokens"],
+                                     rel=1e-3)
