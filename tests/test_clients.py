@@ -6,6 +6,7 @@ Nothing is downloaded: the tasks read tests/data/lm_eval/*.jsonl."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -135,3 +136,37 @@ def test_lm_eval_harness_scores_equal_the_model_in_process(tmp_path, monkeypatch
                          per_sample(local, "tinygpt_choice"), strict=True):
         for (got_ll, got_greedy), (want_ll, want_greedy) in zip(got, want, strict=True):
             assert got_ll == pytest.approx(want_ll, abs=1e-4) and got_greedy == want_greedy
+
+
+def test_a_guidellm_run_with_its_default_chat_requests_succeeds(tmp_path):
+    """guidellm's default request format: streaming chat with text-part content,
+    stream_options {include_usage, continuous_usage_stats}; four concurrent streams."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    pytest.importorskip("guidellm")
+    prompts = Path(__file__).parent / "data" / "guidellm_prompts.jsonl"
+    count = len(prompts.read_text().splitlines())
+    out = tmp_path / "guidellm.json"
+    with running_server("--threads", "1", env=dict(os.environ, OMP_NUM_THREADS="1")) as (
+            url, _):
+        run = subprocess.run(
+            [sys.executable, "-m", "guidellm", "run",
+             "--backend", f"kind=openai_http,target={url},model=tinygpt,max_tokens=16",
+             "--profile", "kind=concurrent,streams=4",
+             "--constraint", f"kind=max_requests,count={count}",
+             "--data", f"kind=json_file,path={prompts}",
+             "--output", f"kind=json,path={out}", "--disable-console"],
+            capture_output=True, text=True, timeout=180, cwd=tmp_path,
+            env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+                     GUIDELLM__MAX_WORKER_PROCESSES="1"))   # one worker: starts faster
+        metrics = httpx.get(f"{url}/metrics").text
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    report = json.loads(out.read_text())["benchmarks"][0]["metrics"]
+    assert report["request_totals"] == {"successful": count, "errored": 0, "incomplete": 0,
+                                        "total": count}
+    assert report["output_token_count"]["successful"]["total_sum"] > 0
+    assert f'tinygpt_http_requests_total{{path="/v1/chat/completions",status="200"}} ' \
+           f'{float(count)}' in metrics

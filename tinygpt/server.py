@@ -307,13 +307,11 @@ def _check_common(body, chat: bool) -> None:
     if body.stream_options is not None:
         if not body.stream:
             raise APIError(400, "stream_options needs stream: true", param="stream_options")
-        extra = set(body.stream_options) - {"include_usage", "continuous_usage_stats"}
-        if extra or not isinstance(body.stream_options.get("include_usage", False), bool):
-            raise APIError(400, "stream_options takes include_usage (true / false)",
-                           param="stream_options")
-        if body.stream_options.get("continuous_usage_stats"):
-            raise APIError(400, "stream_options.continuous_usage_stats is not implemented",
-                           param="stream_options")
+        options = body.stream_options
+        extra = set(options) - {"include_usage", "continuous_usage_stats"}
+        if extra or not all(isinstance(options.get(name, False), bool) for name in options):
+            raise APIError(400, "stream_options takes include_usage and vLLM's "
+                                "continuous_usage_stats (true / false)", param="stream_options")
     if chat:
         if body.tools:
             raise APIError(400, "tools (function calling) is not implemented", param="tools")
@@ -381,6 +379,7 @@ class Job:
     echo: bool
     stream: bool
     include_usage: bool
+    continuous_usage: bool            # usage so far in every chunk (vLLM's extension)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -700,9 +699,10 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
                 seed = None if body.seed is None else body.seed + i
                 params.append(sampling_params(body, max_tokens, seed))
                 prompt_of.append(p)
-        include_usage = bool((body.stream_options or {}).get("include_usage"))
+        options = body.stream_options or {}
         return Job(chat, prompts, texts, params, prompt_of, [] if body.ignore_eos else stop_ids,
-                   logprobs, echo, bool(body.stream), include_usage)
+                   logprobs, echo, bool(body.stream), bool(options.get("include_usage")),
+                   bool(options.get("include_usage") and options.get("continuous_usage_stats")))
 
     def completion_prompts(prompt) -> tuple[list[list[int]], list[str | None]]:
         if isinstance(prompt, str):
@@ -872,6 +872,8 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
         def frame(choice_body: dict | None, **extra) -> str:
             body = {"id": ident, "object": kind, "created": stamp, "model": MODEL_ID,
                     "choices": [] if choice_body is None else [choice_body], **extra}
+            if job.continuous_usage and choice_body is not None:
+                body["usage"] = usage(job, choices)
             return f"data: {json.dumps(body)}\n\n"
 
         def piece(choice: Choice, text: str, finish: str | None, first: bool = False) -> dict:
