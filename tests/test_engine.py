@@ -235,6 +235,7 @@ def test_engine_equals_batch1_generate_under_random_arrivals_budgets_and_preempt
             preemptions += engine.scheduler.num_preemptions
             hits += engine.scheduler.prefix_hit_tokens
             assert prefix_caching or engine.scheduler.prefix_hit_tokens == 0
+            assert engine.scheduler.prefix_query_tokens >= sum(len(p) for p, _ in cases)
     assert preemptions > 0                  # the small pools did force preemptions
     assert hits > 0                         # repeated prompts did start on cached blocks
 

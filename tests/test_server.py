@@ -299,7 +299,7 @@ def test_no_prefix_caching_turns_the_cache_off():
         for _ in range(2):
             client(url).completions.create(model="tinygpt", prompt=prompt, max_tokens=2)
         health = httpx.get(f"{url}/health").json()
-    assert health["prefix_hit_tokens"] == health["prefix_query_tokens"] == 0
+    assert health["prefix_hit_tokens"] == 0 and health["prefix_query_tokens"] > 0
     assert health["prefix_cached_blocks"] == 0
 
 

@@ -115,7 +115,7 @@ class EngineStats:
     kv_blocks_total: int = 0
     preemptions: int = 0
     prefix_cached_blocks: int = 0     # blocks findable by a prefix key
-    prefix_query_tokens: int = 0      # tokens of admitted requests (prefix caching on)
+    prefix_query_tokens: int = 0      # tokens of admitted requests (prompt + outputs so far)
     prefix_hit_tokens: int = 0        # ... found in cached blocks instead of computed
 
 

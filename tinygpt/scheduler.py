@@ -139,7 +139,7 @@ class Scheduler:
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []          # oldest first
         self.num_preemptions = 0
-        self.prefix_query_tokens = 0          # tokens of admitted sequences (prefix caching)
+        self.prefix_query_tokens = 0          # tokens of admitted sequences
         self.prefix_hit_tokens = 0            # ... of them found in cached blocks
 
     # -- sequences come and go -------------------------------------------------------------
@@ -245,9 +245,8 @@ class Scheduler:
                 self.cache.add(seq.id, prefix=prefix)
             else:
                 self.cache.add(seq.id)
-            if getattr(self.cache, "prefix_caching", False):
-                self.prefix_query_tokens += seq.num_tokens
-                self.prefix_hit_tokens += len(prefix) * self.cache.block_size
+            self.prefix_query_tokens += seq.num_tokens
+            self.prefix_hit_tokens += len(prefix) * self.cache.block_size
             seq.num_computed = len(prefix) * self.cache.block_size
             self.cache.reserve(seq.id, seq.num_pending)
             seq.status = "running"
