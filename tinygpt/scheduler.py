@@ -202,10 +202,11 @@ class Scheduler:
         return self.cache.match(seq.tokens(0, seq.num_tokens),
                                 (seq.num_tokens - 1) // self.cache.block_size)
 
-    def can_admit(self, seq: Seq, budget_left: int, prefix: Sequence[int] = ()) -> bool:
-        """A free slot, budget left, and free blocks for every token of `seq` past `prefix`
-        (cached blocks it starts on; a parked one leaves the free pool when taken)."""
-        parked = sum(block in self.cache.allocator.parked for block in prefix)
+    def can_admit(self, seq: Seq, budget_left: int) -> bool:
+        """A free slot, budget left, and free blocks for every pending token of `seq` past
+        the cached blocks it would start on (a parked one leaves the free pool when taken)."""
+        prefix = self.cached_prefix(seq)
+        parked = sum(block in self.cache.allocator.parked for block in prefix) if prefix else 0
         needed = blocks_for(self.cache, seq.num_tokens) - len(prefix) + parked
         return (len(self.running) < self.max_running and budget_left > 0
                 and needed <= self.cache.allocator.num_free)
@@ -236,11 +237,9 @@ class Scheduler:
                 plan.scheduled.append(Scheduled(seq, seq.num_computed, n))
                 budget -= n
         # 3. admission, first come first served, no skipping
-        while self.waiting:
-            prefix = self.cached_prefix(self.waiting[0])
-            if not self.can_admit(self.waiting[0], budget, prefix):
-                break
+        while self.waiting and self.can_admit(self.waiting[0], budget):
             seq = self.waiting.popleft()
+            prefix = self.cached_prefix(seq)
             if prefix:
                 self.cache.add(seq.id, prefix=prefix)
             else:
