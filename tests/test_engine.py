@@ -204,7 +204,7 @@ def test_engine_equals_batch1_generate_under_random_arrivals_budgets_and_preempt
                                 stop=(" the",) if i % 5 == 0 else ())
         cases.append((prompt, params))
     expected = [generate(model, p, sp, eos_id=eos, tokenizer=tok) for p, sp in cases]
-    preemptions = 0
+    preemptions, hits = 0, 0
     for trial in range(6):
         max_running = rng.choice([2, 5, 16])
         options = dict(block_size=rng.choice([4, 8, 16]), num_blocks=rng.choice([16, 18, 64]),
@@ -212,23 +212,32 @@ def test_engine_equals_batch1_generate_under_random_arrivals_budgets_and_preempt
                        token_budget=max(max_running, rng.choice([3, 8, 32, 256])))
         if trial == 0:     # a pool that one long request nearly fills: preemption is certain
             options = dict(block_size=4, num_blocks=16, max_running=16, token_budget=32)
-        engine = Engine(model, tok, **options)
         order = list(range(len(cases)))
         rng.shuffle(order)
-        ids = {}
-        while order or engine.has_work:
-            for _ in range(rng.randint(0, 3)):       # a few arrivals between steps
-                if order:
-                    i = order.pop()
-                    ids[i] = engine.add_request(cases[i][0], cases[i][1], eos_ids=(eos,))
-            engine.step()
-        for i, want in enumerate(expected):
-            got = engine.result(ids[i])
-            assert got.token_ids == want.token_ids, (trial, i)
-            assert got.text == want.text and got.stop_reason == want.stop_reason, (trial, i)
-        assert engine.cache.used_blocks == 0
-        preemptions += engine.scheduler.num_preemptions
+        arrivals = [rng.randint(0, 3) for _ in range(4 * len(cases))]
+        for prefix_caching in (False, True):     # the same arrivals, with and without
+            engine = Engine(model, tok, prefix_caching=prefix_caching, **options)
+            pending, ids, step = list(order), {}, 0
+            while pending or engine.has_work:
+                for _ in range(arrivals[step % len(arrivals)]):    # arrivals between steps
+                    if pending:
+                        i = pending.pop()
+                        ids[i] = engine.add_request(cases[i][0], cases[i][1], eos_ids=(eos,))
+                engine.step()
+                step += 1
+            for i, want in enumerate(expected):
+                got = engine.result(ids[i])
+                assert got.token_ids == want.token_ids, (trial, prefix_caching, i)
+                assert got.text == want.text and got.stop_reason == want.stop_reason, (
+                    trial, prefix_caching, i)
+            assert engine.cache.used_blocks == 0
+            engine.cache.check()
+            preemptions += engine.scheduler.num_preemptions
+            hits += engine.scheduler.prefix_hit_tokens
+            assert prefix_caching or engine.scheduler.prefix_hit_tokens == 0
+            assert engine.scheduler.prefix_query_tokens >= sum(len(p) for p, _ in cases)
     assert preemptions > 0                  # the small pools did force preemptions
+    assert hits > 0                         # repeated prompts did start on cached blocks
 
 
 def test_a_sampled_request_does_not_depend_on_its_batch(shipped, prompts):

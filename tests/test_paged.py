@@ -159,3 +159,89 @@ def test_fragmentation_of_a_stream_of_requests():
     cache.reserve("a", 5)
     cache.lengths["a"] = 5
     assert cache.empty_fraction() == pytest.approx(3 / 8)
+
+
+# -- automatic prefix caching ----------------------------------------------------------------
+
+def _filled(cache: PagedKVCache, seq_id, tokens, prefix=()) -> None:
+    """A sequence holding `tokens` (nothing computed: only the bookkeeping), committed."""
+    cache.add(seq_id, prefix=prefix)
+    cache.reserve(seq_id, len(tokens) - cache.lengths[seq_id])
+    cache.lengths[seq_id] = len(tokens)
+    cache.commit(seq_id, tokens)
+
+
+def test_full_blocks_outlive_their_sequence_and_are_found_by_a_chained_key():
+    cache = PagedKVCache(1, 1, 2, num_blocks=8, block_size=4, prefix_caching=True)
+    tokens = list(range(1, 11))                    # two full blocks and two tokens
+    _filled(cache, "a", tokens)
+    table = list(cache.tables["a"])
+    assert cache.cached_blocks == 2                # the partial third block has no key
+    cache.free("a")
+    assert cache.used_blocks == 0 and cache.allocator.num_free == 8
+    assert cache.match(tokens) == table[:2]
+    assert cache.match(tokens, max_blocks=1) == table[:1]
+    assert cache.match(tokens[:4] + [99, 6, 7, 8]) == table[:1]     # diverges in block 2
+    # the same four tokens after a different first block are a different block: the key
+    # chains the previous block's key, not the tokens alone
+    assert cache.match([9, 9, 9, 9] + tokens[4:8]) == []
+    cache.add("b", prefix=table[:2])
+    assert cache.lengths["b"] == 8 and cache.allocator.refcount[table[0]] == 1
+    cache.check()
+
+
+def test_parked_blocks_are_evicted_least_recently_used_and_forget_their_key():
+    cache = PagedKVCache(1, 1, 2, num_blocks=4, block_size=2, prefix_caching=True)
+    _filled(cache, "old", [1, 2, 3, 4])
+    _filled(cache, "new", [5, 6, 7, 8])
+    old, new = list(cache.tables["old"]), list(cache.tables["new"])
+    cache.free("old")
+    cache.free("new")
+    assert set(cache.allocator.parked) == set(old + new)
+    fresh = cache.allocator.allocate(2)            # the free list is empty: evict the oldest
+    assert fresh == old and cache.allocator.evictions == 2
+    assert cache.match([1, 2, 3, 4]) == [] and cache.match([5, 6, 7, 8]) == new
+    with pytest.raises(OutOfBlocks):
+        cache.allocator.allocate(3)
+    for block in fresh:
+        cache.allocator.release(block)             # no key: back to the free list
+    assert set(cache.allocator._free) == set(fresh)
+
+
+def test_a_block_computed_twice_is_recorded_once_and_a_prefix_needs_caching_on():
+    cache = PagedKVCache(1, 1, 2, num_blocks=8, block_size=2, prefix_caching=True)
+    _filled(cache, "a", [1, 2, 3])
+    _filled(cache, "b", [1, 2, 3])                 # computed again beside "a"
+    assert cache.cached_blocks == 1
+    first = cache.tables["a"][0]
+    cache.free("b")
+    assert cache.tables.get("b") is None and first in cache.allocator.key_of
+    plain = PagedKVCache(1, 1, 2, num_blocks=8, block_size=2)
+    with pytest.raises(ValueError, match="prefix_caching"):
+        plain.add("x", prefix=[0])
+    with pytest.raises(ValueError, match="no cached prefix"):
+        cache.add("c", prefix=[7])
+    with pytest.raises(TypeError, match="prefix_caching"):
+        PagedKVCache(1, 1, 2, num_blocks=2, prefix_caching=1)
+
+
+def test_the_scheduler_prefills_only_past_the_cached_prefix_and_keeps_the_last_token():
+    from tinygpt.scheduler import Scheduler, Seq
+
+    cache = PagedKVCache(1, 1, 2, num_blocks=16, block_size=4, prefix_caching=True)
+    scheduler = Scheduler(cache, max_running=4, token_budget=64)
+    first = Seq(0, list(range(1, 13)), 4)          # 12 tokens: three full blocks
+    scheduler.add(first)
+    plan = scheduler.schedule()
+    assert [(i.start, i.n) for i in plan.scheduled] == [(0, 12)]
+    scheduler.complete(plan.scheduled)
+    scheduler.finish(first)
+    same = Seq(1, list(range(1, 13)), 4)
+    longer = Seq(2, list(range(1, 13)) + [50, 51], 4)
+    scheduler.add(same)
+    scheduler.add(longer)
+    plan = scheduler.schedule()
+    # the same 12 tokens: two blocks reused, the last block recomputed for its logits
+    assert [(i.seq.id, i.start, i.n) for i in plan.scheduled] == [(1, 8, 4), (2, 12, 2)]
+    assert scheduler.prefix_hit_tokens == 8 + 12 and scheduler.prefix_query_tokens == 12 + 26
+    cache.check()

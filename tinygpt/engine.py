@@ -27,6 +27,18 @@ arrive and leave. SerialEngine is the same interface over the plain loop: one re
 time with tinygpt.generate.stream (the KV-cached batch-1 loop) while the others wait; it is the
 reference a batching engine must match and the baseline it must beat.
 
+Log-probabilities: a request may ask for the log-probability of each token it generates
+(`logprobs=k`: the chosen token's and the k most likely, k may be 0) and of each prompt token
+given the ones before it (`prompt_logprobs=k`). They are the log-softmax of the model's own
+logits, before temperature, penalties or filters change them (vLLM's default), so they are the
+same whatever the sampling knobs. A request with prompt_logprobs prefills every prompt token
+(it never starts on cached blocks, whose logits were not kept).
+
+Prefix caching (Engine(prefix_caching=True); tinygpt.paged explains the block keys): full
+blocks outlive their requests, and a new request that begins with the same tokens starts on
+them; the outputs are the same as without (tests/test_engine.py runs both against batch-1
+`generate`).
+
 Threads: the model runs on the worker thread; events reach the request's asyncio queue through
 the event loop's call_soon_threadsafe, so `async for` never blocks the server.
 """
@@ -34,6 +46,7 @@ the event loop's call_soon_threadsafe, so `async for` never blocks the server.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import threading
 import time
@@ -84,6 +97,8 @@ class Event:
     text: str
     finish_reason: str | None = None
     error: str | None = None
+    logprob: float | None = None      # with logprobs: the token's log-probability
+    top_logprobs: tuple[tuple[int, float], ...] = ()    # (id, log-probability), best first
 
 
 @dataclass
@@ -99,6 +114,9 @@ class EngineStats:
     kv_blocks_used: int = 0      # the paged engine's pool (0 and 0 for SerialEngine)
     kv_blocks_total: int = 0
     preemptions: int = 0
+    prefix_cached_blocks: int = 0     # blocks findable by a prefix key
+    prefix_query_tokens: int = 0      # tokens of admitted requests (prompt + outputs so far)
+    prefix_hit_tokens: int = 0        # ... found in cached blocks instead of computed
 
 
 def to_event(event: TokenEvent, eos_ids: Sequence[int]) -> Event:
@@ -121,10 +139,15 @@ class Request:
     params: SamplingParams
     eos_ids: tuple[int, ...]
     loop: asyncio.AbstractEventLoop
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
     submitted_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None        # when the engine first ran it (queue time ends)
     token_times: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    # with prompt_logprobs: one (log-probability, top) per prompt token, None for the first;
+    # set before the first event arrives
+    prompt_logprob_list: list | None = None
     _cancel: threading.Event = field(default_factory=threading.Event)
     _error: str | None = None              # why the engine could not take it
     _events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -196,6 +219,29 @@ class _Active:
     started_at: float | None = None       # first admitted (queue time ends)
     token_times: list[float] = field(default_factory=list)
     events: list[TokenEvent] = field(default_factory=list)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    token_logprobs: list = field(default_factory=list)     # (logprob, top) per output
+    prompt_entries: dict = field(default_factory=dict)     # position -> (logprob, top)
+
+
+def logprob_entries(logits: torch.Tensor, targets: Sequence[int], k: int
+                    ) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+    """logits (n, V) and the n tokens that followed -> per row (log-probability of the
+    target, the k most likely (id, log-probability), best first): log-softmax of the raw
+    logits."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logp.gather(1, torch.tensor(list(targets), device=logp.device)[:, None])[:, 0]
+    out = []
+    if k > 0:
+        values, indices = logp.topk(min(k, logp.shape[-1]), dim=-1)
+        tops = [tuple(zip(i, v, strict=True)) for i, v in zip(indices.tolist(),
+                                                              values.tolist(), strict=True)]
+    else:
+        tops = [()] * logp.shape[0]
+    for value, top in zip(chosen.tolist(), tops, strict=True):
+        out.append((value, top))
+    return out
 
 
 class Engine:
@@ -206,13 +252,14 @@ class Engine:
     default: room for max_running sequences of min(max_seq_len, 512) positions).
     max_running: sequences in the batch at once. token_budget: tokens one step may feed
     (decodes count one each; prefill chunks share the rest). record: keep a StepRecord per
-    step in `log` (the timeline widget draws it).
+    step in `log` (the timeline widget draws it). prefix_caching: reuse the full KV blocks
+    of earlier requests' prefixes (see the module docstring).
     """
 
     def __init__(self, model: TinyGPT, tokenizer=None, *, block_size: int = 16,
                  num_blocks: int | None = None, max_running: int = 32,
                  token_budget: int = 256, order: Sequence[str] = DEFAULT_ORDER,
-                 record: bool = False) -> None:
+                 record: bool = False, prefix_caching: bool = False) -> None:
         if not isinstance(model, TinyGPT):
             raise TypeError(f"model must be a TinyGPT, got {type(model).__name__}")
         if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
@@ -221,7 +268,8 @@ class Engine:
             per_seq = -(-min(model.cfg.max_seq_len, 512) // block_size)
             num_blocks = max_running * per_seq
         self.model, self.tokenizer, self.order = model, tokenizer, tuple(order)
-        self.cache = PagedKVCache.for_model(model, num_blocks, block_size)
+        self.cache = PagedKVCache.for_model(model, num_blocks, block_size,
+                                            prefix_caching=prefix_caching)
         self.scheduler = Scheduler(self.cache, max_running=max_running,
                                    token_budget=token_budget)
         self.runner = ModelRunner(model, self.cache)
@@ -257,10 +305,19 @@ class Engine:
         return prompt
 
     def add_request(self, prompt_ids, params: SamplingParams, *, eos_ids: Sequence[int] = (),
-                    request_id: Hashable | None = None) -> Hashable:
+                    request_id: Hashable | None = None, logprobs: int | None = None,
+                    prompt_logprobs: int | None = None) -> Hashable:
         """Queue a request; returns its id (`request_id`, or a fresh int). Sampling uses a
-        generator seeded with params.seed (torch's global one when the seed is None)."""
+        generator seeded with params.seed (torch's global one when the seed is None).
+        logprobs / prompt_logprobs: None, or how many top alternatives (>= 0) to keep beside
+        each generated / prompt token's log-probability (see the module docstring)."""
         prompt = self.check_request(prompt_ids, params, eos_ids)
+        vocab_size = self.model.cfg.vocab_size
+        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 0 <= value <= vocab_size):
+                raise ValueError(f"{name} must be None or an int in [0, {vocab_size}], got "
+                                 f"{value!r}")
         request_id = next(self._ids) if request_id is None else request_id
         if request_id in self._active:
             raise ValueError(f"request_id {request_id!r} is already in the engine")
@@ -274,9 +331,11 @@ class Engine:
                             torch.tensor([prompt], device=device), params,
                             eos_ids[0] if eos_ids else None, self.tokenizer, generator,
                             self.order, self.model.cfg.max_seq_len)
-        seq = Seq(request_id, prompt, params.max_new_tokens, arrival=self.steps)
+        seq = Seq(request_id, prompt, params.max_new_tokens, arrival=self.steps,
+                  cache_prefix=prompt_logprobs is None)
         self.scheduler.add(seq)
-        self._active[request_id] = _Active(seq, loop, holder, eos_ids, time.perf_counter())
+        self._active[request_id] = _Active(seq, loop, holder, eos_ids, time.perf_counter(),
+                                           logprobs=logprobs, prompt_logprobs=prompt_logprobs)
         return request_id
 
     def abort(self, request_id: Hashable) -> None:
@@ -304,8 +363,17 @@ class Engine:
         sampling = [item.samples for item in plan.scheduled]
         decode = [item.n == 1 and item.start >= len(item.seq.prompt_ids)
                   for item in plan.scheduled]
-        logits = self.runner.forward([(item.seq.id, item.seq.tokens(item.start, item.n),
-                                       item.start) for item in plan.scheduled])
+        work = [(item.seq.id, item.seq.tokens(item.start, item.n), item.start)
+                for item in plan.scheduled]
+        wants = [self._active[item.seq.id].prompt_logprobs is not None
+                 and item.start + 1 < len(item.seq.prompt_ids) for item in plan.scheduled]
+        if any(wants):
+            logits, every = self.runner.forward(work, every_position=wants)
+            for item, rows in zip(plan.scheduled, every, strict=True):
+                if rows is not None:
+                    self._record_prompt_logprobs(item, rows)
+        else:
+            logits = self.runner.forward(work)
         self.scheduler.complete(plan.scheduled)
         now = time.perf_counter()
         finished = []
@@ -315,6 +383,9 @@ class Engine:
             active = self._active[item.seq.id]
             active.holder["logits"] = logits[row:row + 1]
             event = next(active.loop)
+            if active.logprobs is not None:
+                active.token_logprobs.extend(logprob_entries(logits[row:row + 1],
+                                                             [event.token_id], active.logprobs))
             if event.finish_reason is None and event.token_id in active.eos_ids:
                 event = TokenEvent(event.token_id, event.index, "" if event.text is not None
                                    else None, "eos")
@@ -337,6 +408,32 @@ class Engine:
                 tuple(s.id for s in plan.preempted), tuple(finished),
                 time.perf_counter() - t0))
         return out
+
+    def _record_prompt_logprobs(self, item, rows: torch.Tensor) -> None:
+        """Prompt log-probabilities from a chunk's every-position logits: the logits at
+        position p give the log-probability of prompt token p + 1."""
+        active, prompt = self._active[item.seq.id], item.seq.prompt_ids
+        end = min(item.start + item.n, len(prompt) - 1)      # positions start .. end - 1
+        if end <= item.start:
+            return
+        targets = prompt[item.start + 1:end + 1]
+        entries = logprob_entries(rows[:end - item.start], targets, active.prompt_logprobs)
+        for offset, entry in enumerate(entries):
+            active.prompt_entries.setdefault(item.start + 1 + offset, entry)
+
+    def prompt_logprobs(self, request_id: Hashable) -> list | None:
+        """A request's prompt log-probabilities once its prompt is computed: [None, then
+        (log-probability, top) per prompt token after the first]; None if not asked for."""
+        active = self._active.get(request_id) or self._results.get(request_id)
+        if active is None or active.prompt_logprobs is None:
+            return None
+        prompt = active.seq.prompt_ids
+        return [None] + [active.prompt_entries.get(p) for p in range(1, len(prompt))]
+
+    def token_logprobs(self, request_id: Hashable) -> list:
+        """(log-probability, top) per generated token so far (empty if not asked for)."""
+        active = self._active.get(request_id) or self._results.get(request_id)
+        return [] if active is None else active.token_logprobs
 
     def result(self, request_id: Hashable) -> GenerationResult:
         """A finished request's GenerationResult (as tinygpt.generate.generate returns it)."""
@@ -401,11 +498,11 @@ class _Frontend:
         self._counts = dict(submitted=0, finished=0, cancelled=0, rejected=0, tokens=0)
 
     def _enqueue(self, prompt: list[int], params: SamplingParams, eos_ids: Sequence[int],
-                 queue: deque, waiting) -> Request:
+                 queue: deque, waiting, **options) -> Request:
         """A new Request appended to `queue`, unless shutting down or `waiting()` requests
         already wait (called on the event loop)."""
         request = Request(next(self._ids), prompt, params, tuple(eos_ids),
-                          asyncio.get_running_loop())
+                          asyncio.get_running_loop(), **options)
         with self._lock:
             if self._closed:
                 raise EngineClosed("the engine is shutting down")
@@ -450,12 +547,16 @@ class AsyncEngine(_Frontend):
         self._thread.start()
 
     async def submit(self, prompt_ids: Sequence[int], params: SamplingParams,
-                     eos_ids: Sequence[int] = ()) -> Request:
+                     eos_ids: Sequence[int] = (), *, logprobs: int | None = None,
+                     prompt_logprobs: int | None = None) -> Request:
         """Queue a request; EngineFull when max_waiting already wait, EngineClosed after
-        shutdown() began, ValueError / TypeError for arguments the engine cannot take."""
+        shutdown() began, ValueError / TypeError for arguments the engine cannot take.
+        logprobs, prompt_logprobs: as Engine.add_request's."""
         prompt = self.engine.check_request(prompt_ids, params, eos_ids)
-        return self._enqueue(prompt, params, eos_ids, self._inbox,
-                             lambda: len(self._inbox) + len(self.engine.scheduler.waiting))
+        request = self._enqueue(prompt, params, eos_ids, self._inbox,
+                                lambda: len(self._inbox) + len(self.engine.scheduler.waiting),
+                                logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+        return request
 
     def stats(self) -> EngineStats:
         with self._lock:
@@ -468,7 +569,10 @@ class AsyncEngine(_Frontend):
                                max_waiting=self.max_waiting,
                                kv_blocks_used=cache.used_blocks,
                                kv_blocks_total=cache.allocator.num_blocks,
-                               preemptions=scheduler.num_preemptions)
+                               preemptions=scheduler.num_preemptions,
+                               prefix_cached_blocks=cache.cached_blocks,
+                               prefix_query_tokens=scheduler.prefix_query_tokens,
+                               prefix_hit_tokens=scheduler.prefix_hit_tokens)
 
     async def shutdown(self, grace_s: float = 5.0) -> None:
         """Take no new requests and cancel the waiting ones; the running ones get `grace_s`
@@ -500,7 +604,9 @@ class AsyncEngine(_Frontend):
                     self._live[request.id] = request
                     try:
                         engine.add_request(request.prompt_ids, request.params,
-                                           eos_ids=request.eos_ids, request_id=request.id)
+                                           eos_ids=request.eos_ids, request_id=request.id,
+                                           logprobs=request.logprobs,
+                                           prompt_logprobs=request.prompt_logprobs)
                     except Exception as err:  # noqa: BLE001 (checked in submit; never fatal)
                         request.cancel()
                         request._error = f"{type(err).__name__}: {err}"
@@ -527,6 +633,11 @@ class AsyncEngine(_Frontend):
                     request.started_at = engine.started_at(request_id)
                 request.token_times.append(time.perf_counter())
                 out = to_event(token_event, request.eos_ids)
+                if request.prompt_logprobs is not None and request.prompt_logprob_list is None:
+                    request.prompt_logprob_list = engine.prompt_logprobs(request_id)
+                if request.logprobs is not None:
+                    value, top = engine.token_logprobs(request_id)[-1]
+                    out = dataclasses.replace(out, logprob=value, top_logprobs=top)
                 if out.finish_reason is None:
                     request._put(out)
                 else:
@@ -556,10 +667,15 @@ class SerialEngine(_Frontend):
     # -- the interface -------------------------------------------------------------------------
 
     async def submit(self, prompt_ids: Sequence[int], params: SamplingParams,
-                     eos_ids: Sequence[int] = ()) -> Request:
+                     eos_ids: Sequence[int] = (), *, logprobs: int | None = None,
+                     prompt_logprobs: int | None = None) -> Request:
         """Queue a request; raises EngineFull when max_waiting requests already wait, and
         EngineClosed after shutdown() began. Arguments are checked by the caller (the server)
-        and again by tinygpt.generate.stream on the worker."""
+        and again by tinygpt.generate.stream on the worker. Log-probabilities are the
+        batching engine's (ValueError here)."""
+        if logprobs is not None or prompt_logprobs is not None:
+            raise ValueError("logprobs and echo need the batching engine (serve with "
+                             "--engine batch)")
         return self._enqueue(list(prompt_ids), params, eos_ids, self._waiting,
                              lambda: len(self._waiting))
 

@@ -18,6 +18,19 @@ another sequence also references, the block is copied (copy-on-write); full shar
 never written again. `reserve` raises OutOfBlocks (with the blocks needed and free) before it
 changes anything, so a scheduler can catch it and preempt a request.
 
+Automatic prefix caching (PagedKVCache(prefix_caching=True)): a full block's keys and values
+depend only on the tokens up to its end, so a block can outlive the sequence that computed it.
+Each full block gets a key chained from the previous block's key and its own tokens (a block
+of the same tokens after a different prefix holds different keys and values, so the tokens
+alone would not do). `commit` records the keys of a sequence's full blocks; when the sequence
+is freed, a recorded block whose count drops to zero is not wiped but parked in a
+least-recently-used list, still findable by its key. `match(tokens)` walks a new prompt's
+chain of keys and returns the blocks already computed; `add(seq_id, prefix=blocks)` starts a
+sequence on them, so only the rest of its prompt is prefilled. Parked blocks count as free:
+`allocate` takes truly free blocks first and then evicts the least recently used parked ones
+(forgetting their keys). A matched block is full and never written again (writes go after a
+sequence's length); a shared partly filled block is still copied before a write.
+
 `cache.sequence(seq_id)` presents one sequence through day 11's cache interface, so
 `TinyGPT.forward(ids, kv_cache=cache.sequence(seq_id))` prefills and decodes it: each layer
 writes its new keys and values into the sequence's slots and attends over the gathered blocks.
@@ -25,8 +38,9 @@ writes its new keys and values into the sequence's slots and attends over the ga
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -51,39 +65,63 @@ def _positive(name: str, value) -> int:
 
 
 class BlockAllocator:
-    """A free list of block ids 0 .. num_blocks - 1 and a reference count for each."""
+    """A free list of block ids 0 .. num_blocks - 1 and a reference count for each.
+
+    With prefix caching, a block whose count drops to zero while it holds a recorded key
+    (`key_of`) is parked in `parked` (least recently used first) instead of the free list; it
+    still counts as free, and allocate() evicts parked blocks only when the free list is empty.
+    """
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = _positive("num_blocks", num_blocks)
         self.refcount = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
+        self.parked: OrderedDict[int, None] = OrderedDict()
+        self.key_of: dict[int, bytes] = {}         # block -> the prefix key it holds
+        self.block_of: dict[bytes, int] = {}       # prefix key -> block
+        self.evictions = 0
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self.parked)
 
     def allocate(self, n: int = 1) -> list[int]:
-        """n fresh blocks (reference count 1 each); OutOfBlocks if fewer are free."""
-        if n > len(self._free):
-            raise OutOfBlocks(n, len(self._free))
-        blocks = [self._free.popleft() for _ in range(n)]
-        for block in blocks:
+        """n fresh blocks (reference count 1 each): free ones first, then the least recently
+        used parked ones (their keys are forgotten); OutOfBlocks if fewer are free."""
+        if n > self.num_free:
+            raise OutOfBlocks(n, self.num_free)
+        blocks = []
+        for _ in range(n):
+            if self._free:
+                block = self._free.popleft()
+            else:
+                block, _ = self.parked.popitem(last=False)
+                del self.block_of[self.key_of.pop(block)]
+                self.evictions += 1
             self.refcount[block] = 1
+            blocks.append(block)
         return blocks
 
     def share(self, block: int) -> None:
-        """One more reference to a block in use (a forked sequence)."""
+        """One more reference to a block in use (a forked sequence), or to a parked block
+        found again by its key (it leaves the parked list)."""
         if self.refcount[block] < 1:
-            raise ValueError(f"block {block} is free: only a block in use can be shared")
+            if block not in self.parked:
+                raise ValueError(f"block {block} is free: only a block in use can be shared")
+            del self.parked[block]
         self.refcount[block] += 1
 
     def release(self, block: int) -> None:
-        """Drop one reference; the block returns to the free list when none is left."""
+        """Drop one reference; at none left the block returns to the free list, or is parked
+        (most recently used) when it holds a recorded key."""
         if self.refcount[block] < 1:
             raise ValueError(f"block {block} is already free (released twice?)")
         self.refcount[block] -= 1
         if self.refcount[block] == 0:
-            self._free.append(block)
+            if block in self.key_of:
+                self.parked[block] = None
+            else:
+                self._free.append(block)
 
 
 class PagedKVCache:
@@ -91,11 +129,16 @@ class PagedKVCache:
 
     n_layers, n_kv_heads, head_dim: the model's. block_size: positions per block. num_blocks:
     the pool's size. max_len: the most positions a sequence may hold (the model's window).
+    prefix_caching: keep full blocks findable by their prefix key after their sequences end
+    (see the module docstring).
     """
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, *, num_blocks: int,
                  block_size: int = 16, max_len: int = 1024,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 prefix_caching: bool = False) -> None:
+        if not isinstance(prefix_caching, bool):
+            raise TypeError(f"prefix_caching must be True or False, got {prefix_caching!r}")
         for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads),
                             ("head_dim", head_dim), ("block_size", block_size),
                             ("max_len", max_len)):
@@ -109,10 +152,12 @@ class PagedKVCache:
             self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.tables: dict[Hashable, list[int]] = {}
         self.lengths: dict[Hashable, int] = {}
+        self.prefix_caching = prefix_caching
+        self.keys: dict[Hashable, list[bytes]] = {}      # seq_id -> keys of its full blocks
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, num_blocks: int, block_size: int = 16
-                  ) -> PagedKVCache:
+    def for_model(cls, model: torch.nn.Module, num_blocks: int, block_size: int = 16,
+                  prefix_caching: bool = False) -> PagedKVCache:
         """A pool shaped for `model` (a TinyGPT), on its device and in its dtype."""
         cfg = getattr(model, "cfg", None)
         if not isinstance(cfg, ModelConfig):
@@ -120,7 +165,7 @@ class PagedKVCache:
         weight = next(model.parameters())
         return cls(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, num_blocks=num_blocks,
                    block_size=block_size, max_len=cfg.max_seq_len, device=weight.device,
-                   dtype=weight.dtype)
+                   dtype=weight.dtype, prefix_caching=prefix_caching)
 
     # -- sequences ---------------------------------------------------------------------------
 
@@ -129,11 +174,72 @@ class PagedKVCache:
             raise KeyError(f"no sequence {seq_id!r} in the cache; add() it first")
         return self.tables[seq_id]
 
-    def add(self, seq_id: Hashable) -> None:
-        """A new, empty sequence (it holds no block until it reserves positions)."""
+    def add(self, seq_id: Hashable, prefix: Sequence[int] = ()) -> None:
+        """A new sequence: empty, or starting on `prefix`, full blocks that match() found for
+        its first tokens (it takes a reference to each; its length is theirs)."""
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id!r} is already in the cache")
-        self.tables[seq_id], self.lengths[seq_id] = [], 0
+        prefix = list(prefix)
+        if prefix and not self.prefix_caching:
+            raise ValueError("a prefix of cached blocks needs prefix_caching=True")
+        for block in prefix:
+            if block not in self.allocator.key_of:
+                raise ValueError(f"block {block} holds no cached prefix")
+            self.allocator.share(block)
+        self.tables[seq_id], self.lengths[seq_id] = prefix, len(prefix) * self.block_size
+        self.keys[seq_id] = [self.allocator.key_of[b] for b in prefix]
+
+    # -- prefix caching ----------------------------------------------------------------------
+
+    @staticmethod
+    def block_key(previous: bytes, tokens: Sequence[int]) -> bytes:
+        """The key of a full block: a digest of the previous block's key and this block's
+        tokens, so equal keys mean equal token prefixes (up to a SHA-256 collision)."""
+        digest = hashlib.sha256(previous)
+        digest.update(b"".join(int(t).to_bytes(8, "little") for t in tokens))
+        return digest.digest()
+
+    def match(self, tokens: Sequence[int], max_blocks: int | None = None) -> list[int]:
+        """The cached blocks that hold the longest prefix of `tokens` made of full blocks (at
+        most max_blocks of them); changes nothing. Empty without prefix caching."""
+        if not self.prefix_caching:
+            return []
+        full = len(tokens) // self.block_size
+        if max_blocks is not None:
+            full = min(full, max_blocks)
+        found, key = [], b""
+        for i in range(full):
+            key = self.block_key(key, tokens[i * self.block_size:(i + 1) * self.block_size])
+            block = self.allocator.block_of.get(key)
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def commit(self, seq_id: Hashable, tokens: Sequence[int]) -> None:
+        """Record the keys of the sequence's full blocks; `tokens`: at least its first
+        length // block_size * block_size tokens (the ones whose keys and values it holds).
+        A block whose key another block already holds stays unrecorded (freed as usual)."""
+        if not self.prefix_caching:
+            return
+        table, keys, size = self._known(seq_id), self.keys[seq_id], self.block_size
+        for i in range(len(keys), self.lengths[seq_id] // size):
+            key = self.block_key(keys[-1] if keys else b"",
+                                 tokens[i * size:(i + 1) * size])
+            keys.append(key)
+            block = table[i]
+            if key not in self.allocator.block_of and block not in self.allocator.key_of:
+                self.allocator.block_of[key], self.allocator.key_of[block] = block, key
+
+    def needs_commit(self, seq_id: Hashable) -> bool:
+        """Whether the sequence has full blocks whose keys commit() has not recorded yet."""
+        return (self.prefix_caching
+                and self.lengths[seq_id] // self.block_size > len(self.keys[seq_id]))
+
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks findable by a prefix key (in use or parked)."""
+        return len(self.allocator.key_of)
 
     def fork(self, parent: Hashable, child: Hashable) -> None:
         """A new sequence `child` that shares every block (the whole prefix) of `parent`."""
@@ -143,12 +249,14 @@ class PagedKVCache:
         for block in blocks:
             self.allocator.share(block)
         self.tables[child], self.lengths[child] = list(blocks), self.lengths[parent]
+        self.keys[child] = list(self.keys.get(parent, []))
 
     def free(self, seq_id: Hashable) -> None:
         """Drop a sequence; its blocks return to the pool unless another sequence shares them."""
         for block in self._known(seq_id):
             self.allocator.release(block)
         del self.tables[seq_id], self.lengths[seq_id]
+        self.keys.pop(seq_id, None)
 
     def blocks_needed(self, seq_id: Hashable, n_new: int) -> int:
         """Blocks `reserve(seq_id, n_new)` would take from the pool (copy-on-write included)."""
@@ -221,12 +329,16 @@ class PagedKVCache:
         for table in self.tables.values():
             for block in table:
                 held[block] = held.get(block, 0) + 1
-        free = set(self.allocator._free)
+        free = set(self.allocator._free) | set(self.allocator.parked)
         for block in range(self.allocator.num_blocks):
             count = self.allocator.refcount[block]
             assert count == held.get(block, 0), (
                 f"block {block}: reference count {count}, but {held.get(block, 0)} tables hold it")
             assert (count == 0) == (block in free), f"block {block}: free list disagrees"
+            assert block not in self.allocator.parked or block in self.allocator.key_of, (
+                f"block {block} is parked without a key")
+        for key, block in self.allocator.block_of.items():
+            assert self.allocator.key_of.get(block) == key, f"block {block}: keys disagree"
 
     @property
     def used_blocks(self) -> int:

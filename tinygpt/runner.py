@@ -43,11 +43,16 @@ class ModelRunner:
         self.device = cache.k.device
 
     @torch.inference_mode()
-    def forward(self, work: Sequence[tuple[object, list[int], int]]) -> torch.Tensor:
+    def forward(self, work: Sequence[tuple[object, list[int], int]],
+                every_position: Sequence[bool] | None = None):
         """work: (seq_id, token ids, start) per sequence, its tokens going to positions
         start .. start + len(ids) - 1 (reserved in the cache beforehand). Writes their keys
         and values and returns the logits at each sequence's last token: (N, V) float32.
-        The cache's lengths are left to the caller (the scheduler's complete())."""
+        The cache's lengths are left to the caller (the scheduler's complete()).
+
+        every_position: one flag per sequence; when given, returns (the (N, V) logits, a list
+        with the (n_i, V) float32 logits at EVERY fed position of each flagged sequence and
+        None for the others): prompt log-probabilities need them."""
         if not work:
             raise ValueError("work is empty: schedule at least one sequence")
         model, cache, device = self.model, self.cache, self.device
@@ -121,7 +126,15 @@ class ModelRunner:
             x = x + attn.wo(merge_heads(y.transpose(0, 1)[None]))
             x = x + layer.feed_forward(layer.ffn_norm(x))
         last = first + torch.tensor(counts, **as_long) - 1
-        return model.output(model.norm(x[:, last]))[0].float()
+        logits = model.output(model.norm(x[:, last]))[0].float()
+        if every_position is None:
+            return logits
+        if len(every_position) != n_seq:
+            raise ValueError(f"every_position needs one flag per sequence: "
+                             f"{len(every_position)} for {n_seq}")
+        rows = [model.output(model.norm(x[0, int(f):int(f) + n])).float() if flag
+                else None for flag, f, n in zip(every_position, first, counts, strict=True)]
+        return logits, rows
 
 
 def gather_blocks(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,13 @@ Each step, in this order (SYLLABUS.md, day 17):
 
 A finished sequence leaves with `finish`, which frees its blocks at once, so the next step can
 admit someone in its place (continuous batching).
+
+With a prefix-caching cache (tinygpt.paged), admission first asks the cache for the full blocks
+that already hold the sequence's first tokens (a shared system prompt, the history a chat
+resends every turn, or its own work before a preemption). The sequence starts on them with
+num_computed at their end and prefills only the rest; at least its last token is always fed,
+because the step needs that position's logits to sample. After every step, the blocks that
+became full are committed (their keys recorded), so the next request can find them.
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ class Seq:
     num_computed: int = 0          # tokens whose keys and values are in the cache
     status: str = "waiting"
     preemptions: int = 0
+    cache_prefix: bool = True      # may start on cached blocks (False: prefill every token)
 
     @property
     def num_tokens(self) -> int:
@@ -131,6 +139,8 @@ class Scheduler:
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []          # oldest first
         self.num_preemptions = 0
+        self.prefix_query_tokens = 0          # tokens of admitted sequences
+        self.prefix_hit_tokens = 0            # ... of them found in cached blocks
 
     # -- sequences come and go -------------------------------------------------------------
 
@@ -184,10 +194,22 @@ class Scheduler:
         arrivals, the one admitted last)."""
         return sorted(self.running, key=lambda s: s.arrival)[-1]
 
+    def cached_prefix(self, seq: Seq) -> list[int]:
+        """The cached blocks `seq` can start on: full blocks of its tokens, leaving at least
+        its last token to compute (empty without prefix caching)."""
+        if not seq.cache_prefix or not getattr(self.cache, "prefix_caching", False):
+            return []
+        return self.cache.match(seq.tokens(0, seq.num_tokens),
+                                (seq.num_tokens - 1) // self.cache.block_size)
+
     def can_admit(self, seq: Seq, budget_left: int) -> bool:
-        """A free slot, budget left, and free blocks for every pending token of `seq`."""
+        """A free slot, budget left, and free blocks for every pending token of `seq` past
+        the cached blocks it would start on (a parked one leaves the free pool when taken)."""
+        prefix = self.cached_prefix(seq)
+        parked = sum(block in self.cache.allocator.parked for block in prefix) if prefix else 0
+        needed = blocks_for(self.cache, seq.num_tokens) - len(prefix) + parked
         return (len(self.running) < self.max_running and budget_left > 0
-                and blocks_for(self.cache, seq.num_pending) <= self.cache.allocator.num_free)
+                and needed <= self.cache.allocator.num_free)
 
     def schedule(self) -> StepPlan:
         """Decide the next step (see the module docstring); reserves the blocks it needs."""
@@ -217,13 +239,20 @@ class Scheduler:
         # 3. admission, first come first served, no skipping
         while self.waiting and self.can_admit(self.waiting[0], budget):
             seq = self.waiting.popleft()
-            self.cache.add(seq.id)
+            prefix = self.cached_prefix(seq)
+            if prefix:
+                self.cache.add(seq.id, prefix=prefix)
+            else:
+                self.cache.add(seq.id)
+            self.prefix_query_tokens += seq.num_tokens
+            self.prefix_hit_tokens += len(prefix) * self.cache.block_size
+            seq.num_computed = len(prefix) * self.cache.block_size
             self.cache.reserve(seq.id, seq.num_pending)
             seq.status = "running"
             self.running.append(seq)
             plan.admitted.append(seq)
             n = min(seq.num_pending, budget)
-            plan.scheduled.append(Scheduled(seq, 0, n))
+            plan.scheduled.append(Scheduled(seq, seq.num_computed, n))
             budget -= n
         return plan
 
@@ -232,6 +261,9 @@ class Scheduler:
         for item in scheduled:
             item.seq.num_computed += item.n
             self.cache.lengths[item.seq.id] += item.n
+            if getattr(self.cache, "prefix_caching", False) and self.cache.needs_commit(
+                    item.seq.id):
+                self.cache.commit(item.seq.id, item.seq.tokens(0, item.seq.num_computed))
 
 
 def blocks_for(cache, n_tokens: int) -> int:

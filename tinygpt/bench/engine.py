@@ -10,6 +10,9 @@ continuous batching, and under Poisson load behind the HTTP server.
                        required
     engine_concurrency CUDA only: the engine at 64 concurrent requests over its own batch-1
                        throughput, printed beside the roofline's bound for batch 64
+    serve_prefix_cache multi-turn chat through the server (a shared system prompt, each turn
+                       resending the history): mean TTFT and prefill tokens without the
+                       prefix cache over with it, identical replies required
     serve_goodput      information: `python -m tinygpt serve` with the batching engine and with
                        the serial one, the same Poisson load at several rates; goodput (requests
                        per second meeting TTFT <= 1 s and TPOT <= 0.1 s) per rate, and the ratio
@@ -223,3 +226,43 @@ def serve_goodput(ctx: BenchContext) -> list[Comparison]:
                        ratio >= 1.0, None if ratio >= 1.0 else "batching served fewer "
                        "requests within the SLOs", {"curves": table, "summary": summary},
                        targeted=False)]
+
+
+PREFIX_TTFT_TARGET = 3.0     # mean TTFT without the prefix cache over with it
+
+
+@register("serve_prefix_cache", day=17)
+def serve_prefix_cache(ctx: BenchContext) -> list[Comparison]:
+    """Multi-turn chat behind the server: mean TTFT without prefix caching over with it."""
+    from tinygpt.bench.load import run_chat_sessions, running_server
+
+    conversations, turns, period = (4, 3, 0.3) if ctx.quick else (8, 8, 0.5)
+    runs = {}
+    for mode, flags in (("cached", ()), ("uncached", ("--no-prefix-caching",))):
+        ctx.log(f"serve_prefix_cache: {conversations} conversations x {turns} turns, {mode} ...")
+        with running_server("--threads", str(ctx.threads), *flags) as (url, _):
+            runs[mode] = run_chat_sessions(url, conversations, turns, period=period)
+    cached, uncached = runs["cached"], runs["uncached"]
+    same = [r["reply"] for r in cached["requests"]] == [r["reply"] for r in
+                                                        uncached["requests"]]
+    ratio = uncached["mean_ttft_s"] / cached["mean_ttft_s"]
+    reasons = []
+    if not same:
+        reasons.append("the replies differ with and without the prefix cache")
+    if ratio < PREFIX_TTFT_TARGET:
+        reasons.append(f"{ratio:.2f}x is below {PREFIX_TTFT_TARGET}x: the HTTP round trip and "
+                       f"the first decode step, which the cache cannot shorten, are a large "
+                       f"share of TTFT on this model")
+    summary = (f"mean TTFT {uncached['mean_ttft_s'] * 1e3:.1f} -> "
+               f"{cached['mean_ttft_s'] * 1e3:.1f} ms; prefill tokens "
+               f"{uncached['prefill_tokens']} -> {cached['prefill_tokens']} of "
+               f"{cached['prompt_tokens']} prompt tokens")
+    details = {"summary": summary, "identical_replies": same,
+               "requests": len(cached["requests"]), "conversations": conversations,
+               "turns": turns, **{f"{mode}_{key}": runs[mode][key] for mode in runs
+                                  for key in ("mean_ttft_s", "prefill_tokens", "prompt_tokens",
+                                              "hit_tokens", "seconds")}}
+    return [Comparison("serve_prefix_cache", "multi-turn chat through the server (shared "
+                       "system prompt, history resent each turn): mean TTFT without prefix "
+                       "caching over with it", ratio, PREFIX_TTFT_TARGET, ">=", "x",
+                       not reasons, "; ".join(reasons) or None, details)]

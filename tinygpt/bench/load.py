@@ -234,3 +234,84 @@ def main(argv: list[str] | None = None) -> int:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         plot_goodput(reports).savefig(args.plot, dpi=120, bbox_inches="tight")
     return 0 if all(not r["failed"] for r in reports) else 1
+
+
+# ----------------------------------------------------------------------------------------------
+# multi-turn chat: conversations that resend their history every turn
+
+SYSTEM_PROMPT = ("You are a friendly storyteller for small children. You tell short, happy "
+                 "stories about animals, parks, toys and families. You use simple words. Every "
+                 "story has a beginning, a middle and a happy end, and nobody is ever hurt. ")
+USER_TURNS = ("Tell me a story about a cat.", "What did the cat find in the garden?",
+              "Who did the cat meet next?", "What did they eat for lunch?",
+              "Where did they go after lunch?", "How did the day end?",
+              "Tell me about the cat's best friend.", "What game did they play?")
+
+
+async def _conversation(client, url: str, index: int, turns: int, period: float, start: float,
+                        max_tokens: int, timeout: float) -> list[dict]:
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    out = []
+    for turn in range(turns):
+        # turn t of conversation i is due at a fixed time: the same offered rate with or
+        # without a prefix cache (a turn whose reply is late is sent when the reply is in)
+        await asyncio.sleep(max(0.0, start + index * period / 4 + turn * period
+                                - time.perf_counter()))
+        messages.append({"role": "user", "content": USER_TURNS[(index + turn) % len(USER_TURNS)]})
+        body = {"model": "tinygpt", "messages": messages, "max_tokens": max_tokens,
+                "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+        sent, first, pieces, usage = time.perf_counter(), None, [], None
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body,
+                                 timeout=timeout) as response:
+            if response.status_code != 200:
+                raise RuntimeError(f"HTTP {response.status_code}: {await response.aread()!r}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                for choice in chunk["choices"]:
+                    text = choice["delta"].get("content")
+                    if (text or choice["finish_reason"]) and first is None:
+                        first = time.perf_counter()
+                    pieces.append(text or "")
+        reply = "".join(pieces)
+        messages.append({"role": "assistant", "content": reply})
+        out.append({"conversation": index, "turn": turn, "ttft_s": first - sent,
+                    "e2e_s": time.perf_counter() - sent, "reply": reply,
+                    "prompt_tokens": usage["prompt_tokens"] if usage else None})
+    return out
+
+
+def run_chat_sessions(url: str, conversations: int = 4, turns: int = 4, *,
+                      period: float = 0.5, max_tokens: int = 16,
+                      timeout: float = 120.0) -> dict:
+    """`conversations` chats of `turns` turns each against the server at `url`, all sharing
+    SYSTEM_PROMPT; every turn resends the whole history (as chat clients do), greedy, and is
+    due `period` seconds after the conversation's previous one. Returns {"requests": per
+    request dicts (ttft_s, e2e_s, reply, prompt_tokens), "mean_ttft_s", "seconds",
+    "prefill_tokens" (tokens the engine computed for the prompts: /health's admitted tokens
+    minus those found in the prefix cache), "prompt_tokens", "hit_tokens"}."""
+    import httpx
+
+    url = url.rstrip("/")
+    before = httpx.get(f"{url}/health").json()
+
+    async def run():
+        limits = httpx.Limits(max_connections=conversations)
+        async with httpx.AsyncClient(limits=limits) as client:
+            start = time.perf_counter()
+            done = await asyncio.gather(*(_conversation(client, url, i, turns, period, start,
+                                                        max_tokens, timeout)
+                                          for i in range(conversations)))
+            return [r for chat in done for r in chat], time.perf_counter() - start
+
+    requests, seconds = asyncio.run(run())
+    after = httpx.get(f"{url}/health").json()
+    admitted = after["prefix_query_tokens"] - before["prefix_query_tokens"]
+    hits = after["prefix_hit_tokens"] - before["prefix_hit_tokens"]
+    return {"requests": requests, "seconds": seconds,
+            "mean_ttft_s": sum(r["ttft_s"] for r in requests) / len(requests),
+            "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in requests),
+            "prefill_tokens": admitted - hits, "hit_tokens": hits}

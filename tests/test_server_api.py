@@ -1,0 +1,364 @@
+"""The server's request handling, in process (httpx's ASGI transport, no sockets): every input
+answered below 500 with an OpenAI-style body (a property test), the OpenAI and vLLM request
+shapes (text parts, developer role, n, lists of prompts, logprobs and echo against the plain
+forward pass, the tokenizer endpoints) and the limits (413, 429 with Retry-After). The
+shipped tokenizer over a small random model with a 64-token context keeps generation cheap;
+the logprob checks use the shipped model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tinygpt import load_pretrained
+from tinygpt.engine import AsyncEngine, Engine
+from tinygpt.model import ModelConfig, TinyGPT
+from tinygpt.sampling import SamplingParams
+from tinygpt.server import MAX_STOP_CHARS, create_app
+
+
+class Served:
+    """An app over an AsyncEngine, and an event loop to call it on."""
+
+    def __init__(self, model, tokenizer, **options) -> None:
+        self.loop = asyncio.new_event_loop()
+        app_options = {k: options.pop(k) for k in ("max_body_bytes",) if k in options}
+        self.engine = AsyncEngine(model, tokenizer, **options)
+        self.app = create_app(self.engine, tokenizer, model.cfg.max_seq_len, **app_options)
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app),
+                                        base_url="http://tinygpt", timeout=60)
+
+    def post(self, path: str, body) -> httpx.Response:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return self.loop.run_until_complete(self.client.post(
+            path, content=content, headers={"content-type": "application/json"}))
+
+    def get(self, path: str) -> httpx.Response:
+        return self.loop.run_until_complete(self.client.get(path))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.client.aclose())
+        self.loop.run_until_complete(self.engine.shutdown(1.0))
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    model, tokenizer = load_pretrained()
+    return model.eval(), tokenizer
+
+
+@pytest.fixture(scope="module")
+def small(shipped):
+    """The shipped tokenizer over a random 2-layer model with a 64-token context."""
+    _, tokenizer = shipped
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=4,
+                      n_kv_heads=2, d_ff=64, max_seq_len=64)
+    served = Served(TinyGPT(cfg).eval(), tokenizer, max_waiting=256, prefix_caching=True,
+                    max_body_bytes=64 * 1024)
+    yield served
+    served.close()
+
+
+@pytest.fixture(scope="module")
+def real(shipped):
+    served = Served(*shipped, max_waiting=64, prefix_caching=True)
+    yield served
+    served.close()
+
+
+def is_openai_error(response: httpx.Response) -> bool:
+    try:
+        error = response.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return isinstance(error, dict) and isinstance(error.get("message"), str) and \
+        {"type", "param", "code"} <= set(error)
+
+
+# -- no input gets a 500 ------------------------------------------------------------------------
+
+SURROGATES = st.sampled_from(["\ud800", "a\udfffb", "\udc00\ud800"])
+TEXT = st.text(max_size=12) | SURROGATES
+HUGE = st.sampled_from([2**63, 2**64, -(2**64), 10**30, 10**300, -1, 0, 1])
+INTS = st.integers(-5, 70) | HUGE
+LEAF = st.none() | st.booleans() | INTS | st.floats(allow_nan=False, allow_infinity=False) \
+    | TEXT
+JSON = st.recursive(LEAF, lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(TEXT, inner, max_size=3), max_leaves=6)
+PART = st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]) | JSON,
+                              "text": TEXT | JSON})
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "developer", "tool"]) | JSON,
+     "content": TEXT | st.lists(PART, max_size=2) | JSON})
+COMMON = {
+    "model": st.just("tinygpt") | JSON, "max_tokens": st.integers(1, 6) | INTS | JSON,
+    "temperature": st.floats(0, 3) | JSON, "top_p": st.floats(0, 1.5) | JSON,
+    "top_k": INTS | JSON, "min_p": st.floats(0, 1) | JSON,
+    "stop": TEXT | st.lists(TEXT, max_size=5) | JSON, "stream": st.booleans() | JSON,
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans() | JSON}) | JSON,
+    "seed": INTS | JSON, "n": st.integers(1, 3) | INTS | JSON,
+    "presence_penalty": st.floats(-3, 3) | JSON, "ignore_eos": st.booleans() | JSON,
+    "response_format": st.fixed_dictionaries({"type": st.sampled_from(["text", "json"])})
+    | JSON, "user": TEXT | JSON, "store": st.booleans() | JSON, "unknown_field": JSON,
+}
+COMPLETION = st.fixed_dictionaries(
+    {"prompt": TEXT | st.lists(INTS, max_size=8) | st.lists(TEXT, max_size=3)
+     | st.lists(st.lists(st.integers(0, 500), max_size=4), max_size=3) | JSON},
+    optional={**COMMON, "echo": st.booleans() | JSON,
+              "logprobs": st.integers(0, 3) | st.booleans() | INTS | JSON})
+CHAT = st.fixed_dictionaries(
+    {"messages": st.lists(MESSAGE, max_size=3) | JSON},
+    optional={**COMMON, "max_completion_tokens": INTS | JSON,
+              "logprobs": st.booleans() | JSON, "top_logprobs": INTS | JSON})
+
+
+@settings(max_examples=200, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(endpoint=st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize"]),
+       completion=COMPLETION, chat=CHAT, raw=st.booleans())
+def test_no_request_gets_a_500(small, endpoint, completion, chat, raw):
+    body = chat if endpoint == "/v1/chat/completions" else completion
+    if endpoint == "/tokenize":
+        body = {k: v for k, v in completion.items() if k in ("prompt", "model")}
+    content = json.dumps(body).encode() if not raw else json.dumps(body).encode()[:-1]
+    response = small.post(endpoint, content)
+    assert response.status_code < 500, (body, response.text)
+    if response.status_code >= 400:
+        assert is_openai_error(response), response.text
+    elif body.get("stream") is True:
+        assert response.text.rstrip().endswith("data: [DONE]"), response.text[-200:]
+
+
+def test_the_server_is_healthy_after_the_property_test(small):
+    health = small.get("/health").json()
+    assert health["status"] == "ok"
+    ok = small.post("/v1/completions", {"model": "tinygpt", "prompt": "The", "max_tokens": 3})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3 or \
+        ok.json()["choices"][0]["finish_reason"] == "stop"
+    assert small.get("/health").json()["kv_blocks_used"] == 0
+
+
+CASES = [   # previously a 500 or a silent change: each is now a 4xx naming what is wrong
+    ("lone surrogate", "/v1/completions", b'{"model": "tinygpt", "prompt": "\\ud800"}', 400,
+     "prompt"),
+    ("seed 2**64", "/v1/completions", {"model": "tinygpt", "prompt": "x", "seed": 2**64}, 400,
+     "seed"),
+    ("seed 2**64 streaming", "/v1/completions", {"model": "tinygpt", "prompt": "x",
+                                                 "seed": 2**64, "stream": True}, 400, "seed"),
+    ("5000-digit int", "/v1/completions",
+     b'{"model": "tinygpt", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", 400, None),
+    ("NaN", "/v1/completions", b'{"model": "tinygpt", "prompt": "x", "temperature": NaN}',
+     400, None),
+    ("huge max_tokens", "/v1/completions", {"model": "tinygpt", "prompt": "x",
+                                            "max_tokens": 10**30}, 400, "max_tokens"),
+    ("max_completion_tokens 0", "/v1/chat/completions", {
+        "model": "tinygpt", "messages": [{"role": "user", "content": "hi"}],
+        "max_completion_tokens": 0}, 400, "max_completion_tokens"),
+    ("logit_bias", "/v1/completions", {"model": "tinygpt", "prompt": "x",
+                                       "logit_bias": {"5": 10}}, 400, "logit_bias"),
+    ("json response_format", "/v1/chat/completions", {
+        "model": "tinygpt", "messages": [{"role": "user", "content": "hi"}],
+        "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("tools", "/v1/chat/completions", {"model": "tinygpt", "messages": [
+        {"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools"),
+    ("image part", "/v1/chat/completions", {"model": "tinygpt", "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     400, "messages"),
+    ("tool role the template lacks", "/v1/chat/completions", {"model": "tinygpt", "messages": [
+        {"role": "tool", "content": "42", "tool_call_id": "a"}]}, 400, "messages"),
+    ("n too large", "/v1/completions", {"model": "tinygpt", "prompt": "x", "n": 1000}, 400,
+     "n"),
+    ("stop strings too long together", "/v1/completions", {
+        "model": "tinygpt", "prompt": "x", "stop": ["ab" * 100] * 6}, 400, "stop"),
+    ("prompt too long by its characters", "/v1/completions", {
+        "model": "tinygpt", "prompt": "x" * 20_000}, 400, "prompt"),
+    ("logprobs true on completions", "/v1/completions", {
+        "model": "tinygpt", "prompt": "x", "logprobs": True}, 400, "logprobs"),
+]
+
+
+@pytest.mark.parametrize(("what", "path", "body", "status", "param"), CASES,
+                         ids=[c[0] for c in CASES])
+def test_bad_input_is_a_4xx_with_an_openai_body(small, what, path, body, status, param):
+    response = small.post(path, body)
+    assert response.status_code == status, (what, response.text)
+    assert is_openai_error(response) and response.json()["error"]["param"] == param, \
+        response.text
+
+
+def test_a_body_over_the_limit_is_a_413(small):
+    response = small.post("/v1/completions", {"model": "tinygpt", "prompt": "x" * 70_000})
+    assert response.status_code == 413 and is_openai_error(response)
+    assert "--max-body-bytes" in response.json()["error"]["message"]
+
+
+def test_a_full_queue_is_a_429_with_retry_after(shipped):
+    served = Served(*shipped, max_waiting=0)
+    try:
+        response = served.post("/v1/completions", {"model": "tinygpt", "prompt": "x"})
+    finally:
+        served.close()
+    assert response.status_code == 429 and is_openai_error(response)
+    assert int(response.headers["retry-after"]) >= 1
+
+
+def test_no_op_fields_are_accepted(small):
+    body = {"model": "tinygpt", "max_tokens": 2, "user": "u", "store": False,
+            "metadata": {"k": "v"}, "response_format": {"type": "text"}, "logprobs": False}
+    assert small.post("/v1/completions", {**body, "prompt": "The"}).status_code == 200
+    chat = small.post("/v1/chat/completions", {
+        **body, "messages": [{"role": "user", "content": "hi"}], "tool_choice": "none",
+        "parallel_tool_calls": False})
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["choices"][0]["logprobs"] is None
+
+
+# -- request shapes -----------------------------------------------------------------------------
+
+def test_text_parts_and_the_developer_role_render_as_string_and_system(small):
+    def ask(messages):
+        out = small.post("/v1/chat/completions", {"model": "tinygpt", "messages": messages,
+                                                  "max_tokens": 4, "temperature": 0})
+        assert out.status_code == 200, out.text
+        return out.json()
+
+    plain = ask([{"role": "system", "content": "Be brief.\nBe kind."},
+                 {"role": "user", "content": "hi"}])
+    parts = ask([{"role": "developer", "content": [{"type": "text", "text": "Be brief."},
+                                                   {"type": "text", "text": "Be kind."}]},
+                 {"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    assert parts["choices"] == plain["choices"] and parts["usage"] == plain["usage"]
+
+
+def test_n_choices_use_seed_plus_i_and_a_list_of_prompts_is_answered_in_order(small):
+    base = {"model": "tinygpt", "max_tokens": 5, "temperature": 1.0, "ignore_eos": True}
+    many = small.post("/v1/completions", {**base, "prompt": ["The cat", "A dog"], "n": 3,
+                                          "seed": 40}).json()
+    assert [c["index"] for c in many["choices"]] == list(range(6))
+    ids = small.post("/v1/completions", {**base, "prompt": [[5, 6, 7], [8, 9]]}).json()
+    assert [c["index"] for c in ids["choices"]] == [0, 1]
+    assert ids["usage"]["prompt_tokens"] == 5
+    for index, choice in enumerate(many["choices"]):
+        prompt = ["The cat", "A dog"][index // 3]
+        alone = small.post("/v1/completions", {**base, "prompt": prompt,
+                                               "seed": 40 + index % 3}).json()
+        assert choice["text"] == alone["choices"][0]["text"], index
+    assert many["usage"]["completion_tokens"] == 30
+    streamed = small.post("/v1/completions", {**base, "prompt": "The cat", "n": 3, "seed": 40,
+                                              "stream": True})
+    texts = ["", "", ""]
+    for line in streamed.text.splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[6:])["choices"]:
+                texts[choice["index"]] += choice["text"]
+    assert texts == [c["text"] for c in many["choices"][:3]]
+
+
+def test_stop_lists_are_bounded_by_length_not_count(small):
+    stops = [f"zz{i}" for i in range(40)]
+    assert sum(map(len, stops)) <= MAX_STOP_CHARS
+    ok = small.post("/v1/completions", {"model": "tinygpt", "prompt": "The", "max_tokens": 2,
+                                        "stop": stops})
+    assert ok.status_code == 200, ok.text
+
+
+def test_tokenizer_endpoints_in_vllm_shapes(small, shipped):
+    _, tokenizer = shipped
+    out = small.post("/tokenize", {"model": "tinygpt", "prompt": "The cat sat",
+                                   "return_token_strs": True}).json()
+    assert out["tokens"] == tokenizer.encode("The cat sat") and out["count"] == len(out["tokens"])
+    assert out["max_model_len"] == 64 and "".join(out["token_strs"]) == "The cat sat"
+    eos = small.post("/tokenize", {"prompt": "<|endoftext|>", "add_special_tokens": False})
+    assert eos.json()["tokens"] == [tokenizer.special_tokens["<|endoftext|>"]]
+    chat = small.post("/tokenize", {"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert chat["tokens"] == tokenizer.encode_chat([{"role": "user", "content": "hi"}])
+    back = small.post("/detokenize", {"model": "tinygpt", "tokens": out["tokens"]}).json()
+    assert back == {"prompt": "The cat sat"}
+    info = small.get("/tokenizer_info").json()
+    assert info["eos_token"] == "<|endoftext|>" and info["max_model_len"] == 64
+    assert small.get("/v1/models/tinygpt").json()["id"] == "tinygpt"
+    missing = small.get("/v1/models/gpt-4")
+    assert missing.status_code == 404 and is_openai_error(missing)
+    assert small.post("/detokenize", {"tokens": [10**6]}).status_code == 400
+
+
+# -- log-probabilities against the plain forward pass ---------------------------------------------
+
+def test_completion_logprobs_with_echo_equal_the_plain_forward_pass(real, shipped):
+    model, tokenizer = shipped
+    prompt = tokenizer.encode("Once upon a time, a little dog")
+    out = real.post("/v1/completions", {"model": "tinygpt", "prompt": prompt, "max_tokens": 6,
+                                        "temperature": 0.7, "seed": 5, "echo": True,
+                                        "logprobs": 3, "ignore_eos": True}).json()
+    choice = out["choices"][0]
+    logprobs = choice["logprobs"]
+    # the same seed gives the same tokens in process; logprobs ignore the temperature
+    generated = Engine(model, tokenizer).generate([prompt], SamplingParams(
+        temperature=0.7, seed=5, max_new_tokens=6))[0].token_ids
+    ids = prompt + generated
+    assert choice["text"] == tokenizer.decode(ids)
+    assert len(logprobs["token_logprobs"]) == len(ids) == len(logprobs["tokens"])
+    with torch.inference_mode():
+        want = torch.log_softmax(model(torch.tensor([ids]))[0].float(), dim=-1)
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    for p in range(1, len(ids)):
+        assert abs(logprobs["token_logprobs"][p] - want[p - 1, ids[p]].item()) < 1e-5, p
+        best = want[p - 1].topk(3)
+        got = sorted(logprobs["top_logprobs"][p].values(), reverse=True)
+        torch.testing.assert_close(torch.tensor(got), best.values, atol=1e-5, rtol=0)
+    assert logprobs["text_offset"][0] == 0
+    assert logprobs["text_offset"][-1] == len("".join(logprobs["tokens"][:-1]))
+
+
+def test_chat_logprobs_equal_the_plain_forward_pass(real, shipped):
+    model, tokenizer = shipped
+    messages = [{"role": "user", "content": "Tell me about the cat."}]
+    out = real.post("/v1/chat/completions", {"model": "tinygpt", "messages": messages,
+                                             "max_tokens": 5, "temperature": 0,
+                                             "logprobs": True, "top_logprobs": 2}).json()
+    content = out["choices"][0]["logprobs"]["content"]
+    prompt = tokenizer.encode_chat(messages)
+    ids = prompt + [tokenizer.encode(entry["token"])[0] if entry["token"] not in
+                    tokenizer.special_tokens else tokenizer.special_tokens[entry["token"]]
+                    for entry in content]
+    with torch.inference_mode():
+        want = torch.log_softmax(model(torch.tensor([ids]))[0].float(), dim=-1)
+    for j, entry in enumerate(content):
+        position = len(prompt) - 1 + j
+        assert abs(entry["logprob"] - want[position, ids[position + 1]].item()) < 1e-5
+        assert entry["bytes"] == list(entry["token"].encode())
+        assert len(entry["top_logprobs"]) == 2
+        assert entry["top_logprobs"][0]["logprob"] == pytest.approx(
+            want[position].max().item(), abs=1e-5)
+        # temperature 0 picks the most likely token: its logprob is the best one
+        assert entry["logprob"] == pytest.approx(entry["top_logprobs"][0]["logprob"], abs=1e-6)
+
+
+def test_metrics_report_the_prefix_cache(real, shipped):
+    _, tokenizer = shipped
+    history = "Once upon a time there was a girl named Lily who loved her red ball. " * 3
+    before = real.get("/health").json()
+    for turn in ("She", "He"):
+        out = real.post("/v1/completions", {"model": "tinygpt", "prompt": history + turn,
+                                            "max_tokens": 2})
+        assert out.status_code == 200
+    after = real.get("/health").json()
+    prompt_len = len(tokenizer.encode(history + "She"))
+    assert after["prefix_query_tokens"] - before["prefix_query_tokens"] >= 2 * prompt_len
+    assert after["prefix_hit_tokens"] - before["prefix_hit_tokens"] >= 16 * (
+        len(tokenizer.encode(history)) // 16) - 16
+    metrics = real.get("/metrics").text
+    for name in ("tinygpt_prefix_cache_blocks", "tinygpt_prefix_cache_hits",
+                 "tinygpt_prefix_cache_queries", "tinygpt_prefix_cache_hit_rate"):
+        assert f"\n{name} " in metrics, name
+    rate = float(metrics.split("\ntinygpt_prefix_cache_hit_rate ")[1].split()[0])
+    assert 0 < rate == pytest.approx(after["prefix_hit_tokens"] / after["prefix_query_tokens"],
+                                     rel=1e-3)
