@@ -457,6 +457,10 @@ def load_model(path: Path | None):
     return model, HFTokenizer(tokenizer)
 
 
+# --quantize NAME -> the tinygpt.quant scheme it serves
+QUANTIZE = {"int8": "int8", "int4": "int4-g32"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tinygpt serve",
@@ -484,6 +488,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kv-blocks", type=int, default=None,
                         help="KV-cache blocks of 16 positions (default: room for --max-running "
                              "sequences of 512 positions)")
+    parser.add_argument("--quantize", choices=tuple(QUANTIZE), default=None,
+                        help="serve weight-only quantized weights: int8 (per row) or int4 "
+                             "(groups of 32), see tinygpt.quant (default: as loaded)")
     return parser
 
 
@@ -521,6 +528,10 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as err:
         print(f"error: cannot load the model: {err}", file=sys.stderr)
         return 2
+    if args.quantize is not None:
+        from tinygpt.quant import quantize_model
+
+        model = quantize_model(model.eval(), QUANTIZE[args.quantize])
     if args.engine == "serial":
         engine = SerialEngine(model.eval(), tokenizer, max_waiting=args.max_queue)
     else:
