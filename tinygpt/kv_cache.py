@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import warnings
+import weakref
 
 import torch
 import torch.nn.functional as nnf
@@ -291,6 +292,56 @@ class _PackedLinear(_Linear):
         return y.split(self.sizes, -1)
 
 
+class _TiledProduct(_Linear):
+    """The same products on tinygpt.cpu_kernels' tiled weights (stacked like _PackedLinear),
+    for up to cpu_kernels.MAX_ROWS sequences; a larger batch runs the plain products. Weights
+    the kernels do not take (refused by TiledLinear.refusal) run plain."""
+
+    def __new__(cls, *weights: torch.Tensor) -> _Linear:
+        from tinygpt.cpu_kernels import TiledLinear
+
+        if TiledLinear.refusal(*weights) is not None:
+            return _Linear(*weights)
+        return super().__new__(cls)
+
+    def __init__(self, *weights: torch.Tensor) -> None:
+        from tinygpt.cpu_kernels import MAX_ROWS, TiledLinear
+
+        super().__init__(*weights)
+        self.tiled, self.max_rows = TiledLinear(*weights), MAX_ROWS
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if x.numel() // x.shape[-1] > self.max_rows:
+            return super().__call__(x)
+        return self.tiled(x)
+
+
+# model -> (the versions and addresses of its weights when tiled, the tiled products, head):
+# generate() builds a DecodeStep per call, and tiling 500 MB of weights each time would cost
+# more than a short generation; the entry is rebuilt when any weight changed or moved.
+_TILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _weights_key(model: TinyGPT) -> tuple:
+    return tuple((p._version, p.data_ptr()) for p in model.parameters())
+
+
+def _tiled_refusal(model: torch.nn.Module, cache: KVCache) -> str | None:
+    """Why the tiled CPU products cannot be used for this model and cache, or None."""
+    from tinygpt import cpu_kernels
+
+    if not isinstance(model, TinyGPT) or getattr(model, "quant_scheme", None) is not None:
+        return "the tiled CPU products need a full-precision TinyGPT"
+    if cache.static:
+        return "the tiled CPU products need a dynamic cache (static=False)"
+    weight = model.output.weight
+    if weight.device.type != "cpu":
+        return f"the tiled CPU products are for CPU weights; the model is on {weight.device}"
+    if weight.dtype != torch.float32:
+        return f"the tiled CPU products take float32 models; this one is {weight.dtype}"
+    return cpu_kernels.available()
+
+
 def _fused_weights(model: TinyGPT, linear: type[_Linear] = _Linear) -> list[tuple]:
     """Per layer: (attention_norm weight, qkv, wo, ffn_norm weight, gate_up, w2), where qkv,
     wo, gate_up and w2 are `linear` products (each returns a tuple of outputs)."""
@@ -352,19 +403,25 @@ class DecodeStep:
     """
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, compile: bool = False,
-                 pack_weights: bool = False) -> None:
+                 pack_weights: bool = False, tiled: bool = True) -> None:
         if not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
-        for name, flag in (("compile", compile), ("pack_weights", pack_weights)):
+        for name, flag in (("compile", compile), ("pack_weights", pack_weights),
+                           ("tiled", tiled)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
         self.model, self.cache = model, cache
         self.compiled, self.reason = False, None
         self.packed, self.pack_reason = False, None
+        self.tiled, self.tiled_reason = False, None
         self._compiled_fn = None
         self._weights = None
         if pack_weights:
             self._try_pack()
+        elif tiled:
+            self._try_tile()
+        else:
+            self.tiled_reason = "tiled=False: the plain products run"
         if isinstance(model, TinyGPT) and not cache.static:
             if self._weights is None:
                 self._weights = _fused_weights(model)
@@ -375,6 +432,38 @@ class DecodeStep:
             self._sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
         if compile:
             self._try_compile()
+
+    def _try_tile(self) -> None:
+        """Use tinygpt.cpu_kernels' tiled products when they apply (cached per model, checked
+        against F.linear on a probe when built); otherwise keep tiled_reason and run plain."""
+        model = self.model
+        reason = _tiled_refusal(model, self.cache)
+        if reason is None:
+            key = _weights_key(model)
+            entry = _TILED.get(model)
+            if entry is None or entry[0] != key:
+                with torch.inference_mode():
+                    weights = _fused_weights(model, _TiledProduct)
+                    head = _TiledProduct(model.output.weight)
+                    products = [p for layer in weights for p in layer[1:] if
+                                isinstance(p, _TiledProduct)]
+                    if not products:
+                        reason = "the tiled kernels take none of this model's products"
+                    for product in products[:1] + products[-1:]:
+                        weight = torch.cat(product.weights)
+                        probe = torch.randn(1, weight.shape[1],
+                                            generator=torch.Generator().manual_seed(0))
+                        want = nnf.linear(probe, weight)
+                        got = torch.cat(product(probe), -1)
+                        if not torch.allclose(got, want, rtol=1e-4,
+                                              atol=1e-4 * want.abs().max().item()):
+                            reason = "the tiled product disagreed with F.linear on a probe"
+                    if reason is None:
+                        entry = _TILED[model] = (key, weights, head)
+        if reason is not None:
+            self.tiled_reason = reason
+            return
+        self._weights, self._head, self.tiled = entry[1], entry[2], True
 
     def _try_pack(self) -> None:
         model = self.model
