@@ -308,12 +308,15 @@ class _TiledProduct(_Linear):
         from tinygpt.cpu_kernels import MAX_ROWS, TiledLinear
 
         super().__init__(*weights)
-        self.tiled, self.max_rows = TiledLinear(*weights), MAX_ROWS
+        self.tiled = TiledLinear(*weights, dtype=weights[0].dtype)
+        self.max_rows = MAX_ROWS
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if x.numel() // x.shape[-1] > self.max_rows:
             return super().__call__(x)
-        return self.tiled(x)
+        if x.dtype == torch.float32:
+            return self.tiled(x)
+        return tuple(y.to(x.dtype) for y in self.tiled(x.float()))    # bfloat16 activations
 
 
 # model -> (the versions and addresses of its weights when tiled, the tiled products, head):
@@ -337,8 +340,9 @@ def _tiled_refusal(model: torch.nn.Module, cache: KVCache) -> str | None:
     weight = model.output.weight
     if weight.device.type != "cpu":
         return f"the tiled CPU products are for CPU weights; the model is on {weight.device}"
-    if weight.dtype != torch.float32:
-        return f"the tiled CPU products take float32 models; this one is {weight.dtype}"
+    if weight.dtype not in cpu_kernels.WEIGHT_DTYPES:
+        return (f"the tiled CPU products take float32 or bfloat16 models; this one is "
+                f"{weight.dtype}")
     return cpu_kernels.available()
 
 
@@ -453,8 +457,8 @@ class DecodeStep:
                         weight = torch.cat(product.weights)
                         probe = torch.randn(1, weight.shape[1],
                                             generator=torch.Generator().manual_seed(0))
-                        want = nnf.linear(probe, weight)
-                        got = torch.cat(product(probe), -1)
+                        want = nnf.linear(probe, weight.float())
+                        got = torch.cat(product.tiled(probe), -1)
                         if not torch.allclose(got, want, rtol=1e-4,
                                               atol=1e-4 * want.abs().max().item()):
                             reason = "the tiled product disagreed with F.linear on a probe"
