@@ -42,10 +42,27 @@ def test_tiled_float32_product_equals_f_linear(threads, n, k, rows):
 
 def test_tiled_bfloat16_product_is_f_linear_on_rounded_weights(threads):
     w, x = weights(1024, 320), weights(2, 320, seed=1)
-    tiled = ck.TiledLinear(w, dtype=torch.bfloat16)
+    tiled = ck.TiledLinear(w, fmt="bf16")
     (got,) = tiled(x)
     torch.testing.assert_close(got, nnf.linear(x, w.bfloat16().float()), rtol=1e-5, atol=1e-5)
     assert tiled.nbytes == w.nbytes // 2
+
+
+def test_q8_0_matches_the_gguf_package_and_the_kernel_multiplies_its_values(threads):
+    """Our Q8_0 rounding equals llama.cpp's (the gguf package's reference quantizer), and the
+    kernel on Q8_0 tiles equals F.linear on the dequantized weights (summation order only)."""
+    gguf = pytest.importorskip("gguf")
+    w, x = weights(80, 96) + weights(80, 96, seed=5) ** 3, weights(3, 96, seed=1)
+    q, d = ck.quantize_q8_0(w)
+    ours = ck.dequantize_q8_0(q, d)
+    kind = gguf.GGMLQuantizationType.Q8_0
+    reference = gguf.quants.dequantize(gguf.quants.quantize(w.numpy(), kind), kind)
+    assert torch.equal(ours, torch.from_numpy(reference))
+    tiled = ck.TiledLinear(w, fmt="q8_0")
+    torch.testing.assert_close(tiled(x)[0], nnf.linear(x, ours), rtol=1e-5, atol=1e-5)
+    assert tiled.nbytes == 80 * 96 + 80 * 3 * 4           # 8 bits + a float32 per 32
+    assert torch.equal(ck.dequantize_q8_0(*ck.quantize_q8_0(ours)), ours)   # idempotent
+    assert "multiple of 32" in ck.TiledLinear.refusal(weights(16, 40), fmt="q8_0")
 
 
 def test_stacked_weights_split_like_the_layers_one_by_one():
@@ -69,6 +86,8 @@ def test_bad_shapes_and_inputs_are_refused():
         tiled(weights(1, 8).double())
     with pytest.raises(ValueError, match="threads"):
         ck.set_threads(0)
+    with pytest.raises(ValueError, match="fmt must be one of"):
+        ck.TiledLinear(weights(16, 8), fmt="int3")
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,3 +177,25 @@ def test_a_bfloat16_model_on_tiled_products_tracks_its_own_forward():
         assert (got - want).abs().max() <= 0.03 * want.abs().max()
         same.append(bool(got.argmax() == want.argmax()))
     assert sum(same) >= 0.9 * len(same)
+
+
+def test_a_q8_0_model_decodes_its_own_greedy_tokens_from_q8_0_tiles():
+    """q8_0_model: every linear (the tied head too) holds its Q8_0 values; generate() streams
+    them as Q8_0 tiles and picks the greedy tokens of the copy's own forward."""
+    model, tokenizer = load_pretrained()
+    q8 = ck.q8_0_model(model)
+    step = DecodeStep(q8, KVCache.for_model(q8))
+    assert step.tiled and step._weights[0][1].tiled.fmt == "q8_0"
+    w = model.layers[0].attention.wq.weight
+    assert torch.equal(q8.layers[0].attention.wq.weight,
+                       ck.dequantize_q8_0(*ck.quantize_q8_0(w)))
+    new = 24
+    prompt = tokenizer.encode("Once upon a time")
+    cache = KVCache.for_model(q8, 1, len(prompt) + new)
+    logits, want = prefill(q8, cache, torch.tensor([prompt])), []
+    for _ in range(new):
+        token = logits.argmax(-1, keepdim=True)
+        want.append(int(token))
+        logits = decode_step(q8, cache, token)
+    assert generate(q8, prompt, SamplingParams(temperature=0.0, max_new_tokens=new)
+                    ).token_ids == want

@@ -29,6 +29,7 @@ tinygpt.kv_cache.DecodeStep checks the kernels against them when it builds a ste
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import hashlib
 import os
@@ -45,8 +46,10 @@ SOURCE = Path(__file__).with_name("csrc") / "cpu_gemv.c"
 FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp-simd", "-shared",
          "-fPIC", "-pthread")
 TILE = 16
+Q_BLOCK = 32            # Q8_0: one scale per row and block of 32 columns
 MAX_ROWS = 4            # x rows (sequences) per product; larger batches are compute-bound
-WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+FORMATS = {"fp32": 0, "bf16": 1, "q8_0": 2}       # the kernels' weight formats
+WEIGHT_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 _lock = threading.Lock()            # one product at a time: the pool runs one job
 _state: dict = {}
@@ -122,6 +125,43 @@ def available() -> str | None:
     return _state["reason"]
 
 
+def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's Q8_0 on the rows of W (N, K), K a multiple of 32: per row and block of 32
+    columns d = max |w| / 127 and q = round(w / d) in [-127, 127]; d is then stored as a
+    float16 (as in a GGUF file). Returns (q int8 (N, K), d float32 (N, K / 32)), the float32
+    holding the float16 value exactly; W ~ q * d."""
+    n, k = weight.shape
+    if k % Q_BLOCK:
+        raise ValueError(f"Q8_0 needs in_features a multiple of {Q_BLOCK}, got {k}")
+    blocks = weight.detach().float().reshape(n, k // Q_BLOCK, Q_BLOCK)
+    d = blocks.abs().amax(-1) / 127
+    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    q = torch.round(blocks * inverse[..., None]).clamp(-127, 127).to(torch.int8)
+    return q.reshape(n, k), d.half().float()
+
+
+def dequantize_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """q int8 (N, K), d (N, K / 32) -> float32 (N, K): every weight q * d of its block."""
+    n, k = q.shape
+    return (q.float().reshape(n, k // Q_BLOCK, Q_BLOCK) * d.float()[..., None]).reshape(n, k)
+
+
+def tile_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Q8_0 blocks in the kernel's layout: per tile of 16 rows (the last padded with zero rows)
+    and block b, 16 float32 scales then the 32 x 16 int8 weights column by column; a uint8
+    tensor (tiles, K / 32, 64 + 512)."""
+    n, k = q.shape
+    pad = -n % TILE
+    if pad:
+        q = torch.cat([q, q.new_zeros(pad, k)])
+        d = torch.cat([d, d.new_zeros(pad, d.shape[1])])
+    tiles, blocks = q.shape[0] // TILE, k // Q_BLOCK
+    values = q.reshape(tiles, TILE, blocks, Q_BLOCK).permute(0, 2, 3, 1)   # (t, b, 32, 16)
+    scales = d.float().reshape(tiles, TILE, blocks).permute(0, 2, 1)       # (t, b, 16)
+    return torch.cat([scales.contiguous().view(torch.uint8).reshape(tiles, blocks, -1),
+                      values.contiguous().view(torch.uint8).reshape(tiles, blocks, -1)], -1)
+
+
 def tile(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """W (N, K) -> the tiled layout (ceil(N / 16), K, 16) in `dtype` (a copy); a last partial
     tile is padded with zero rows."""
@@ -136,35 +176,43 @@ def tile(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tens
 class TiledLinear:
     """y_i = x @ W_i^T for weights W_i (N_i, K) that share their input, as one tiled product.
 
-    TiledLinear(*weights, dtype=torch.float32 or torch.bfloat16) stacks the weights, tiles them
-    and keeps the copy (later changes to the weights do not reach it). Call it with x (M, K)
+    TiledLinear(*weights, fmt="fp32", "bf16" or "q8_0") stacks the weights, converts them to
+    the format (bf16: rounded to bfloat16; q8_0: quantize_q8_0, K a multiple of 32), tiles
+    them and keeps the copy (later changes to the weights do not reach it). Call it with x (M, K)
     or (B, 1, K) float32, M <= MAX_ROWS: it returns one float32 output per weight, shapes
     (..., N_i). The stacked rows are padded to a multiple of 16 with zeros, whose outputs are
     dropped.
     """
 
-    def __init__(self, *weights: torch.Tensor, dtype: torch.dtype = torch.float32) -> None:
-        reason = self.refusal(*weights)
+    def __init__(self, *weights: torch.Tensor, fmt: str = "fp32") -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt!r}")
+        reason = self.refusal(*weights, fmt=fmt)
         if reason is not None:
             raise ValueError(reason)
         lib = load()
         if lib is None:
             raise RuntimeError(available())
-        self.lib, self.dtype, self.code = lib, dtype, WEIGHT_DTYPES[dtype]
+        self.lib, self.fmt, self.code = lib, fmt, FORMATS[fmt]
         self.sizes = [w.shape[0] for w in weights]
         self.n, self.k = sum(self.sizes), weights[0].shape[1]
         self.n_pad = self.n + -self.n % TILE
         with torch.inference_mode(False), torch.no_grad():
             stacked = torch.cat([w.detach() for w in weights]) if len(weights) > 1 \
                 else weights[0].detach()
-            self.tiled = tile(stacked, dtype)
+            if fmt == "q8_0":
+                self.tiled = tile_q8_0(*quantize_q8_0(stacked))
+            else:
+                self.tiled = tile(stacked, torch.float32 if fmt == "fp32" else torch.bfloat16)
 
     @staticmethod
-    def refusal(*weights: torch.Tensor) -> str | None:
-        """Why these weights cannot be tiled together, or None when they can."""
+    def refusal(*weights: torch.Tensor, fmt: str = "fp32") -> str | None:
+        """Why these weights cannot be tiled together in `fmt`, or None when they can."""
         if not weights:
             return "TiledLinear needs at least one weight"
         k = weights[0].shape[-1]
+        if fmt == "q8_0" and k % Q_BLOCK:
+            return f"Q8_0 needs in_features a multiple of {Q_BLOCK}, got {k}"
         for w in weights:
             if w.ndim != 2 or w.shape[1] != k or not w.dtype.is_floating_point:
                 return (f"TiledLinear needs 2-D floating point weights sharing in_features; "
@@ -192,3 +240,20 @@ class TiledLinear:
         if self.n_pad != self.n:
             y = y[:, :self.n]
         return y.view(*lead, self.n).split(self.sizes, -1)
+
+
+def q8_0_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` whose every linear weight (the LM head too, and with it a tied
+    embedding) holds its Q8_0 values, dequantize_q8_0(*quantize_q8_0(W)), and that is marked
+    `decode_weights = "q8_0"`: tinygpt.kv_cache.DecodeStep then streams those weights as Q8_0
+    blocks (8.5 bits per weight) instead of float32. Everything else (prefill, the engine, the
+    plain step) computes with the same values in float32, so the fast step's oracle is exact
+    up to summation order: re-quantizing a Q8_0 block's values gives back the same block.
+    Weights whose in_features is not a multiple of 32 stay as they are."""
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for module in out.modules():
+            if isinstance(module, torch.nn.Linear) and module.in_features % Q_BLOCK == 0:
+                module.weight.copy_(dequantize_q8_0(*quantize_q8_0(module.weight)))
+    out.decode_weights = "q8_0"
+    return out.eval()

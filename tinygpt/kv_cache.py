@@ -36,9 +36,11 @@ slots with a mask, so every decode step has identical shapes, which CUDA graphs 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import warnings
 import weakref
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as nnf
@@ -297,18 +299,18 @@ class _TiledProduct(_Linear):
     for up to cpu_kernels.MAX_ROWS sequences; a larger batch runs the plain products. Weights
     the kernels do not take (refused by TiledLinear.refusal) run plain."""
 
-    def __new__(cls, *weights: torch.Tensor) -> _Linear:
+    def __new__(cls, *weights: torch.Tensor, fmt: str = "fp32") -> _Linear:
         from tinygpt.cpu_kernels import TiledLinear
 
-        if TiledLinear.refusal(*weights) is not None:
+        if TiledLinear.refusal(*weights, fmt=fmt) is not None:
             return _Linear(*weights)
         return super().__new__(cls)
 
-    def __init__(self, *weights: torch.Tensor) -> None:
+    def __init__(self, *weights: torch.Tensor, fmt: str = "fp32") -> None:
         from tinygpt.cpu_kernels import MAX_ROWS, TiledLinear
 
         super().__init__(*weights)
-        self.tiled = TiledLinear(*weights, dtype=weights[0].dtype)
+        self.tiled = TiledLinear(*weights, fmt=fmt)
         self.max_rows = MAX_ROWS
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -346,7 +348,7 @@ def _tiled_refusal(model: torch.nn.Module, cache: KVCache) -> str | None:
     return cpu_kernels.available()
 
 
-def _fused_weights(model: TinyGPT, linear: type[_Linear] = _Linear) -> list[tuple]:
+def _fused_weights(model: TinyGPT, linear: Callable[..., _Linear] = _Linear) -> list[tuple]:
     """Per layer: (attention_norm weight, qkv, wo, ffn_norm weight, gate_up, w2), where qkv,
     wo, gate_up and w2 are `linear` products (each returns a tuple of outputs)."""
     return [(b.attention_norm.weight,
@@ -447,8 +449,13 @@ class DecodeStep:
             entry = _TILED.get(model)
             if entry is None or entry[0] != key:
                 with torch.inference_mode():
-                    weights = _fused_weights(model, _TiledProduct)
-                    head = _TiledProduct(model.output.weight)
+                    from tinygpt.cpu_kernels import WEIGHT_DTYPES
+
+                    fmt = getattr(model, "decode_weights", None) or \
+                        WEIGHT_DTYPES[model.output.weight.dtype]
+                    product = functools.partial(_TiledProduct, fmt=fmt)
+                    weights = _fused_weights(model, product)
+                    head = product(model.output.weight)
                     products = [p for layer in weights for p in layer[1:] if
                                 isinstance(p, _TiledProduct)]
                     if not products:

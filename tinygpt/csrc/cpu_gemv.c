@@ -16,8 +16,9 @@
  *                the operating system has not scheduled (a busy machine) makes a product no
  *                slower than one core would; it never waits for a helper that took nothing.
  *
- * Weights come as float32 or bfloat16 (16-bit: the top half of a float32, widened by a
- * shift); x and y are float32, and every sum is float32. The compiler vectorizes the 16-wide
+ * Weights come as float32, bfloat16 (16-bit: the top half of a float32, widened by a shift)
+ * or 8-bit integers with one float32 scale per row and block of 32 columns (tiles_q8); x and
+ * y are float32, and every sum is float32. The compiler vectorizes the 16-wide
  * loops (-O3 -march=native). Built and loaded by tinygpt/cpu_kernels.py.
  */
 #include <pthread.h>
@@ -102,11 +103,51 @@ static void tiles_bf16(const uint16_t *w, const float *x, float *y, long m_rows,
     }
 }
 
+/* 8-bit weights in blocks of 32 (llama.cpp's Q8_0 shape): a tile of 16 rows is K / 32 blocks,
+ * each 16 float32 scales (one per row) followed by 32 x 16 int8 weights, column by column:
+ * W[16t + i, 32b + j] = scale[i] * q[j][i]. Per block the 16 sums run over the 32 columns,
+ * then each is scaled once. */
+#define QBLOCK 32
+#define Q8_BLOCK_BYTES (TILE * 4 + QBLOCK * TILE)
+
+static void tiles_q8(const uint8_t *w, const float *x, float *y, long m_rows, long n, long k,
+                     long t0, long t1) {
+    long blocks = k / QBLOCK;
+    for (long t = t0; t < t1; t++) {
+        const uint8_t *wt = w + t * blocks * Q8_BLOCK_BYTES;
+        for (long m = 0; m < m_rows; m++) {
+            const float *xm = x + m * k;
+            float acc[TILE] = {0};
+            for (long b = 0; b < blocks; b++) {
+                const uint8_t *blk = wt + b * Q8_BLOCK_BYTES;
+                float scale[TILE];
+                memcpy(scale, blk, sizeof scale);
+                const int8_t *q = (const int8_t *)(blk + TILE * 4);
+                const float *xb = xm + b * QBLOCK;
+                float a0[TILE] = {0}, a1[TILE] = {0};
+                for (int j = 0; j < QBLOCK; j += 2) {
+                    float x0 = xb[j], x1 = xb[j + 1];
+                    const int8_t *q0 = q + j * TILE, *q1 = q0 + TILE;
+#pragma omp simd
+                    for (int i = 0; i < TILE; i++) {
+                        a0[i] += (float)q0[i] * x0;
+                        a1[i] += (float)q1[i] * x1;
+                    }
+                }
+#pragma omp simd
+                for (int i = 0; i < TILE; i++) acc[i] += scale[i] * (a0[i] + a1[i]);
+            }
+            float *ym = y + m * n + t * TILE;
+            memcpy(ym, acc, sizeof acc);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* the pool: one job at a time, handed out in chunks of tiles by an atomic counter           */
 
 typedef struct {
-    int dtype;                   /* 0: float32 weights, 1: bfloat16 */
+    int dtype;                   /* 0: float32 weights, 1: bfloat16, 2: 8-bit blocks of 32 */
     const void *w;
     const float *x;
     float *y;
@@ -135,8 +176,10 @@ static void run_chunk(long c) {
     long t0 = c * job.chunk, t1 = t0 + job.chunk < job.tiles ? t0 + job.chunk : job.tiles;
     if (job.dtype == 0)
         tiles_f32((const float *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
-    else
+    else if (job.dtype == 1)
         tiles_bf16((const uint16_t *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
+    else
+        tiles_q8((const uint8_t *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
 }
 
 /* take chunks of generation `gen` until none is left; returns how many were done */
@@ -209,12 +252,13 @@ void tg_stop(void) {
     atomic_store(&stopping, 0);
 }
 
-/* y (m, n) = x (m, k) @ W^T with W tiled (n / 16, k, 16); n must be a multiple of 16.
+/* y (m, n) = x (m, k) @ W^T with W tiled (n / 16 tiles); n must be a multiple of 16 (and k of
+ * 32 for dtype 2).
  * Not reentrant: one product at a time (the Python side holds a lock). */
 void tg_gemv(int dtype, const void *w, const float *x, float *y, long m, long n, long k) {
     long tiles = n / TILE;
     /* chunks of about 64 KB of weights, so that a free helper always finds some */
-    long bytes_per_tile = k * TILE * (dtype == 0 ? 4 : 2);
+    long bytes_per_tile = dtype == 2 ? k / QBLOCK * Q8_BLOCK_BYTES : k * TILE * (dtype == 0 ? 4 : 2);
     long chunk = (65536 + bytes_per_tile - 1) / bytes_per_tile;
     if (chunk < 1) chunk = 1;
     if ((tiles + chunk - 1) / chunk > MAX_CHUNKS) chunk = (tiles + MAX_CHUNKS - 1) / MAX_CHUNKS;
