@@ -15,8 +15,11 @@ from torch import nn
 
 from tinygpt import corpus
 from tinygpt import quant as Q
+from tinygpt.engine import Engine
+from tinygpt.generate import generate
 from tinygpt.kv_cache import DecodeStep, KVCache, decode_step, prefill
 from tinygpt.model import ModelConfig, TinyGPT
+from tinygpt.sampling import SamplingParams
 from tinygpt.train import encode_stories, evaluate, load_pretrained, loss_floor
 
 
@@ -361,6 +364,28 @@ def test_quantized_decode_step_matches_the_quantized_model(shipped, scheme, kern
     assert step.packed and set(step.kernels) == {"qkv", "wo", "gate_up", "w2"}
     with pytest.raises(TypeError, match="quantized TinyGPT"):
         Q.QuantizedDecodeStep(model, KVCache.for_model(model, 1, 8))
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4-g32"])
+def test_generate_and_the_engine_run_a_quantized_model(shipped, scheme):
+    """generate() (QuantizedDecodeStep) and the Engine (the paged runner) pick the greedy
+    tokens of the quantized model's own forward, module by module, on a KV cache."""
+    model, _, held_out, _ = shipped
+    qm = Q.quantize_model(model, scheme)
+    new = 10
+    params = SamplingParams(temperature=0.0, max_new_tokens=new)
+    prompts = [held_out[i:i + 6].tolist() for i in (0, 37, 81)]
+    wants = []
+    for prompt in prompts:
+        cache = KVCache.for_model(qm, 1, len(prompt) + new)
+        logits, want = prefill(qm, cache, torch.tensor([prompt])), []
+        for _ in range(new):
+            token = logits.argmax(-1, keepdim=True)
+            want.append(int(token))
+            logits = decode_step(qm, cache, token)
+        wants.append(want)
+        assert generate(qm, prompt, params).token_ids == want
+    assert [r.token_ids for r in Engine(qm, max_running=4).generate(prompts, params)] == wants
 
 
 def test_dequant_kernel_tracks_the_fp32_model_through_the_cached_loop(shipped):

@@ -323,6 +323,20 @@ def test_bad_engine_flags_are_refused():
     assert main(["--token-budget", "-1"]) == 2
     assert main(["--max-body-bytes", "0"]) == 2
     assert main(["--header-timeout", "0"]) == 2
+    assert main(["--quantize", "int3"]) == 2
+
+
+def test_a_quantized_model_is_served(reference):
+    from tinygpt.quant import quantize_model
+
+    model, tokenizer = reference
+    want = generate(quantize_model(model, "int8"), tokenizer.encode("A dog"),
+                    SamplingParams(temperature=0, max_new_tokens=15),
+                    eos_id=tokenizer.special_tokens["<|endoftext|>"], tokenizer=tokenizer)
+    with server("--quantize", "int8") as (url, _):
+        got = client(url).completions.create(model="tinygpt", prompt="A dog", max_tokens=15,
+                                             temperature=0)
+    assert got.choices[0].text == want.text
 
 
 def hf_llama_folder(path):

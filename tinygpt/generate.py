@@ -47,6 +47,7 @@ from tinygpt.kv_cache import (
     prefill,
     supports_kv_cache,
 )
+from tinygpt.quant import QuantizedDecodeStep
 from tinygpt.sampling import DEFAULT_ORDER, SamplingParams, check_order, sample_next_token
 
 STOP_REASONS = ("eos", "length", "stop_string")
@@ -189,6 +190,9 @@ class CachedLogits:
     token is never fed back.
     compile: opt-in CUDA-graph decode step (see tinygpt.kv_cache.DecodeStep); on another
     device a CompileFallbackWarning says why it is not used.
+    A quantized model (tinygpt.quant.quantize_model) decodes with QuantizedDecodeStep, its
+    own fused step on the quantized kernels, on a dynamic cache; compile=True then falls back
+    with a CompileFallbackWarning (the quantized kernels are not captured in a CUDA graph).
     """
 
     def __init__(self, model: torch.nn.Module, prompt_len: int, max_new_tokens: int, *,
@@ -196,6 +200,14 @@ class CachedLogits:
         _, self.max_seq_len = model_limits(model)
         self.model = model
         length = min(self.max_seq_len, prompt_len + max_new_tokens - 1)
+        if getattr(model, "quant_scheme", None) is not None:
+            if compile:
+                warnings.warn(f"compile=True is not supported for a quantized model "
+                              f"({model.quant_scheme}); its eager fused step is used",
+                              CompileFallbackWarning, stacklevel=3)
+            self.cache = KVCache.for_model(model, batch_size=1, max_len=length)
+            self.step = QuantizedDecodeStep(model, self.cache)
+            return
         static = compile and model_device(model).type == "cuda"
         self.cache = KVCache.for_model(model, batch_size=1, max_len=length, static=static)
         self.step = DecodeStep(model, self.cache, compile=compile)

@@ -36,8 +36,11 @@ slots with a mask, so every decode step has identical shapes, which CUDA graphs 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import warnings
+import weakref
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as nnf
@@ -291,7 +294,61 @@ class _PackedLinear(_Linear):
         return y.split(self.sizes, -1)
 
 
-def _fused_weights(model: TinyGPT, linear: type[_Linear] = _Linear) -> list[tuple]:
+class _TiledProduct(_Linear):
+    """The same products on tinygpt.cpu_kernels' tiled weights (stacked like _PackedLinear),
+    for up to cpu_kernels.MAX_ROWS sequences; a larger batch runs the plain products. Weights
+    the kernels do not take (refused by TiledLinear.refusal) run plain."""
+
+    def __new__(cls, *weights: torch.Tensor, fmt: str = "fp32") -> _Linear:
+        from tinygpt.cpu_kernels import TiledLinear
+
+        if TiledLinear.refusal(*weights, fmt=fmt) is not None:
+            return _Linear(*weights)
+        return super().__new__(cls)
+
+    def __init__(self, *weights: torch.Tensor, fmt: str = "fp32") -> None:
+        from tinygpt.cpu_kernels import MAX_ROWS, TiledLinear
+
+        super().__init__(*weights)
+        self.tiled = TiledLinear(*weights, fmt=fmt)
+        self.max_rows = MAX_ROWS
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if x.numel() // x.shape[-1] > self.max_rows:
+            return super().__call__(x)
+        if x.dtype == torch.float32:
+            return self.tiled(x)
+        return tuple(y.to(x.dtype) for y in self.tiled(x.float()))    # bfloat16 activations
+
+
+# model -> (the versions and addresses of its weights when tiled, the tiled products, head):
+# generate() builds a DecodeStep per call, and tiling 500 MB of weights each time would cost
+# more than a short generation; the entry is rebuilt when any weight changed or moved.
+_TILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _weights_key(model: TinyGPT) -> tuple:
+    return tuple((p._version, p.data_ptr()) for p in model.parameters())
+
+
+def _tiled_refusal(model: torch.nn.Module, cache: KVCache) -> str | None:
+    """Why the tiled CPU products cannot be used for this model and cache, or None."""
+    from tinygpt import cpu_kernels
+
+    if not isinstance(model, TinyGPT) or getattr(model, "quant_scheme", None) is not None:
+        return "the tiled CPU products need a full-precision TinyGPT"
+    if cache.static:
+        return "the tiled CPU products need a dynamic cache (static=False)"
+    weight = model.output.weight
+    if weight.device.type != "cpu":
+        return f"the tiled CPU products are for CPU weights; the model is on {weight.device}"
+    if weight.dtype not in cpu_kernels.WEIGHT_DTYPES:
+        return (f"the tiled CPU products take float32 or bfloat16 models; this one is "
+                f"{weight.dtype}")
+    return cpu_kernels.available()
+
+
+def _fused_weights(model: TinyGPT, linear: Callable[..., _Linear] = _Linear) -> list[tuple]:
     """Per layer: (attention_norm weight, qkv, wo, ffn_norm weight, gate_up, w2), where qkv,
     wo, gate_up and w2 are `linear` products (each returns a tuple of outputs)."""
     return [(b.attention_norm.weight,
@@ -352,19 +409,25 @@ class DecodeStep:
     """
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, compile: bool = False,
-                 pack_weights: bool = False) -> None:
+                 pack_weights: bool = False, tiled: bool = True) -> None:
         if not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
-        for name, flag in (("compile", compile), ("pack_weights", pack_weights)):
+        for name, flag in (("compile", compile), ("pack_weights", pack_weights),
+                           ("tiled", tiled)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
         self.model, self.cache = model, cache
         self.compiled, self.reason = False, None
         self.packed, self.pack_reason = False, None
+        self.tiled, self.tiled_reason = False, None
         self._compiled_fn = None
         self._weights = None
         if pack_weights:
             self._try_pack()
+        elif tiled:
+            self._try_tile()
+        else:
+            self.tiled_reason = "tiled=False: the plain products run"
         if isinstance(model, TinyGPT) and not cache.static:
             if self._weights is None:
                 self._weights = _fused_weights(model)
@@ -375,6 +438,43 @@ class DecodeStep:
             self._sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
         if compile:
             self._try_compile()
+
+    def _try_tile(self) -> None:
+        """Use tinygpt.cpu_kernels' tiled products when they apply (cached per model, checked
+        against F.linear on a probe when built); otherwise keep tiled_reason and run plain."""
+        model = self.model
+        reason = _tiled_refusal(model, self.cache)
+        if reason is None:
+            key = _weights_key(model)
+            entry = _TILED.get(model)
+            if entry is None or entry[0] != key:
+                with torch.inference_mode():
+                    from tinygpt.cpu_kernels import WEIGHT_DTYPES
+
+                    fmt = getattr(model, "decode_weights", None) or \
+                        WEIGHT_DTYPES[model.output.weight.dtype]
+                    product = functools.partial(_TiledProduct, fmt=fmt)
+                    weights = _fused_weights(model, product)
+                    head = product(model.output.weight)
+                    products = [p for layer in weights for p in layer[1:] if
+                                isinstance(p, _TiledProduct)]
+                    if not products:
+                        reason = "the tiled kernels take none of this model's products"
+                    for product in products[:1] + products[-1:]:
+                        weight = torch.cat(product.weights)
+                        probe = torch.randn(1, weight.shape[1],
+                                            generator=torch.Generator().manual_seed(0))
+                        want = nnf.linear(probe, weight.float())
+                        got = torch.cat(product.tiled(probe), -1)
+                        if not torch.allclose(got, want, rtol=1e-4,
+                                              atol=1e-4 * want.abs().max().item()):
+                            reason = "the tiled product disagreed with F.linear on a probe"
+                    if reason is None:
+                        entry = _TILED[model] = (key, weights, head)
+        if reason is not None:
+            self.tiled_reason = reason
+            return
+        self._weights, self._head, self.tiled = entry[1], entry[2], True
 
     def _try_pack(self) -> None:
         model = self.model

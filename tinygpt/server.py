@@ -974,6 +974,10 @@ def default_kv_blocks(cfg, max_running: int, model_id: str, block_size: int = 16
     return cap
 
 
+# --quantize NAME -> the tinygpt.quant scheme it serves
+QUANTIZE = {"int8": "int8", "int4": "int4-g32"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tinygpt serve",
@@ -1012,6 +1016,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT_S,
                         help=f"seconds a connection may take to send its request headers; "
                              f"then it is closed (default {HEADER_TIMEOUT_S:g})")
+    parser.add_argument("--quantize", choices=tuple(QUANTIZE), default=None,
+                        help="serve weight-only quantized weights: int8 (per row) or int4 "
+                             "(groups of 32), see tinygpt.quant (default: as loaded)")
     return parser
 
 
@@ -1085,6 +1092,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.kv_blocks is None and args.engine == "batch":
         args.kv_blocks = default_kv_blocks(model.cfg, args.max_running, info.model_id)
+    if args.quantize is not None:
+        from tinygpt.quant import quantize_model
+
+        model = quantize_model(model.eval(), QUANTIZE[args.quantize])
     if args.engine == "serial":
         engine = SerialEngine(model.eval(), tokenizer, max_waiting=args.max_queue)
     else:

@@ -1,0 +1,259 @@
+"""Decode products at the CPU's memory bandwidth: tiled weights and a row split over the cores.
+
+At batch 1 every product of a decode step multiplies a weight matrix by one vector: each weight
+is read once for two flops, so the step should take (bytes of weights) / (memory bandwidth).
+torch's products reach about half of that on a small model's 1-4 MB matrices (`make bench`
+prints the figures): F.linear streams rows that need a horizontal sum each, and a batch-1
+product is not split across the cores, so one core's share of the bandwidth is all it gets.
+
+The kernels here (C, in tinygpt/csrc/cpu_gemv.c, compiled on first use) fix both:
+
+    tiled layout   W (N, K) is stored as (N / 16, K, 16): tile t holds rows 16t .. 16t+15
+                   column by column, so a tile is one sequential stream and every step is one
+                   16-wide multiply-add into 16 running sums (no horizontal sums)
+    row split      each product's tiles are shared by every core: helper threads started once
+                   take chunks of tiles from an atomic counter and spin between products; the
+                   calling thread takes chunks too and never waits for a helper that took none
+    weights        float32 (exact products up to summation order) or bfloat16 (half the
+                   bytes; each weight rounded once to 8 significant bits, the sums in float32)
+
+    TiledLinear        the products of one or more weights that share their input (q, k, v;
+                       gate and up), stacked and tiled: x (M, K) -> a tuple of (M, N_i)
+    available()        None when the kernels can run here, else the reason they cannot
+    load()             the compiled library (compiles it once per machine and source)
+
+The compiled library is cached under $TINYGPT_CACHE (default ~/.cache/tinygpt), named by a
+hash of the source, the compiler and its flags. The plain products (F.linear) stay the oracle:
+tinygpt.kv_cache.DecodeStep checks the kernels against them when it builds a step.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("csrc") / "cpu_gemv.c"
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp-simd", "-shared",
+         "-fPIC", "-pthread")
+TILE = 16
+Q_BLOCK = 32            # Q8_0: one scale per row and block of 32 columns
+MAX_ROWS = 4            # x rows (sequences) per product; larger batches are compute-bound
+FORMATS = {"fp32": 0, "bf16": 1, "q8_0": 2}       # the kernels' weight formats
+WEIGHT_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+_lock = threading.Lock()            # one product at a time: the pool runs one job
+_state: dict = {}
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("TINYGPT_CACHE", Path.home() / ".cache" / "tinygpt"))
+
+
+def _build() -> ctypes.CDLL:
+    """Compile the source (once per source, compiler and flags) and load it."""
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        raise OSError("no C compiler found (set CC, or install gcc)")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                             check=False).stdout
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + version.encode() + " ".join(FLAGS).encode()
+                         + platform.machine().encode()).hexdigest()[:16]
+    target = _cache_dir() / f"cpu_gemv-{key}.so"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            out = Path(tmp) / target.name
+            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(out)],
+                                  capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise OSError(f"compiling {SOURCE.name} failed: {done.stderr.strip()[-500:]}")
+            os.replace(out, target)       # atomic: a concurrent build never sees half a file
+    lib = ctypes.CDLL(str(target))
+    lib.tg_gemv.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
+    lib.tg_gemv.restype = None
+    lib.tg_start.argtypes = [ctypes.c_int]
+    lib.tg_start.restype = ctypes.c_int
+    lib.tg_stop.restype = None
+    lib.tg_start(max(1, torch.get_num_threads()))
+    return lib
+
+
+def load() -> ctypes.CDLL | None:
+    """The kernel library, compiled and started on first use; None when it cannot be (the
+    reason is then available())."""
+    with _lock:
+        if "lib" not in _state:
+            _state["lib"], _state["reason"] = None, None
+            if platform.machine() not in ("x86_64", "AMD64"):
+                _state["reason"] = (f"the CPU kernels are written for x86-64; this machine is "
+                                    f"{platform.machine()}")
+            else:
+                try:
+                    _state["lib"] = _build()
+                except OSError as err:
+                    _state["reason"] = f"the CPU kernels could not be built: {err}"
+        return _state["lib"]
+
+
+def set_threads(threads: int) -> int:
+    """Split every product over `threads` threads from now on (the default is
+    torch.get_num_threads() when the library loads); returns the count now running."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive integer, got {threads!r}")
+    lib = load()
+    if lib is None:
+        raise RuntimeError(available())
+    with _lock:
+        lib.tg_stop()
+        return lib.tg_start(threads)
+
+
+def available() -> str | None:
+    """None when the tiled CPU kernels can run on this machine, else the reason they cannot."""
+    load()
+    return _state["reason"]
+
+
+def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's Q8_0 on the rows of W (N, K), K a multiple of 32: per row and block of 32
+    columns d = max |w| / 127 and q = round(w / d) in [-127, 127]; d is then stored as a
+    float16 (as in a GGUF file). Returns (q int8 (N, K), d float32 (N, K / 32)), the float32
+    holding the float16 value exactly; W ~ q * d."""
+    n, k = weight.shape
+    if k % Q_BLOCK:
+        raise ValueError(f"Q8_0 needs in_features a multiple of {Q_BLOCK}, got {k}")
+    blocks = weight.detach().float().reshape(n, k // Q_BLOCK, Q_BLOCK)
+    d = blocks.abs().amax(-1) / 127
+    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    q = torch.round(blocks * inverse[..., None]).clamp(-127, 127).to(torch.int8)
+    return q.reshape(n, k), d.half().float()
+
+
+def dequantize_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """q int8 (N, K), d (N, K / 32) -> float32 (N, K): every weight q * d of its block."""
+    n, k = q.shape
+    return (q.float().reshape(n, k // Q_BLOCK, Q_BLOCK) * d.float()[..., None]).reshape(n, k)
+
+
+def tile_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Q8_0 blocks in the kernel's layout: per tile of 16 rows (the last padded with zero rows)
+    and block b, 16 float32 scales then the 32 x 16 int8 weights column by column; a uint8
+    tensor (tiles, K / 32, 64 + 512)."""
+    n, k = q.shape
+    pad = -n % TILE
+    if pad:
+        q = torch.cat([q, q.new_zeros(pad, k)])
+        d = torch.cat([d, d.new_zeros(pad, d.shape[1])])
+    tiles, blocks = q.shape[0] // TILE, k // Q_BLOCK
+    values = q.reshape(tiles, TILE, blocks, Q_BLOCK).permute(0, 2, 3, 1)   # (t, b, 32, 16)
+    scales = d.float().reshape(tiles, TILE, blocks).permute(0, 2, 1)       # (t, b, 16)
+    return torch.cat([scales.contiguous().view(torch.uint8).reshape(tiles, blocks, -1),
+                      values.contiguous().view(torch.uint8).reshape(tiles, blocks, -1)], -1)
+
+
+def tile(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """W (N, K) -> the tiled layout (ceil(N / 16), K, 16) in `dtype` (a copy); a last partial
+    tile is padded with zero rows."""
+    n, k = weight.shape
+    if dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"dtype must be one of {list(WEIGHT_DTYPES)}, got {dtype}")
+    pad = -n % TILE
+    w = torch.cat([weight.detach(), weight.new_zeros(pad, k)]) if pad else weight.detach()
+    return w.to(dtype).reshape(-1, TILE, k).transpose(1, 2).contiguous()
+
+
+class TiledLinear:
+    """y_i = x @ W_i^T for weights W_i (N_i, K) that share their input, as one tiled product.
+
+    TiledLinear(*weights, fmt="fp32", "bf16" or "q8_0") stacks the weights, converts them to
+    the format (bf16: rounded to bfloat16; q8_0: quantize_q8_0, K a multiple of 32), tiles
+    them and keeps the copy (later changes to the weights do not reach it). Call it with x (M, K)
+    or (B, 1, K) float32, M <= MAX_ROWS: it returns one float32 output per weight, shapes
+    (..., N_i). The stacked rows are padded to a multiple of 16 with zeros, whose outputs are
+    dropped.
+    """
+
+    def __init__(self, *weights: torch.Tensor, fmt: str = "fp32") -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt!r}")
+        reason = self.refusal(*weights, fmt=fmt)
+        if reason is not None:
+            raise ValueError(reason)
+        lib = load()
+        if lib is None:
+            raise RuntimeError(available())
+        self.lib, self.fmt, self.code = lib, fmt, FORMATS[fmt]
+        self.sizes = [w.shape[0] for w in weights]
+        self.n, self.k = sum(self.sizes), weights[0].shape[1]
+        self.n_pad = self.n + -self.n % TILE
+        with torch.inference_mode(False), torch.no_grad():
+            stacked = torch.cat([w.detach() for w in weights]) if len(weights) > 1 \
+                else weights[0].detach()
+            if fmt == "q8_0":
+                self.tiled = tile_q8_0(*quantize_q8_0(stacked))
+            else:
+                self.tiled = tile(stacked, torch.float32 if fmt == "fp32" else torch.bfloat16)
+
+    @staticmethod
+    def refusal(*weights: torch.Tensor, fmt: str = "fp32") -> str | None:
+        """Why these weights cannot be tiled together in `fmt`, or None when they can."""
+        if not weights:
+            return "TiledLinear needs at least one weight"
+        k = weights[0].shape[-1]
+        if fmt == "q8_0" and k % Q_BLOCK:
+            return f"Q8_0 needs in_features a multiple of {Q_BLOCK}, got {k}"
+        for w in weights:
+            if w.ndim != 2 or w.shape[1] != k or not w.dtype.is_floating_point:
+                return (f"TiledLinear needs 2-D floating point weights sharing in_features; "
+                        f"got {w.dtype} {tuple(w.shape)}")
+            if w.device.type != "cpu":
+                return f"TiledLinear is for CPU weights; got one on {w.device}"
+        return None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tiled weights (what one product reads)."""
+        return self.tiled.nbytes
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        lead = x.shape[:-1]
+        rows = x.reshape(-1, self.k)
+        if rows.dtype != torch.float32 or rows.shape[0] > MAX_ROWS:
+            raise ValueError(f"TiledLinear takes float32 x with at most {MAX_ROWS} rows, got "
+                             f"{rows.dtype} {tuple(x.shape)}")
+        rows = rows.contiguous()
+        y = torch.empty(rows.shape[0], self.n_pad)
+        with _lock:
+            self.lib.tg_gemv(self.code, self.tiled.data_ptr(), rows.data_ptr(), y.data_ptr(),
+                             rows.shape[0], self.n_pad, self.k)
+        if self.n_pad != self.n:
+            y = y[:, :self.n]
+        return y.view(*lead, self.n).split(self.sizes, -1)
+
+
+def q8_0_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` whose every linear weight (the LM head too, and with it a tied
+    embedding) holds its Q8_0 values, dequantize_q8_0(*quantize_q8_0(W)), and that is marked
+    `decode_weights = "q8_0"`: tinygpt.kv_cache.DecodeStep then streams those weights as Q8_0
+    blocks (8.5 bits per weight) instead of float32. Everything else (prefill, the engine, the
+    plain step) computes with the same values in float32, so the fast step's oracle is exact
+    up to summation order: re-quantizing a Q8_0 block's values gives back the same block.
+    Weights whose in_features is not a multiple of 32 stay as they are."""
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for module in out.modules():
+            if isinstance(module, torch.nn.Linear) and module.in_features % Q_BLOCK == 0:
+                module.weight.copy_(dequantize_q8_0(*quantize_q8_0(module.weight)))
+    out.decode_weights = "q8_0"
+    return out.eval()
