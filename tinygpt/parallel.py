@@ -1,0 +1,568 @@
+"""Day 18: beyond one device. Tensor and pipeline parallelism on torch.distributed.
+
+When a model's weights (or its KV cache) do not fit one device, or one device's memory bandwidth
+is too little for the latency wanted, the model is split across several devices ("ranks") that
+exchange activations. This module does it with torch.distributed: the ranks are processes, gloo
+carries their messages on a CPU, and the same code runs over NCCL on GPUs.
+
+Tensor parallelism (Megatron-LM's layout, Shoeybi et al. 2019), degree p:
+
+    column-parallel  wq, wk, wv, w1 (gate), w3 (up): each rank keeps a slice of the OUTPUT
+                     features (whole heads, or a slice of d_ff). No communication: each rank
+                     computes its own heads / its slice of the hidden layer.
+    row-parallel     wo, w2 (down): each rank keeps the slice of the INPUT features that matches
+                     its heads / hidden slice, computes a partial sum of the full output, and
+                     one all-reduce adds the p partial sums. Two all-reduces per layer.
+    vocabulary       the embedding and the LM head are split over the vocabulary: the embedding
+                     looks up the ids this rank owns (zeros elsewhere) and all-reduces; the
+                     head computes this rank's slice of the logits and all-gathers them in
+                     rank order (or `distributed_argmax` picks the greedy token from each
+                     rank's local maximum, sending 2 numbers per rank instead of V / p).
+    replicated       the RMSNorm weights (D numbers each) and RoPE tables.
+
+Heads: rank r owns query heads r*H/p .. (r+1)*H/p - 1 and the key/value heads those queries read
+(query head h reads KV head h // (H / H_kv)), so attention needs no communication and each
+rank's KV cache holds only its own heads. When p > H_kv (more ranks than KV heads) and
+p % H_kv == 0, each KV head is replicated on p / H_kv ranks: every rank then stores one KV head
+and the KV cache per device stops shrinking with p. Any other degree is refused with a
+ValueError, as is a degree that does not divide H or d_ff.
+
+The pieces, readable top to bottom:
+
+    run_ranks                 run fn(rank, world_size, ...) in local processes joined by a
+                              process group (gloo; NCCL on GPUs); clear errors, never a hang
+    plan_heads, shard_state_dict
+                              which heads / rows / columns each rank keeps
+    ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, VocabParallelHead
+    TensorParallelGPT         a TinyGPT whose layers are the above: generate(), the KV cache and
+                              the day-17 engine run on it unchanged, one copy per rank
+    shard_model               TensorParallelGPT from an ordinary TinyGPT (any loader's output)
+    distributed_argmax        the greedy token without gathering the logits
+
+Pipeline parallelism, the cost model and disaggregated prefill/decode follow further down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import pickle
+import queue as queue_module
+import socket
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+from tinygpt.model import ModelConfig, TinyGPT
+from tinygpt.positions import rope_cos_sin
+
+# --------------------------------------------------------------------------------------------
+# launching ranks as local processes
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def default_backend() -> str:
+    """'nccl' when CUDA and NCCL are available (one GPU per rank), else 'gloo' (CPU)."""
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def init_rank(rank: int, world_size: int, port: int, backend: str = "gloo",
+              timeout_s: float = 60.0, threads: int | None = None) -> None:
+    """Join the process group of `world_size` local ranks rendezvousing on 127.0.0.1:port.
+
+    timeout_s bounds every collective: a rank whose peer died raises instead of waiting
+    forever. threads: torch threads for this rank (default: the cores shared out evenly).
+    """
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // world_size)
+    torch.set_num_threads(threads)
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _rank_main(fn: Callable, rank: int, world_size: int, port: int, backend: str,
+               timeout_s: float, args: tuple, results) -> None:
+    """Body of one launched rank: join the group, run fn, report its value or its traceback."""
+    try:
+        init_rank(rank, world_size, port, backend, timeout_s)
+        value = fn(rank, world_size, *args)
+        # by value (plain pickle), not as shared memory that dies with this process
+        results.put((rank, "ok", pickle.dumps(value)))
+    except BaseException:  # noqa: BLE001 - every failure goes back to the launcher as text
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+_CONTEXT = None
+
+
+def _context():
+    """A 'forkserver' multiprocessing context with torch preloaded: the first launch starts a
+    server process that imports torch once; each rank after that is a fork of it (a fraction
+    of a second), never of a parent whose OpenMP threads may be mid-flight."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = mp.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "tinygpt.parallel",
+                                     "tinygpt.engine", "tinygpt.train"])
+    return _CONTEXT
+
+
+def run_ranks(fn: Callable, world_size: int, *args, timeout_s: float = 60.0,
+              backend: str | None = None) -> list:
+    """Run fn(rank, world_size, *args) in `world_size` local processes; return the values.
+
+    fn must be importable (defined in a module, not in a notebook cell) and its arguments and
+    return value picklable. The ranks share one process group (backend default:
+    default_backend()). Returns the ranks' return values in rank order. Raises RuntimeError
+    with the rank's traceback when a rank fails or dies, and TimeoutError when the ranks are
+    not done after timeout_s seconds; either way every rank is stopped first.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    backend = default_backend() if backend is None else backend
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    ctx = _context()
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, args=(fn, rank, world_size, port, backend,
+                                                  timeout_s, args, results), daemon=True)
+             for rank in range(world_size)]
+    for proc in procs:
+        proc.start()
+    values: dict[int, object] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(values) < world_size:
+            try:
+                rank, status, value = results.get(timeout=0.1)
+            except queue_module.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode is not None
+                        and r not in values]
+                if dead and results.empty():
+                    time.sleep(0.2)                        # a last report may be in flight
+                    if results.empty():
+                        raise RuntimeError(f"rank {dead[0]} died with exit code "
+                                           f"{procs[dead[0]].exitcode} before reporting") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the {world_size} ranks were not done after "
+                                       f"{timeout_s} s (ranks done: {sorted(values)})") from None
+                continue
+            if status == "error":            # a dead peer is the cause worth naming first
+                time.sleep(0.2)
+                dead = [f"rank {r} died with exit code {p.exitcode} before reporting; "
+                        for r, p in enumerate(procs) if r != rank and p.exitcode not in (None, 0)]
+                raise RuntimeError(f"{''.join(dead)}rank {rank} of {world_size} failed:\n"
+                                   f"{value}")
+            values[rank] = pickle.loads(value)      # our own rank's bytes
+    finally:
+        for proc in procs:
+            proc.join(timeout=2.0 if len(values) == world_size else 0.1)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=2.0)
+        results.close()
+    return [values[rank] for rank in range(world_size)]
+
+
+# --------------------------------------------------------------------------------------------
+# what each rank keeps
+
+
+@dataclass(frozen=True)
+class HeadPlan:
+    """The heads of one rank: query heads q_start .. q_start + n_heads - 1 and KV heads
+    kv_start .. kv_start + n_kv_heads - 1 of the full model; `replicas` ranks hold each KV
+    head (1 unless the degree exceeds the KV heads)."""
+
+    rank: int
+    world_size: int
+    q_start: int
+    n_heads: int
+    kv_start: int
+    n_kv_heads: int
+    replicas: int
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
+
+
+def plan_heads(cfg: ModelConfig, rank: int, world_size: int) -> HeadPlan:
+    """Which query and key/value heads rank `rank` of `world_size` owns.
+
+    Requires world_size to divide n_heads, and either world_size to divide n_kv_heads (each
+    rank owns n_kv_heads / world_size KV heads) or n_kv_heads to divide world_size (each KV
+    head is replicated on world_size / n_kv_heads ranks). ValueError otherwise.
+    """
+    _check_rank(rank, world_size)
+    H, H_kv = cfg.n_heads, cfg.n_kv_heads
+    if H % world_size:
+        raise ValueError(f"the tensor-parallel degree ({world_size}) must divide n_heads ({H}) "
+                         f"so that every rank owns whole heads; choose a degree among "
+                         f"{[d for d in range(1, H + 1) if H % d == 0]}")
+    n_heads = H // world_size
+    q_start = rank * n_heads
+    if H_kv % world_size == 0:
+        n_kv = H_kv // world_size
+        return HeadPlan(rank, world_size, q_start, n_heads, rank * n_kv, n_kv, 1)
+    if world_size % H_kv == 0:                    # fewer KV heads than ranks: replicate them
+        return HeadPlan(rank, world_size, q_start, n_heads, q_start // cfg.n_rep, 1,
+                        world_size // H_kv)
+    raise ValueError(f"the tensor-parallel degree ({world_size}) must divide n_kv_heads "
+                     f"({H_kv}) or be a multiple of it: with {H_kv} KV heads over {world_size} "
+                     f"ranks a rank's query heads would read KV heads another rank owns")
+
+
+def vocab_range(vocab_size: int, rank: int, world_size: int) -> tuple[int, int]:
+    """The ids [start, end) whose embedding rows and logits rank `rank` owns: contiguous
+    slices of ceil(V / p) ids in rank order (the last may be shorter)."""
+    _check_rank(rank, world_size)
+    per_rank = -(-vocab_size // world_size)
+    start = min(rank * per_rank, vocab_size)
+    return start, min(start + per_rank, vocab_size)
+
+
+def _rows(weight: torch.Tensor, start: int, end: int, padded: int | None = None
+          ) -> torch.Tensor:
+    """weight[start:end] as a new tensor, zero rows appended up to `padded` rows."""
+    out = weight[start:end].clone()
+    if padded is not None and out.shape[0] < padded:
+        out = torch.cat([out, out.new_zeros(padded - out.shape[0], *out.shape[1:])])
+    return out
+
+
+def shard_state_dict(state: Mapping[str, torch.Tensor], cfg: ModelConfig, rank: int,
+                     world_size: int) -> dict[str, torch.Tensor]:
+    """Rank `rank`'s part of a TinyGPT state dict, under the same keys.
+
+    wq, wk, wv, w1, w3 (column-parallel): the rows of the rank's heads / d_ff slice;
+    wo, w2 (row-parallel): the matching columns; tok_embeddings and output: the rows of the
+    rank's vocabulary slice, zero-padded to ceil(V / p) rows so every rank's slice has one
+    shape; norms: whole. ValueError when the degree does not divide the heads or d_ff.
+    """
+    plan = plan_heads(cfg, rank, world_size)
+    if cfg.d_ff % world_size:
+        raise ValueError(f"the tensor-parallel degree ({world_size}) must divide d_ff "
+                         f"({cfg.d_ff})")
+    hd, ff = cfg.head_dim, cfg.d_ff // world_size
+    q0, q1 = plan.q_start * hd, (plan.q_start + plan.n_heads) * hd
+    k0, k1 = plan.kv_start * hd, (plan.kv_start + plan.n_kv_heads) * hd
+    f0, f1 = rank * ff, (rank + 1) * ff
+    v0, v1 = vocab_range(cfg.vocab_size, rank, world_size)
+    per_rank = -(-cfg.vocab_size // world_size)
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        name = key.split(".")[-2] if key.count(".") >= 1 else key
+        if key in ("tok_embeddings.weight", "output.weight"):
+            out[key] = _rows(tensor, v0, v1, per_rank)
+        elif name == "wq":
+            out[key] = _rows(tensor, q0, q1)
+        elif name in ("wk", "wv"):
+            out[key] = _rows(tensor, k0, k1)
+        elif name == "wo":
+            out[key] = tensor[:, q0:q1].clone()
+        elif name in ("w1", "w3"):
+            out[key] = _rows(tensor, f0, f1)
+        elif name == "w2":
+            out[key] = tensor[:, f0:f1].clone()
+        else:                                           # RMSNorm weights: replicated
+            out[key] = tensor.clone()
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the parallel layers (each holds this rank's shard as `weight`, like nn.Linear)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y_r = x @ W_r^T with W_r the rank's rows of W (out_features / p of them).
+
+    x: (..., in_features) -> (..., out_features / p): this rank's slice of the output. No
+    communication: what follows (attention on the rank's heads, SwiGLU on its hidden slice)
+    needs only this slice.
+    """
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class RowParallelLinear(nn.Module):
+    """y = sum over ranks of x_r @ W_r^T, with W_r the rank's columns of W.
+
+    x: (..., in_features / p), the rank's slice of the input -> (..., out_features), the full
+    output on every rank after ONE all-reduce (sum) over `group`.
+    """
+
+    def __init__(self, weight: torch.Tensor, group=None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        dist.all_reduce(y, group=self.group)
+        return y
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding rows [start, start + per_rank) of the vocabulary on this rank.
+
+    ids (...) -> (..., D): the rank looks up the ids it owns, writes zeros for the others, and
+    an all-reduce adds the p partial tables (exactly one rank contributes each row).
+    """
+
+    def __init__(self, weight: torch.Tensor, start: int, group=None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.start, self.group = start, group
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        mine = (local >= 0) & (local < self.weight.shape[0])
+        out = F.embedding(torch.where(mine, local, 0), self.weight) * mine[..., None]
+        dist.all_reduce(out, group=self.group)
+        return out
+
+
+class VocabParallelHead(nn.Module):
+    """LM head rows for the rank's vocabulary slice; logits gathered in rank order.
+
+    x: (..., D) -> logits (..., V) on every rank: each rank computes its ceil(V / p) logits,
+    an all-gather collects the p slices, and they are concatenated in RANK order (rank r's
+    slice holds ids r * ceil(V / p) ...), the zero-padded tail cut off.
+    `local_logits` skips the gather (see distributed_argmax).
+    """
+
+    def __init__(self, weight: torch.Tensor, vocab_size: int, group=None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.vocab_size, self.group = vocab_size, group
+
+    def local_logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        local = self.local_logits(x).contiguous()
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(parts, local, group=self.group)
+        return torch.cat(parts, dim=-1)[..., :self.vocab_size]
+
+
+def distributed_argmax(local_logits: torch.Tensor, start: int, vocab_size: int,
+                       group=None) -> torch.Tensor:
+    """The greedy token from each rank's slice of the logits, without gathering them.
+
+    local_logits: (B, V / p) this rank's logits for ids start ..; returns (B,) long, the same
+    on every rank and equal to argmax of the full logits (first index on ties, like
+    torch.argmax): each rank sends its best value and id, 2 numbers per row instead of V / p.
+    """
+    valid = local_logits.shape[-1] - max(0, start + local_logits.shape[-1] - vocab_size)
+    local = local_logits[..., :valid]
+    if valid > 0:
+        value, index = local.max(dim=-1)
+    else:
+        value = torch.full(local_logits.shape[:-1], float("-inf"))
+        index = torch.zeros(local_logits.shape[:-1], dtype=torch.long)
+    mine = torch.stack([value.float(), (index + start).float()], dim=-1)   # (B, 2)
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, mine, group=group)
+    values = torch.stack([p[..., 0] for p in parts], dim=-1)                 # (B, p)
+    ids = torch.stack([p[..., 1] for p in parts], dim=-1)
+    best = values.max(dim=-1, keepdim=True).values
+    # among ranks holding the maximum, the lowest id (ranks own increasing id ranges)
+    ids = torch.where(values == best, ids, float("inf"))
+    return ids.min(dim=-1).values.long()
+
+
+# --------------------------------------------------------------------------------------------
+# the tensor-parallel model
+
+
+class TensorParallelGPT(TinyGPT):
+    """One rank's shard of a TinyGPT: the same module tree and forward, parallel layers inside.
+
+    It is a TinyGPT (the KV cache, generate(), the engine and its runner accept it); every
+    rank must run the same calls in the same order, since each layer's all-reduce waits for
+    all ranks. cfg is the FULL model's config; `plan` gives this rank's heads. The KV cache
+    made for it (KVCache.for_model, PagedKVCache.for_model) holds `cache_kv_heads` heads.
+    Build it with shard_model.
+    """
+
+    fused_decode = False            # DecodeStep's fused/packed fast path skips the all-reduces
+
+    def __init__(self, cfg: ModelConfig, shard: Mapping[str, torch.Tensor], rank: int,
+                 world_size: int, group=None) -> None:
+        # the module tree of a miniature TinyGPT (same layers, heads and norm eps; no full-size
+        # weight is ever allocated), whose every weight is then replaced by this rank's shard
+        skeleton = dataclasses.replace(cfg, vocab_size=1, d_model=2 * cfg.n_heads, d_ff=1,
+                                       max_seq_len=1, tie_embeddings=False)
+        super().__init__(skeleton, seed=None)
+        self.cfg = cfg
+        self.rank, self.world_size, self.group = rank, world_size, group
+        self.plan = plan_heads(cfg, rank, world_size)
+        start, _ = vocab_range(cfg.vocab_size, rank, world_size)
+        self.tok_embeddings = VocabParallelEmbedding(shard["tok_embeddings.weight"], start, group)
+        head = shard["tok_embeddings.weight"] if cfg.tie_embeddings else shard["output.weight"]
+        self.output = VocabParallelHead(head, cfg.vocab_size, group)
+        if cfg.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        for i, block in enumerate(self.layers):
+            p = f"layers.{i}."
+            attn, mlp = block.attention, block.feed_forward
+            attn.n_heads, attn.n_kv_heads = self.plan.n_heads, self.plan.n_kv_heads
+            attn.head_dim = cfg.head_dim
+            for name in ("wq", "wk", "wv"):
+                setattr(attn, name, ColumnParallelLinear(shard[f"{p}attention.{name}.weight"]))
+            attn.wo = RowParallelLinear(shard[f"{p}attention.wo.weight"], group)
+            mlp.w1 = ColumnParallelLinear(shard[f"{p}feed_forward.w1.weight"])
+            mlp.w3 = ColumnParallelLinear(shard[f"{p}feed_forward.w3.weight"])
+            mlp.w2 = RowParallelLinear(shard[f"{p}feed_forward.w2.weight"], group)
+            for norm in ("attention_norm", "ffn_norm"):
+                getattr(block, norm).weight = nn.Parameter(shard[f"{p}{norm}.weight"],
+                                                           requires_grad=False)
+        self.norm.weight = nn.Parameter(shard["norm.weight"], requires_grad=False)
+        cos, sin = rope_cos_sin(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)
+        self.rope_cos, self.rope_sin = cos.to(self.norm.weight), sin.to(self.norm.weight)
+        self.eval()
+
+    @property
+    def cache_kv_heads(self) -> int:
+        """KV heads this rank's attention writes to its cache (its own, or 1 replica)."""
+        return self.plan.n_kv_heads
+
+
+def shard_model(model: TinyGPT, rank: int | None = None, world_size: int | None = None,
+                group=None) -> TensorParallelGPT:
+    """This rank's TensorParallelGPT from an ordinary TinyGPT (the shipped checkpoint, a
+    Hugging Face or GGUF load: anything that returns a TinyGPT). rank and world_size default
+    to the process group's. The shard copies only its slices; drop `model` afterwards to free
+    the full weights."""
+    if not isinstance(model, TinyGPT):
+        raise TypeError(f"model must be a TinyGPT, got {type(model).__name__}")
+    if rank is None or world_size is None:
+        if not dist.is_initialized():
+            raise ValueError("pass rank and world_size, or call this inside a process group "
+                             "(run_ranks / init_rank)")
+        rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    with torch.no_grad():
+        shard = shard_state_dict(model.state_dict(), model.cfg, rank, world_size)
+    device = next(model.parameters()).device
+    return TensorParallelGPT(model.cfg, shard, rank, world_size, group).to(device)
+
+
+# --------------------------------------------------------------------------------------------
+# where a rank's model comes from
+
+
+def load_source(source) -> TinyGPT:
+    """The full model a rank shards, from a picklable description:
+
+    "shipped"               the course's checkpoint (tinygpt.train.load_pretrained)
+    (cfg, state_dict)       a ModelConfig and a TinyGPT state dict (shared memory between the
+                            launcher and the ranks, so no copy per rank)
+    a callable              called with no argument; returns a TinyGPT or (TinyGPT, tokenizer).
+                            The hook for any loader: the real model's GGUF is one line,
+                            functools.partial(<the GGUF loader>, <its path>).
+    """
+    if isinstance(source, str):
+        if source != "shipped":
+            raise ValueError(f"source must be 'shipped', (cfg, state_dict) or a callable, got "
+                             f"{source!r}")
+        from tinygpt.train import load_pretrained
+
+        return load_pretrained()[0]
+    if isinstance(source, tuple) and len(source) == 2 and isinstance(source[0], ModelConfig):
+        model = TinyGPT(source[0], seed=None)
+        model.load_state_dict(source[1])
+        return model.eval()
+    if callable(source):
+        model = source()
+        model = model[0] if isinstance(model, tuple) else model
+        if not isinstance(model, TinyGPT):
+            raise TypeError(f"the source callable must return a TinyGPT, got "
+                            f"{type(model).__name__}")
+        return model.eval()
+    raise TypeError(f"source must be 'shipped', (cfg, state_dict) or a callable, got "
+                    f"{type(source).__name__}")
+
+
+def _hidden(model: TinyGPT, prompt: list[int]) -> torch.Tensor:
+    """The residual stream after the last block (before the final norm): (T, D)."""
+    ids = torch.tensor([prompt])
+    cos, sin = model.rope_cos[:len(prompt)], model.rope_sin[:len(prompt)]
+    x = model.tok_embeddings(ids)
+    for layer in model.layers:
+        x = layer(x, cos, sin)
+    return x[0]
+
+
+def _tp_check_rank(rank: int, world_size: int, source, prompts: list[list[int]],
+                   max_new_tokens: int) -> dict | None:
+    """A rank of tp_check: the shard's logits, greedy tokens through generate() and through
+    the engine. Rank 0 returns them; the others return whether their tokens equal rank 0's."""
+    from tinygpt.engine import Engine
+    from tinygpt.generate import generate
+    from tinygpt.sampling import SamplingParams
+
+    shard = shard_model(load_source(source), rank, world_size)
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    with torch.inference_mode():
+        logits = [shard(torch.tensor([p]))[0] for p in prompts]
+        tokens = [generate(shard, p, params).token_ids for p in prompts]
+        engine = Engine(shard, max_running=len(prompts))
+        engine_tokens = [r.token_ids for r in engine.generate(prompts, params)]
+        last = torch.stack([lg[-1] for lg in logits])                         # (N, V)
+        hidden = torch.stack([shard.norm(_hidden(shard, p))[-1] for p in prompts])
+        start, _ = vocab_range(shard.cfg.vocab_size, rank, world_size)
+        greedy = distributed_argmax(shard.output.local_logits(hidden), start,
+                                    shard.cfg.vocab_size)
+    out = dict(logits=logits, tokens=tokens, engine_tokens=engine_tokens,
+               kv_heads=shard.cache_kv_heads, plan=shard.plan,
+               argmax_agree=torch.equal(greedy, last.argmax(-1)))
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, (tokens, engine_tokens,
+                                      [lg[-1].sum().item() for lg in logits]))
+    out["ranks_agree"] = all(e == everyone[0] for e in everyone)
+    return out
+
+
+def tp_check(source, world_size: int, prompts: list[list[int]], max_new_tokens: int = 8,
+             timeout_s: float = 120.0) -> dict:
+    """Run the model from `source` (see load_source) tensor-parallel over `world_size` local
+    ranks. Returns rank 0's dict: logits (per prompt (T, V)), tokens (greedy generate()),
+    engine_tokens (greedy through the day-17 engine), kv_heads (per rank), plan, and
+    ranks_agree (every rank saw the same tokens and logits)."""
+    return run_ranks(_tp_check_rank, world_size, source, prompts, max_new_tokens,
+                     timeout_s=timeout_s)[0]
