@@ -157,3 +157,58 @@ def test_a_failing_or_dead_rank_raises_instead_of_hanging():
     assert P.run_ranks(divmod, 3) == [divmod(r, 3) for r in range(3)]
     with pytest.raises(ValueError, match="world_size"):
         P.run_ranks(divmod, 0)
+
+
+# -- pipeline and cost model ----------------------------------------------------------------
+
+
+def test_pipeline_stages_and_bubble_formula():
+    assert [list(P.stage_layers(5, r, 2)) for r in range(2)] == [[0, 1, 2], [3, 4]]
+    assert [len(P.stage_layers(30, r, 4)) for r in range(4)] == [8, 8, 7, 7]
+    with pytest.raises(ValueError, match="cannot fill"):
+        P.stage_layers(2, 0, 3)
+    assert P.bubble_fraction(4, 1) == 0.75 and P.bubble_fraction(4, 13) == 0.1875
+    assert P.bubble_fraction(1, 5) == 0.0
+    with pytest.raises(ValueError, match="micro_batches"):
+        P.bubble_fraction(2, 0)
+
+
+def test_pipeline_run_matches_one_process_and_measures_idle_time():
+    model = TinyGPT(SMOLLM2_LAYOUT, seed=5).eval()
+    ids = torch.randint(0, SMOLLM2_LAYOUT.vocab_size, (4, 12),
+                        generator=torch.Generator().manual_seed(1))
+    run = P.pipeline_run((SMOLLM2_LAYOUT, model.state_dict()), 2, ids, micro_batches=2)
+    with torch.inference_mode():
+        want = model(ids)
+    torch.testing.assert_close(run.logits, want, rtol=1e-5, atol=1e-5)
+    assert run.predicted_idle == pytest.approx(1 / 3)
+    assert 0 < run.idle_fraction < 1 and len(run.busy) == 2
+    assert run.makespan >= max(run.busy)
+
+
+def test_ring_allreduce_cost_model():
+    link = P.Link("test", bandwidth=100e9, latency=10e-6, source="made up")
+    assert P.ring_allreduce_seconds(1e9, 1, link) == 0.0
+    # p = 2: each rank sends half, then receives half back: 2 (p-1)/p = 1 x the bytes
+    assert P.ring_allreduce_seconds(1e9, 2, link) == pytest.approx(10e-6 + 1e9 / 100e9)
+    assert P.ring_allreduce_seconds(1e9, 8, link) == pytest.approx(10e-6 + 1.75 * 1e9 / 100e9)
+    assert P.allreduce_bytes(SMOLLM2_LAYOUT, tokens=3, dtype="bf16") == 3 * 144 * 2
+    nvlink = P.LINKS["nvlink4-h100-sxm"]
+    assert nvlink.bandwidth == 450e9 and "900 GB/s" in nvlink.source
+    assert P.LINKS["pcie5-x16"].bandwidth == 64e9
+    with pytest.raises(ValueError, match="link must be"):
+        P.ring_allreduce_seconds(1.0, 2, "token-ring")
+    fitted = P.fit_link({1000: 1e-3 + 4000 / 1e9, 100000: 1e-3 + 400000 / 1e9}, 2)
+    assert fitted.latency == pytest.approx(1e-3) and fitted.bandwidth == pytest.approx(1e9)
+
+
+def test_tp_estimate_splits_compute_and_adds_messages():
+    smol = dataclasses.replace(SMOLLM2_LAYOUT, vocab_size=49152, d_model=576, n_layers=30,
+                               d_ff=1536, max_seq_len=2048)
+    one = P.tp_decode_estimate(smol, "h100-sxm", "nvlink4-h100-sxm", 1)
+    three = P.tp_decode_estimate(smol, "h100-sxm", "nvlink4-h100-sxm", 3)
+    assert one.comm_seconds == 0 and three.allreduces == 61
+    assert three.compute_seconds == pytest.approx(one.compute_seconds / 3)
+    assert three.weight_bytes_per_device == pytest.approx(one.weight_bytes_per_device / 3)
+    # a 135M model on NVLink: 61 all-reduces' latency outweigh the 2/3 of a 84 us step saved
+    assert three.seconds > one.seconds
