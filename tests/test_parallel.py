@@ -212,3 +212,20 @@ def test_tp_estimate_splits_compute_and_adds_messages():
     assert three.weight_bytes_per_device == pytest.approx(one.weight_bytes_per_device / 3)
     # a 135M model on NVLink: 61 all-reduces' latency outweigh the 2/3 of a 84 us step saved
     assert three.seconds > one.seconds
+
+
+# -- disaggregated prefill and decode ---------------------------------------------------------
+
+
+def test_disaggregated_decode_gives_the_colocated_tokens_and_ships_whole_blocks():
+    model = TinyGPT(SMOLLM2_LAYOUT, seed=2).eval()
+    work = P.mixed_workload(SMOLLM2_LAYOUT.vocab_size, n_short=2, n_long=1, short_len=5,
+                            long_len=40, new_tokens=6, long_new_tokens=2, spacing_s=0.02)
+    report = P.compare_disaggregation((SMOLLM2_LAYOUT, model.state_dict()), work,
+                                      chunk_tokens=16, block_size=16)
+    assert report.tokens_identical
+    # K and V: 2 x layers x blocks x KV heads x block_size x head_dim x 4 bytes
+    per_block = 2 * SMOLLM2_LAYOUT.n_layers * 3 * 16 * 16 * 4
+    assert report.kv_bytes == (per_block, per_block, 3 * per_block)
+    assert all(s > 0 for s in report.kv_seconds)
+    assert report.disaggregated["gaps"] == 2 * 5
