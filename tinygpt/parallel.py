@@ -1135,3 +1135,167 @@ def compare_disaggregation(source, workload: Workload, chunk_tokens: int = 64,
                                 _itl_summary(chunked["times"], decoding),
                                 _itl_summary(decode["times"], decoding), same,
                                 tuple(b for b, _ in moved), tuple(t for _, t in moved))
+
+
+# --------------------------------------------------------------------------------------------
+# serving: rank 0 runs the HTTP server and the engine; every other rank mirrors each step
+
+
+SERVE_TIMEOUT_S = 7 * 24 * 3600.0   # an idle server's workers wait in a collective; a rank
+                                    # that dies is caught by the watchdogs, not by this timeout
+
+
+def _leader_engine_class():
+    from tinygpt.engine import Engine
+
+    class LeaderEngine(Engine):
+        """Rank 0's engine: before each step it broadcasts the requests added and aborted
+        since the last one (and the tokens that step produced, which every rank checks
+        against its own), so every rank's engine schedules the same batch and calls the same
+        collectives. Requests without a seed get one drawn here: ranks sampling from
+        generators of their own would pick different tokens from identical logits."""
+
+        def __init__(self, model, tokenizer=None, **options) -> None:
+            super().__init__(model, tokenizer, **options)
+            self._pending: list[tuple] = []
+            self._last: list[tuple] | None = None
+
+        def add_request(self, prompt_ids, params, *, eos_ids=(), request_id=None):
+            if params.seed is None:
+                params = dataclasses.replace(params, seed=int(torch.randint(2**62, ())))
+            request_id = super().add_request(prompt_ids, params, eos_ids=eos_ids,
+                                             request_id=request_id)
+            self._pending.append(("add", list(prompt_ids), params, tuple(eos_ids), request_id))
+            return request_id
+
+        def abort(self, request_id) -> None:
+            super().abort(request_id)
+            self._pending.append(("abort", request_id))
+
+        def step(self):
+            message = [("step", self._pending, self._last)]
+            self._pending = []
+            dist.broadcast_object_list(message, src=0)
+            out = super().step()
+            self._last = [(request_id, event.token_id) for request_id, event in out]
+            return out
+
+        def close(self) -> None:
+            """Tell the other ranks to exit."""
+            dist.broadcast_object_list([("stop", [], None)], src=0)
+
+    return LeaderEngine
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit this worker when the process that started it is gone (never linger)."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(parent_pid, 0)                  # signal 0: only asks "alive?"
+            except ProcessLookupError:
+                os._exit(1)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True, name="tinygpt-parent-watch").start()
+
+
+def _serve_worker(rank: int, world_size: int, port: int, source, engine_options: dict,
+                  parent_pid: int) -> None:
+    """Rank r > 0 of a served model: its shard and its engine, stepping when rank 0 says."""
+    from tinygpt.engine import Engine
+
+    _watch_parent(parent_pid)
+    try:                                        # `ps` and /proc show which process is a rank
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(f"tinygpt-rank-{rank}")
+    except OSError:
+        pass
+    init_rank(rank, world_size, port, timeout_s=SERVE_TIMEOUT_S)
+    loaded = source()
+    model, tokenizer = loaded if isinstance(loaded, tuple) else (loaded, None)
+    engine = Engine(shard_model(model, rank, world_size), tokenizer, **engine_options)
+    del model, loaded
+    last = None
+    with torch.inference_mode():
+        while True:
+            message = [None]
+            dist.broadcast_object_list(message, src=0)
+            command, pending, leader_last = message[0]
+            if command == "stop":
+                break
+            if leader_last is not None and leader_last != last:
+                raise RuntimeError(f"rank {rank} produced tokens {last} in the last step, rank 0 "
+                                   f"{leader_last}: the ranks disagree")
+            for op in pending:
+                if op[0] == "add":
+                    _, prompt, params, eos_ids, request_id = op
+                    engine.add_request(prompt, params, eos_ids=eos_ids, request_id=request_id)
+                else:
+                    engine.abort(op[1])
+            events = engine.step()
+            last = [(request_id, event.token_id) for request_id, event in events]
+            for request_id, event in events:
+                if event.finish_reason is not None:
+                    engine.release(request_id)          # as rank 0's server does
+    dist.destroy_process_group()
+
+
+def _watch_workers(procs: list) -> None:
+    """Rank 0's watchdog: when a worker rank dies, say which and take the server down now
+    (its collectives would otherwise fail every request, or wait)."""
+    import sys
+    import threading
+
+    def watch() -> None:
+        while True:
+            for rank, proc in enumerate(procs, start=1):
+                if proc.exitcode is not None:
+                    print(f"error: tensor-parallel rank {rank} exited with code {proc.exitcode}; "
+                          f"the server cannot run without it and stops now",
+                          file=sys.stderr, flush=True)
+                    for other in procs:
+                        if other.is_alive():
+                            other.kill()
+                    os._exit(1)
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, daemon=True, name="tinygpt-rank-watch").start()
+
+
+def start_tensor_parallel(model: TinyGPT, tokenizer, source, world_size: int, *,
+                          max_waiting: int = 64, **engine_options):
+    """The server's engine for `serve --tensor-parallel-size N`: an AsyncEngine on rank 0.
+
+    model, tokenizer: rank 0's loaded model (it is sharded here); source: a picklable
+    zero-argument callable returning (model, tokenizer), which each other rank calls to load
+    its copy (the server passes functools.partial(load_model, path); any loader, the GGUF
+    one included, fits). Ranks 1 .. N-1 start as local processes; a watchdog takes the
+    server down with a message when one dies. engine_options: Engine's keyword arguments.
+    """
+    from tinygpt.engine import AsyncEngine
+
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
+        raise ValueError(f"world_size must be an int >= 2, got {world_size!r}")
+    plan_heads(model.cfg, 0, world_size)                     # refuse a bad degree up front
+    if model.cfg.d_ff % world_size:
+        raise ValueError(f"the tensor-parallel degree ({world_size}) must divide d_ff "
+                         f"({model.cfg.d_ff})")
+    ctx = _context()
+    port = free_port()
+    procs = [ctx.Process(target=_serve_worker, args=(rank, world_size, port, source,
+                                                     engine_options, os.getpid()),
+                         daemon=True, name=f"tinygpt-rank-{rank}")
+             for rank in range(1, world_size)]
+    for proc in procs:
+        proc.start()
+    _watch_workers(procs)
+    init_rank(0, world_size, port, timeout_s=SERVE_TIMEOUT_S)
+    shard = shard_model(model, 0, world_size)
+
+    class ParallelAsyncEngine(AsyncEngine):
+        engine_class = _leader_engine_class()
+
+    return ParallelAsyncEngine(shard, tokenizer, max_waiting=max_waiting, **engine_options)
