@@ -537,10 +537,12 @@ class AsyncEngine(_Frontend):
     max_running, token_budget).
     """
 
+    engine_class = Engine      # tinygpt.parallel's leader engine mirrors each step to its ranks
+
     def __init__(self, model: TinyGPT, tokenizer, *, max_waiting: int = 64, on_finish=None,
                  **engine_options) -> None:
         super().__init__(model, tokenizer, max_waiting, on_finish)
-        self.engine = Engine(model, tokenizer, **engine_options)
+        self.engine = self.engine_class(model, tokenizer, **engine_options)
         self._inbox: deque[Request] = deque()
         self._live: dict[int, Request] = {}          # in the engine (waiting or running)
         self._thread = threading.Thread(target=self._work, name="tinygpt-engine", daemon=True)

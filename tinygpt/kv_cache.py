@@ -150,7 +150,9 @@ class KVCache:
             raise ValueError(f"max_len ({max_len}) must be <= the model's max_seq_len "
                              f"({cfg.max_seq_len})")
         weight = next(model.parameters())
-        return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, max_len, cfg.head_dim,
+        # a tensor-parallel shard (tinygpt.parallel) caches only its own KV heads
+        n_kv_heads = getattr(model, "cache_kv_heads", cfg.n_kv_heads)
+        return cls(cfg.n_layers, batch_size, n_kv_heads, max_len, cfg.head_dim,
                    device=weight.device, dtype=weight.dtype, static=static)
 
     @property
@@ -337,6 +339,8 @@ def _tiled_refusal(model: torch.nn.Module, cache: KVCache) -> str | None:
 
     if not isinstance(model, TinyGPT) or getattr(model, "quant_scheme", None) is not None:
         return "the tiled CPU products need a full-precision TinyGPT"
+    if not getattr(model, "fused_decode", True):
+        return "the tiled CPU products need a one-process model (not a tensor-parallel shard)"
     if cache.static:
         return "the tiled CPU products need a dynamic cache (static=False)"
     weight = model.output.weight
@@ -361,8 +365,8 @@ def _fused_weights(model: TinyGPT, linear: Callable[..., _Linear] = _Linear) -> 
 
 def _pack_refusal(model: torch.nn.Module, cache: KVCache) -> str | None:
     """Why pack_weights=True cannot be used for this model and cache, or None if it can."""
-    if not isinstance(model, TinyGPT):
-        return f"pack_weights=True needs a TinyGPT, got {type(model).__name__}"
+    if not isinstance(model, TinyGPT) or not getattr(model, "fused_decode", True):
+        return f"pack_weights=True needs a one-process TinyGPT, got {type(model).__name__}"
     if cache.static:
         return "pack_weights=True needs a dynamic cache (static=False)"
     weight = model.output.weight
@@ -428,7 +432,10 @@ class DecodeStep:
             self._try_tile()
         else:
             self.tiled_reason = "tiled=False: the plain products run"
-        if isinstance(model, TinyGPT) and not cache.static:
+        # the fused step reads the weights directly: not for a tensor-parallel shard, whose
+        # layers all-reduce (tinygpt.parallel sets fused_decode = False)
+        if isinstance(model, TinyGPT) and not cache.static and getattr(model, "fused_decode",
+                                                                       True):
             if self._weights is None:
                 self._weights = _fused_weights(model)
                 self._head = _Linear(model.output.weight)

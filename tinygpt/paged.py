@@ -163,7 +163,9 @@ class PagedKVCache:
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"model must carry a tinygpt ModelConfig as .cfg, got {cfg!r}")
         weight = next(model.parameters())
-        return cls(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, num_blocks=num_blocks,
+        # a tensor-parallel shard (tinygpt.parallel) caches only its own KV heads
+        n_kv_heads = getattr(model, "cache_kv_heads", cfg.n_kv_heads)
+        return cls(cfg.n_layers, n_kv_heads, cfg.head_dim, num_blocks=num_blocks,
                    block_size=block_size, max_len=cfg.max_seq_len, device=weight.device,
                    dtype=weight.dtype, prefix_caching=prefix_caching)
 

@@ -95,7 +95,7 @@ class ModelRunner:
         mask = torch.where(real_q[:, :, None], keys[None, None, :] <= q_pos[:, :, None],
                            keys[None, None, :] == 0)[:, None]                     # (N,1,Tq,Tk)
         n_kv = cache.n_kv_heads
-        group = model.cfg.n_heads // n_kv
+        group = model.layers[0].attention.n_heads // n_kv    # a parallel shard's own heads
         # grouped-query attention without copying keys: the `group` query heads that share a
         # kv head become `group` times as many query rows of that head
         mask = mask.repeat(1, 1, group, 1)                                  # (N, 1, g*Tq, Tk)

@@ -1002,6 +1002,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--token-budget", type=int, default=256,
                         help="tokens one step may feed; long prompts are prefilled in chunks "
                              "(default 256)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="split the model over N local ranks (tinygpt.parallel; gloo on a "
+                             "CPU, NCCL on GPUs); N must divide the heads (default 1)")
     parser.add_argument("--kv-blocks", type=int, default=None,
                         help="KV-cache blocks of 16 positions (default: room for --max-running "
                              "sequences of 512 positions)")
@@ -1072,6 +1075,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None and args.threads < 1:
         problems.append(f"--threads must be >= 1, got {args.threads}")
     for flag, value in (("--max-running", args.max_running),
+                        ("--tensor-parallel-size", args.tensor_parallel_size),
                         ("--token-budget", args.token_budget), ("--kv-blocks", args.kv_blocks),
                         ("--max-body-bytes", args.max_body_bytes)):
         if value is not None and value < 1:
@@ -1080,6 +1084,9 @@ def main(argv: list[str] | None = None) -> int:
                         ("--header-timeout", args.header_timeout)):
         if not value > 0:
             problems.append(f"{flag} must be > 0 seconds, got {value}")
+    if args.tensor_parallel_size > 1 and args.engine == "serial":
+        problems.append("--tensor-parallel-size > 1 runs the batching engine; drop --engine "
+                        "serial")
     if problems:
         print("error: " + "; ".join(problems), file=sys.stderr)
         return 2
@@ -1096,7 +1103,26 @@ def main(argv: list[str] | None = None) -> int:
         from tinygpt.quant import quantize_model
 
         model = quantize_model(model.eval(), QUANTIZE[args.quantize])
-    if args.engine == "serial":
+    if args.tensor_parallel_size > 1:
+        import functools
+
+        from tinygpt.parallel import start_tensor_parallel
+
+        if args.quantize is not None:
+            print("error: --tensor-parallel-size > 1 shards a full-precision model; drop "
+                  "--quantize", file=sys.stderr)
+            return 2
+        try:
+            engine = start_tensor_parallel(
+                model.eval(), tokenizer, functools.partial(load_model, args.model),
+                args.tensor_parallel_size, max_waiting=args.max_queue,
+                max_running=args.max_running, token_budget=args.token_budget,
+                num_blocks=args.kv_blocks)
+        except ValueError as err:
+            print(f"error: --tensor-parallel-size {args.tensor_parallel_size}: {err}",
+                  file=sys.stderr)
+            return 2
+    elif args.engine == "serial":
         engine = SerialEngine(model.eval(), tokenizer, max_waiting=args.max_queue)
     else:
         engine = AsyncEngine(model.eval(), tokenizer, max_waiting=args.max_queue,

@@ -1,0 +1,231 @@
+"""Tensor parallelism (tinygpt.parallel): each rank a local process over gloo, checked against
+the one-process model: logits within 1e-5 (float32), greedy tokens identical."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import pytest
+import torch
+
+from tinygpt import parallel as P
+from tinygpt.generate import generate
+from tinygpt.model import ModelConfig, TinyGPT
+from tinygpt.sampling import SamplingParams
+from tinygpt.train import load_pretrained
+
+# SmolLM2-135M's head layout (9 query heads, 3 KV heads, tied embeddings), shrunk so it is cheap
+SMOLLM2_LAYOUT = ModelConfig(vocab_size=301, d_model=9 * 16, n_layers=2, n_heads=9,
+                             n_kv_heads=3, d_ff=96, max_seq_len=96, rope_base=100000.0,
+                             tie_embeddings=True)
+PROMPTS = [[5, 17, 33, 2], [101, 7, 250, 64, 3, 3, 90], [12, 40, 41, 42, 43, 44, 45, 46]]
+
+
+def _reference(model: TinyGPT, prompts, max_new_tokens: int):
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    with torch.inference_mode():
+        logits = [model(torch.tensor([p]))[0] for p in prompts]
+        tokens = [generate(model, p, params).token_ids for p in prompts]
+    return logits, tokens
+
+
+def _check_against(model: TinyGPT, out: dict, prompts, max_new_tokens: int) -> float:
+    """Logits within 1e-5 absolute plus 1e-5 relative (torch.allclose's rule: a float32 logit
+    near 16 has a spacing of 1.9e-6, and the partial sums of the all-reduce are added in
+    another order than one matmul adds them), tokens identical. Returns the worst |diff|."""
+    logits, tokens = _reference(model, prompts, max_new_tokens)
+    worst = 0.0
+    for a, b in zip(logits, out["logits"], strict=True):
+        worst = max(worst, (a - b).abs().max().item())
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    assert out["tokens"] == tokens, "greedy generate() tokens differ from one process"
+    assert out["engine_tokens"] == tokens, "greedy engine tokens differ from one process"
+    assert out["ranks_agree"], "the ranks disagree on the tokens or the logits"
+    assert out["argmax_agree"], "distributed_argmax disagrees with argmax of the logits"
+    return worst
+
+
+# -- no processes: the plan and the arithmetic of the shards ----------------------------------
+
+
+def test_plan_heads_owns_whole_heads_and_their_kv_heads():
+    plans = [P.plan_heads(SMOLLM2_LAYOUT, r, 3) for r in range(3)]
+    assert [(p.q_start, p.n_heads, p.kv_start, p.n_kv_heads) for p in plans] == [
+        (0, 3, 0, 1), (3, 3, 1, 1), (6, 3, 2, 1)]
+    for plan in plans:                      # every query head reads a KV head of its own rank
+        for h in range(plan.q_start, plan.q_start + plan.n_heads):
+            assert plan.kv_start <= h // SMOLLM2_LAYOUT.n_rep < plan.kv_start + plan.n_kv_heads
+
+
+def test_plan_heads_replicates_or_refuses():
+    cfg = ModelConfig(vocab_size=10, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=8,
+                      max_seq_len=8)
+    plans = [P.plan_heads(cfg, r, 4) for r in range(4)]        # 2 KV heads over 4 ranks
+    assert [(p.kv_start, p.n_kv_heads, p.replicas) for p in plans] == [
+        (0, 1, 2), (0, 1, 2), (1, 1, 2), (1, 1, 2)]
+    with pytest.raises(ValueError, match=r"must divide n_heads \(4\)"):
+        P.plan_heads(cfg, 0, 3)
+    wide = ModelConfig(vocab_size=10, d_model=96, n_layers=1, n_heads=12, n_kv_heads=4, d_ff=12,
+                       max_seq_len=8)
+    with pytest.raises(ValueError, match=r"n_kv_heads \(4\)"):
+        P.plan_heads(wide, 0, 6)
+    with pytest.raises(ValueError, match="rank must be"):
+        P.plan_heads(cfg, 2, 2)
+    narrow = dataclasses.replace(cfg, d_ff=6)
+    with pytest.raises(ValueError, match=r"must divide d_ff \(6\)"):
+        P.shard_state_dict(TinyGPT(narrow).state_dict(), narrow, 0, 4)
+
+
+def test_shards_recombine_to_the_full_products():
+    """Column slices stacked, row-parallel partial sums added and vocabulary slices
+    concatenated in rank order give the one-process products (no processes needed)."""
+    model = TinyGPT(SMOLLM2_LAYOUT, seed=3)
+    state, p = model.state_dict(), 3
+    shards = [P.shard_state_dict(state, SMOLLM2_LAYOUT, r, p) for r in range(p)]
+    x = torch.randn(5, SMOLLM2_LAYOUT.d_model, generator=torch.Generator().manual_seed(0))
+    key = "layers.1.attention.wq.weight"
+    assert torch.equal(torch.cat([s[key] for s in shards]), state[key])
+    hidden = torch.randn(5, SMOLLM2_LAYOUT.d_ff)
+    key, step = "layers.0.feed_forward.w2.weight", SMOLLM2_LAYOUT.d_ff // p
+    partial = [hidden[:, r * step:(r + 1) * step] @ shards[r][key].T for r in range(p)]
+    torch.testing.assert_close(sum(partial), hidden @ state[key].T, rtol=0, atol=1e-6)
+    logits = torch.cat([x @ s["output.weight"].T for s in shards], -1)[:, :301]
+    torch.testing.assert_close(logits, x @ state["output.weight"].T, rtol=0, atol=1e-6)
+
+
+def test_shard_model_needs_a_tinygpt_and_a_rank():
+    with pytest.raises(TypeError, match="must be a TinyGPT"):
+        P.shard_model(torch.nn.Linear(2, 2), 0, 2)
+    with pytest.raises(ValueError, match="pass rank and world_size"):
+        P.shard_model(TinyGPT(SMOLLM2_LAYOUT))
+
+
+# -- ranks as processes --------------------------------------------------------------------
+
+
+def test_degree_2_on_the_shipped_model_is_exact():
+    model, _ = load_pretrained()
+    out = P.tp_check("shipped", 2, PROMPTS, max_new_tokens=6)
+    worst = _check_against(model, out, PROMPTS, 6)
+    assert out["kv_heads"] == 1 and worst < 5e-5              # 2 KV heads over 2 ranks
+
+
+def test_degree_3_on_the_smollm2_head_layout_is_exact():
+    model = TinyGPT(SMOLLM2_LAYOUT, seed=7).eval()
+    out = P.tp_check((SMOLLM2_LAYOUT, model.state_dict()), 3, PROMPTS, max_new_tokens=5)
+    _check_against(model, out, PROMPTS, 5)
+    assert out["kv_heads"] == 1
+
+
+def test_degree_4_replicates_kv_heads_and_stays_exact():
+    model, _ = load_pretrained()
+    out = P.tp_check("shipped", 4, PROMPTS[:2], max_new_tokens=3)
+    _check_against(model, out, PROMPTS[:2], 3)
+    assert out["plan"].replicas == 2
+
+
+def _raise_on_rank_1(rank: int, world_size: int) -> int:
+    if rank == 1:
+        raise ValueError("rank 1 broke on purpose")
+    torch.distributed.barrier()                  # rank 0 waits for a peer that never comes
+    return rank
+
+
+def _die_on_rank_1(rank: int, world_size: int) -> int:
+    if rank == 1:
+        os._exit(3)
+    torch.distributed.barrier()
+    return rank
+
+
+def _sleep(rank: int, world_size: int) -> int:
+    time.sleep(30)
+    return rank
+
+
+def test_a_failing_or_dead_rank_raises_instead_of_hanging():
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 1 of 2 failed:(.|\n)*broke on purpose"):
+        P.run_ranks(_raise_on_rank_1, 2, timeout_s=30)
+    with pytest.raises(RuntimeError, match="rank 1 died with exit code 3"):
+        P.run_ranks(_die_on_rank_1, 2, timeout_s=30)
+    with pytest.raises(TimeoutError, match="not done after 1.0 s"):
+        P.run_ranks(_sleep, 2, timeout_s=1.0)
+    assert time.monotonic() - started < 20
+    assert P.run_ranks(divmod, 3) == [divmod(r, 3) for r in range(3)]
+    with pytest.raises(ValueError, match="world_size"):
+        P.run_ranks(divmod, 0)
+
+
+# -- pipeline and cost model ----------------------------------------------------------------
+
+
+def test_pipeline_stages_and_bubble_formula():
+    assert [list(P.stage_layers(5, r, 2)) for r in range(2)] == [[0, 1, 2], [3, 4]]
+    assert [len(P.stage_layers(30, r, 4)) for r in range(4)] == [8, 8, 7, 7]
+    with pytest.raises(ValueError, match="cannot fill"):
+        P.stage_layers(2, 0, 3)
+    assert P.bubble_fraction(4, 1) == 0.75 and P.bubble_fraction(4, 13) == 0.1875
+    assert P.bubble_fraction(1, 5) == 0.0
+    with pytest.raises(ValueError, match="micro_batches"):
+        P.bubble_fraction(2, 0)
+
+
+def test_pipeline_run_matches_one_process_and_measures_idle_time():
+    model = TinyGPT(SMOLLM2_LAYOUT, seed=5).eval()
+    ids = torch.randint(0, SMOLLM2_LAYOUT.vocab_size, (4, 12),
+                        generator=torch.Generator().manual_seed(1))
+    run = P.pipeline_run((SMOLLM2_LAYOUT, model.state_dict()), 2, ids, micro_batches=2)
+    with torch.inference_mode():
+        want = model(ids)
+    torch.testing.assert_close(run.logits, want, rtol=1e-5, atol=1e-5)
+    assert run.predicted_idle == pytest.approx(1 / 3)
+    assert 0 < run.idle_fraction < 1 and len(run.busy) == 2
+    assert run.makespan >= max(run.busy)
+
+
+def test_ring_allreduce_cost_model():
+    link = P.Link("test", bandwidth=100e9, latency=10e-6, source="made up")
+    assert P.ring_allreduce_seconds(1e9, 1, link) == 0.0
+    # p = 2: each rank sends half, then receives half back: 2 (p-1)/p = 1 x the bytes
+    assert P.ring_allreduce_seconds(1e9, 2, link) == pytest.approx(10e-6 + 1e9 / 100e9)
+    assert P.ring_allreduce_seconds(1e9, 8, link) == pytest.approx(10e-6 + 1.75 * 1e9 / 100e9)
+    assert P.allreduce_bytes(SMOLLM2_LAYOUT, tokens=3, dtype="bf16") == 3 * 144 * 2
+    nvlink = P.LINKS["nvlink4-h100-sxm"]
+    assert nvlink.bandwidth == 450e9 and "900 GB/s" in nvlink.source
+    assert P.LINKS["pcie5-x16"].bandwidth == 64e9
+    with pytest.raises(ValueError, match="link must be"):
+        P.ring_allreduce_seconds(1.0, 2, "token-ring")
+    fitted = P.fit_link({1000: 1e-3 + 4000 / 1e9, 100000: 1e-3 + 400000 / 1e9}, 2)
+    assert fitted.latency == pytest.approx(1e-3) and fitted.bandwidth == pytest.approx(1e9)
+
+
+def test_tp_estimate_splits_compute_and_adds_messages():
+    smol = dataclasses.replace(SMOLLM2_LAYOUT, vocab_size=49152, d_model=576, n_layers=30,
+                               d_ff=1536, max_seq_len=2048)
+    one = P.tp_decode_estimate(smol, "h100-sxm", "nvlink4-h100-sxm", 1)
+    three = P.tp_decode_estimate(smol, "h100-sxm", "nvlink4-h100-sxm", 3)
+    assert one.comm_seconds == 0 and three.allreduces == 61
+    assert three.compute_seconds == pytest.approx(one.compute_seconds / 3)
+    assert three.weight_bytes_per_device == pytest.approx(one.weight_bytes_per_device / 3)
+    # a 135M model on NVLink: 61 all-reduces' latency outweigh the 2/3 of a 84 us step saved
+    assert three.seconds > one.seconds
+
+
+# -- disaggregated prefill and decode ---------------------------------------------------------
+
+
+def test_disaggregated_decode_gives_the_colocated_tokens_and_ships_whole_blocks():
+    model = TinyGPT(SMOLLM2_LAYOUT, seed=2).eval()
+    work = P.mixed_workload(SMOLLM2_LAYOUT.vocab_size, n_short=2, n_long=1, short_len=5,
+                            long_len=40, new_tokens=6, long_new_tokens=2, spacing_s=0.02)
+    report = P.compare_disaggregation((SMOLLM2_LAYOUT, model.state_dict()), work,
+                                      chunk_tokens=16, block_size=16)
+    assert report.tokens_identical
+    # K and V: 2 x layers x blocks x KV heads x block_size x head_dim x 4 bytes
+    per_block = 2 * SMOLLM2_LAYOUT.n_layers * 3 * 16 * 16 * 4
+    assert report.kv_bytes == (per_block, per_block, 3 * per_block)
+    assert all(s > 0 for s in report.kv_seconds)
+    assert report.disaggregated["gaps"] == 2 * 5

@@ -1,0 +1,96 @@
+"""`python -m tinygpt serve --tensor-parallel-size 2`: the shipped model split over two local
+ranks answers the official openai client exactly as one process does, and a rank that dies
+takes the server down with a clear message instead of hanging."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tinygpt import load_pretrained
+from tinygpt.bench.load import running_server
+from tinygpt.engine import Engine
+from tinygpt.generate import generate
+from tinygpt.sampling import SamplingParams
+
+pytestmark = pytest.mark.slow
+openai = pytest.importorskip("openai")
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (the ranks are children of multiprocessing's fork server)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _is_rank(pid: int) -> bool:
+    try:                                          # the name a rank gives itself (Linux)
+        return Path(f"/proc/{pid}/comm").read_text().startswith("tinygpt-rank")
+    except OSError:
+        return False
+
+
+def test_tensor_parallel_server_matches_one_process():
+    model, tokenizer = load_pretrained()
+    eos = tokenizer.special_tokens["<|endoftext|>"]
+    prompts = ["The cat sat on the", "Once upon a time", "The dog"]
+    with running_server("--threads", "1", "--tensor-parallel-size", "2", env=ENV) as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="not-needed", max_retries=0)
+        for prompt in prompts:
+            got = client.completions.create(model="tinygpt", prompt=prompt, max_tokens=12,
+                                            temperature=0)
+            want = generate(model, tokenizer.encode(prompt),
+                            SamplingParams(temperature=0, max_new_tokens=12), eos_id=eos,
+                            tokenizer=tokenizer)
+            assert got.choices[0].text == want.text, prompt
+        # sampled with a seed: the same text as the one-process engine with that seed
+        got = client.completions.create(model="tinygpt", prompt=prompts[0], max_tokens=12,
+                                        temperature=1.0, seed=7)
+        params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=7)
+        want = Engine(model, tokenizer).generate([tokenizer.encode(prompts[0])], params,
+                                                 eos_ids=[eos])[0]
+        assert got.choices[0].text == want.text
+        chat = client.chat.completions.create(model="tinygpt", max_tokens=5, temperature=0,
+                                              messages=[{"role": "user", "content": "Hi"}])
+        assert chat.choices[0].message.content is not None
+
+
+def test_a_dead_rank_takes_the_server_down_with_a_message():
+    with running_server("--threads", "1", "--tensor-parallel-size", "2", env=ENV) as (url,
+                                                                                       proc):
+        ranks = [p for p in _descendants(proc.pid) if _is_rank(p)]
+        assert ranks, "no rank process found below the server"
+        os.kill(ranks[0], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() == 1, "the server kept running (or hung) after a rank died"
+        out = proc.stdout.read().decode(errors="replace")
+        assert "tensor-parallel rank 1 exited" in out
+
+
+def test_a_degree_that_does_not_divide_the_heads_is_refused():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "tinygpt", "serve", "--tensor-parallel-size",
+                           "3"], capture_output=True, text=True, timeout=120, env=ENV)
+    assert done.returncode == 2
+    assert "must divide n_heads (4)" in done.stderr
