@@ -557,10 +557,10 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
     async def models():
         return {"object": "list", "data": [model_card]}
 
-    @app.get("/v1/models/{model_id:path}")
-    async def one_model(model_id: str):
-        if model_id != model_id:
-            raise APIError(404, f"the model {model_id!r} does not exist; this server serves "
+    @app.get("/v1/models/{name:path}")
+    async def one_model(name: str):
+        if name != model_id:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves "
                                 f"{model_id!r}", param="model", kind="not_found_error",
                            code="model_not_found")
         return model_card
