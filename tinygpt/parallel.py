@@ -1160,12 +1160,15 @@ def _leader_engine_class():
             self._pending: list[tuple] = []
             self._last: list[tuple] | None = None
 
-        def add_request(self, prompt_ids, params, *, eos_ids=(), request_id=None):
+        def add_request(self, prompt_ids, params, *, eos_ids=(), request_id=None,
+                        logprobs=None, prompt_logprobs=None):
             if params.seed is None:
                 params = dataclasses.replace(params, seed=int(torch.randint(2**62, ())))
             request_id = super().add_request(prompt_ids, params, eos_ids=eos_ids,
-                                             request_id=request_id)
-            self._pending.append(("add", list(prompt_ids), params, tuple(eos_ids), request_id))
+                                             request_id=request_id, logprobs=logprobs,
+                                             prompt_logprobs=prompt_logprobs)
+            self._pending.append(("add", list(prompt_ids), params, tuple(eos_ids), request_id,
+                                  logprobs, prompt_logprobs))
             return request_id
 
         def abort(self, request_id) -> None:
@@ -1231,8 +1234,9 @@ def _serve_worker(rank: int, world_size: int, port: int, source, engine_options:
                                    f"{leader_last}: the ranks disagree")
             for op in pending:
                 if op[0] == "add":
-                    _, prompt, params, eos_ids, request_id = op
-                    engine.add_request(prompt, params, eos_ids=eos_ids, request_id=request_id)
+                    _, prompt, params, eos_ids, request_id, logprobs, prompt_logprobs = op
+                    engine.add_request(prompt, params, eos_ids=eos_ids, request_id=request_id,
+                                       logprobs=logprobs, prompt_logprobs=prompt_logprobs)
                 else:
                     engine.abort(op[1])
             events = engine.step()
