@@ -141,6 +141,7 @@ def test_unpermute_undoes_the_converters_row_order():
         permuted = torch.from_numpy(converter_permute(w.numpy(), heads))
         assert not torch.equal(permuted, w)
         assert torch.equal(ours.unpermute_rope_rows(permuted, heads), w)
+        assert np.array_equal(ours.unpermute_rope_rows(permuted.numpy(), heads), w.numpy())
     with pytest.raises(ValueError, match="n_heads"):
         ours.unpermute_rope_rows(w, 5)
 
@@ -184,6 +185,17 @@ def test_each_type_loads_as_gguf_dequantizes_it(tmp_path, kind):
             _, layer, short, _ = t.name.split(".")
             mine = f"layers.{layer}.{ours.LAYER_NAMES[short]}.weight"
         assert torch.equal(got[mine], want), t.name
+
+
+@pytest.mark.parametrize("kind", [Q.Q4_1, Q.Q8_0, Q.BF16])
+def test_raw_model_tensors_dequantize_to_the_loaded_weights(tmp_path, kind):
+    path = write_gguf(tmp_path / "m.gguf", gguf_tensors(TinyGPT(CFG, seed=9), False), kind)
+    model = ours.load_gguf_model(path)
+    raw = ours.raw_model_tensors(path)
+    assert set(raw) == set(model.state_dict())
+    for name, tensor in model.state_dict().items():
+        assert raw[name].kind == (kind.name if tensor.ndim == 2 else "F32")
+        assert torch.equal(torch.from_numpy(raw[name].dequantize()), tensor), name
 
 
 def test_model_dtype_is_honoured(tmp_path):

@@ -140,6 +140,22 @@ def test_ids_equal_the_hugging_face_tokenizer(ours, hf_tokenizer_published, hf_t
     print(f"{len(TEXTS)} texts: identical ids")
 
 
+def test_the_heap_merge_equals_day_02s_loop(ours):
+    import random
+
+    from tinygpt.gguf_tokenizer import split_text
+
+    tok = ours[1]
+    rng = random.Random(0)
+    alphabet = "aaabbbeeeenrstth  \n\t.!é日本🐈0123"
+    pieces = {"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
+              for _ in range(500)}
+    pieces |= set(split_text(" ".join(TEXTS), tok.patterns))
+    pieces.add("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(600)))
+    for piece in pieces:
+        assert tok.encode_piece(piece) == tok.encode_piece_simple(piece), piece
+
+
 def test_special_tokens_only_on_request(ours):
     tok = ours[1]
     text = "<|im_start|>user\nhi<|im_end|>"
