@@ -38,6 +38,9 @@ attn_output / ffn_norm / ffn_gate (w1) / ffn_up (w3) / ffn_down (w2), output_nor
 output -> the LM head, which is absent when it shares the embedding matrix (tied).
 
     model = load_gguf_model(smollm2_path())          # SmolLM2-135M-Instruct, float32
+    raw = raw_tensor(smollm2_path(), "blk.0.ffn_up.weight")   # kind "Q4_1", (1536, 576),
+                                                              # blocks (27648, 20) uint8
+    blocks = raw_model_tensors(smollm2_path())       # every weight as stored, TinyGPT names
 """
 
 from __future__ import annotations
