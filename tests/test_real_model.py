@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from autograder.settings import REPO_ROOT
 from tinygpt.generate import generate
 from tinygpt.gguf import SMOLLM2_FILE, SMOLLM2_ID, smollm2_path
 from tinygpt.loading import load_model
@@ -216,6 +217,8 @@ def test_the_kv_pool_is_capped_with_a_note(ours, capsys):
     per_block = 2 * 30 * 3 * 64 * 4 * 16
     assert blocks == 256 * 2**20 // per_block < 32 * 32
     assert "KV pool capped" in capsys.readouterr().err
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert f"256 MiB ({blocks * 16:,} positions" in readme
     small = load_model()[0].cfg
     assert default_kv_blocks(small, 4, "tinygpt") == 4 * -(-min(small.max_seq_len, 512) // 16)
 
@@ -239,6 +242,8 @@ def test_chat_streams_keeps_and_resets_the_conversation(greedy_answer):
     assert out.returncode == 0, out.stderr
     assert out.stdout.count(f"{SMOLLM2_ID}> {greedy_answer}\n") == 2, out.stdout
     assert "(conversation cleared)" in out.stdout
+    transcript = (REPO_ROOT / "README.md").read_text()      # the README shows the same answer
+    assert f"you> {question}\n{SMOLLM2_ID}> {greedy_answer}\n" in transcript
 
 
 def test_serve_smollm2_answers_through_the_openai_client(greedy_answer):
