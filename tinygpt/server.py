@@ -204,11 +204,11 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
             itl_hist.observe(gap)
 
     engine.on_finish = observe
-    eos = [tokenizer.special_tokens[t] for t in ("<|endoftext|>",)
-           if t in getattr(tokenizer, "special_tokens", {})] if eos_ids is None else list(eos_ids)
-    end_of_turn = [tokenizer.special_tokens[t] for t in ("<|end|>",)
-                   if t in getattr(tokenizer, "special_tokens", {})] + eos \
-        if end_of_turn_ids is None else list(end_of_turn_ids)
+    specials = getattr(tokenizer, "special_tokens", {})
+    eos = list(eos_ids) if eos_ids is not None else \
+        [specials[t] for t in ("<|endoftext|>",) if t in specials]
+    end_of_turn = list(end_of_turn_ids) if end_of_turn_ids is not None else \
+        [specials[t] for t in ("<|end|>",) if t in specials] + eos
     vocab = getattr(getattr(engine.model, "cfg", None), "vocab_size", 1 << 31)
     fields_completion = set(CompletionBody.model_fields)
     fields_chat = set(ChatBody.model_fields)
