@@ -157,6 +157,21 @@ def test_the_heap_merge_equals_day_02s_loop(ours):
         assert tok.encode_piece(piece) == tok.encode_piece_simple(piece), piece
 
 
+def test_every_code_point_and_the_readme_encode_like_the_hugging_face_tokenizer(
+        ours, hf_tokenizer_published):
+    """Every code point of the Basic Multilingual Plane and every 5th of planes 1-2 (surrogates
+    excepted), 64 to a text, spaced; then this repository's README (prose, code, tables)."""
+    tok = ours[1]
+    points = [c for c in range(0x30000) if not 0xD800 <= c < 0xE000 and (c < 0x10000 or
+                                                                         c % 5 == 0)]
+    texts = [" ".join(map(chr, points[i:i + 64])) for i in range(0, len(points), 64)]
+    texts.append((REPO_ROOT / "README.md").read_text())
+    for text in texts:
+        assert tok.encode(text) == hf_tokenizer_published.encode(
+            text, add_special_tokens=False).ids, text[:20]
+    print(f"{len(texts)} more texts ({len(points):,} code points): identical ids")
+
+
 def test_special_tokens_only_on_request(ours):
     tok = ours[1]
     text = "<|im_start|>user\nhi<|im_end|>"
