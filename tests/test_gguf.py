@@ -257,6 +257,9 @@ def test_not_gguf_other_architectures_and_missing_tensors(tmp_path):
     tensors = gguf_tensors(TinyGPT(CFG, seed=8), False)
     with pytest.raises(ValueError, match="architecture must be 'llama'"):
         ours.load_gguf_model(write_gguf(tmp_path / "gpt2.gguf", tensors, arch="gpt2"))
+    scaled = {**tensors, "rope_freqs.weight": np.ones(CFG.head_dim // 2, np.float32)}
+    with pytest.raises(ValueError, match="rope_freqs.weight.*scaled RoPE"):
+        ours.load_gguf_model(write_gguf(tmp_path / "llama3.gguf", scaled))
     del tensors["blk.1.ffn_up.weight"]
     with pytest.raises(ValueError, match=r"missing \['blk\.1\.ffn_up\.weight'\]"):
         ours.load_gguf_model(write_gguf(tmp_path / "missing.gguf", tensors))

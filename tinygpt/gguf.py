@@ -399,6 +399,9 @@ def load_gguf_model(path: str | Path, dtype: torch.dtype = torch.float32,
     cfg = config_from_gguf(reader, max_seq_len)
     names = _tensor_names(cfg)
     present = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in present:
+        raise ValueError(f"{path}: tensor 'rope_freqs.weight' scales RoPE's frequencies (Llama "
+                         f"3.1-style scaled RoPE), which TinyGPT does not implement")
     missing, unexpected = sorted(set(names) - present), sorted(present - set(names))
     if missing or unexpected:
         raise ValueError(f"{path}: the tensors do not match a Llama model with {cfg}: missing "
