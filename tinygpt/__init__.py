@@ -27,6 +27,10 @@ One module per concept, named after the course day that finishes it:
     engine      day 17  continuous batching (Engine, AsyncEngine) and the reference SerialEngine
     server      day 17  python -m tinygpt serve: an OpenAI-compatible HTTP server
     device_sampling     the token choice of a captured GPU step: per-row knobs, no host sync
+    gguf                GGUF files: metadata, our own dequantization, a Llama GGUF as TinyGPT
+    gguf_tokenizer      the byte-level BPE tokenizer and chat template stored in a GGUF file
+    loading             a name or path -> (model, tokenizer, info): tinygpt, smollm2, .gguf, folders
+    chat                python -m tinygpt chat: a streaming terminal chat
 
     testing             the checks behind every notebook test cell
 """

@@ -92,9 +92,16 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
     messages = list(start)
     print(f"{info.model_id} ({sum(p.numel() for p in model.parameters()):,} parameters). "
           f"{COMMANDS_HELP}.", file=stdout, flush=True)
+    interactive = stdin is sys.stdin and stdout is sys.stdout and stdin.isatty()
     while True:
-        print("\nyou> ", end="", file=stdout, flush=True)
-        line = stdin.readline()
+        if interactive:                       # input(): line editing and history in a terminal
+            try:
+                line = input("\nyou> ") + "\n"
+            except EOFError:
+                line = ""
+        else:
+            print("\nyou> ", end="", file=stdout, flush=True)
+            line = stdin.readline()
         if not line or line.strip() == "/quit":
             print(file=stdout, flush=True)
             return 0

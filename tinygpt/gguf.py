@@ -38,6 +38,9 @@ attn_output / ffn_norm / ffn_gate (w1) / ffn_up (w3) / ffn_down (w2), output_nor
 output -> the LM head, which is absent when it shares the embedding matrix (tied).
 
     model = load_gguf_model(smollm2_path())          # SmolLM2-135M-Instruct, float32
+    raw = raw_tensor(smollm2_path(), "blk.0.ffn_up.weight")   # kind "Q4_1", (1536, 576),
+                                                              # blocks (27648, 20) uint8
+    blocks = raw_model_tensors(smollm2_path())       # every weight as stored, TinyGPT names
 """
 
 from __future__ import annotations
@@ -336,19 +339,51 @@ def read_tensor(source, name: str) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(values))
 
 
-def unpermute_rope_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+def unpermute_rope_rows(weight, n_heads: int):
     """Undo the GGUF converter's row order of a query or key projection.
 
-    weight: (n_heads * head_dim, D) with each head's rows in llama.cpp's interleaved order
-    (pairs 2i, 2i+1 rotate together) -> the same rows in the half-split order of Hugging Face
-    and TinyGPT (i pairs with i + head_dim/2). Pass n_kv_heads for the key projection.
+    weight: (n_heads * head_dim, ...) rows (a torch tensor or a NumPy array: numbers, or a
+    row's quantized blocks) with each head's rows in llama.cpp's interleaved order (pairs
+    2i, 2i+1 rotate together) -> the same rows in the half-split order of Hugging Face and
+    TinyGPT (i pairs with i + head_dim/2). Pass n_kv_heads for the key projection.
     """
-    rows, cols = weight.shape
+    rows = weight.shape[0]
     if rows % (2 * n_heads):
         raise ValueError(f"weight has {rows} rows, not n_heads={n_heads} heads of an even "
                          f"head_dim")
     half = rows // n_heads // 2
-    return weight.reshape(n_heads, half, 2, cols).transpose(1, 2).reshape(rows, cols)
+    return weight.reshape(n_heads, half, 2, -1).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _tensor_names(cfg: ModelConfig) -> dict[str, str]:
+    """GGUF tensor name -> TinyGPT parameter name (no output.weight when tied)."""
+    names = {"token_embd.weight": "tok_embeddings.weight", "output_norm.weight": "norm.weight"}
+    if not cfg.tie_embeddings:
+        names["output.weight"] = "output.weight"
+    for i in range(cfg.n_layers):
+        for theirs, ours in LAYER_NAMES.items():
+            names[f"blk.{i}.{theirs}.weight"] = f"layers.{i}.{ours}.weight"
+    return names
+
+
+def raw_model_tensors(source) -> dict[str, RawTensor]:
+    """Every weight of a Llama GGUF file as stored (Q8_0 / Q4_1 ... blocks), keyed by TinyGPT's
+    parameter names, the query and key rows put back in TinyGPT's order (a row's blocks move
+    with it): what a kernel that multiplies by the blocks directly needs. A tied head has no
+    entry of its own: it is "tok_embeddings.weight". Dequantizing each one gives the loaded
+    model's parameter exactly (tested)."""
+    reader = _as_reader(source)
+    cfg = config_from_gguf(reader)
+    out = {}
+    for theirs, ours in _tensor_names(cfg).items():
+        raw = raw_tensor(reader, theirs)
+        heads = {"attn_q": cfg.n_heads, "attn_k": cfg.n_kv_heads}.get(theirs.split(".")[-2])
+        if heads is not None:
+            rows = raw.shape[0]
+            data = unpermute_rope_rows(np.asarray(raw.data).reshape(rows, -1), heads)
+            raw = RawTensor(theirs, raw.kind, raw.shape, data.reshape(raw.data.shape))
+        out[ours] = raw
+    return out
 
 
 def load_gguf_model(path: str | Path, dtype: torch.dtype = torch.float32,
@@ -362,13 +397,11 @@ def load_gguf_model(path: str | Path, dtype: torch.dtype = torch.float32,
     """
     reader = open_gguf(path)
     cfg = config_from_gguf(reader, max_seq_len)
-    names = {"token_embd.weight": "tok_embeddings.weight", "output_norm.weight": "norm.weight"}
-    if not cfg.tie_embeddings:
-        names["output.weight"] = "output.weight"
-    for i in range(cfg.n_layers):
-        for theirs, ours in LAYER_NAMES.items():
-            names[f"blk.{i}.{theirs}.weight"] = f"layers.{i}.{ours}.weight"
+    names = _tensor_names(cfg)
     present = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in present:
+        raise ValueError(f"{path}: tensor 'rope_freqs.weight' scales RoPE's frequencies (Llama "
+                         f"3.1-style scaled RoPE), which TinyGPT does not implement")
     missing, unexpected = sorted(set(names) - present), sorted(present - set(names))
     if missing or unexpected:
         raise ValueError(f"{path}: the tensors do not match a Llama model with {cfg}: missing "

@@ -66,10 +66,10 @@ def plan_requests(n: int, rate: float, mix: Sequence[tuple[int, int, int]] = DEF
 
 
 async def _one(client, url: str, start: float, planned: PlannedRequest,
-               timeout: float) -> tuple[RequestTrace | None, str | None]:
+               timeout: float, model: str) -> tuple[RequestTrace | None, str | None]:
     await asyncio.sleep(max(0.0, start + planned.at - time.perf_counter()))
     rng = random.Random(planned.seed)
-    body = {"model": "tinygpt", "prompt": [rng.randrange(256) for _ in range(planned.prompt_len)],
+    body = {"model": model, "prompt": [rng.randrange(256) for _ in range(planned.prompt_len)],
             "max_tokens": planned.output_len, "temperature": 0, "ignore_eos": True,
             "stream": True}
     submitted, times = time.perf_counter(), []
@@ -93,8 +93,12 @@ async def _run(url: str, planned: list[PlannedRequest], timeout: float):
 
     limits = httpx.Limits(max_connections=len(planned), max_keepalive_connections=0)
     async with httpx.AsyncClient(limits=limits) as client:
+        models = await client.get(f"{url}/v1/models", timeout=timeout)
+        models.raise_for_status()
+        model = models.json()["data"][0]["id"]          # the name the server answers to
         start = time.perf_counter()
-        results = await asyncio.gather(*(_one(client, url, start, p, timeout) for p in planned))
+        results = await asyncio.gather(*(_one(client, url, start, p, timeout, model)
+                                         for p in planned))
         return results, time.perf_counter() - start
 
 

@@ -1,0 +1,50 @@
+"""tinygpt.chat on the shipped tiny model (fast): the loop's commands and the history that
+is dropped, oldest turn first, when the conversation outgrows the context. The real model's
+chat runs in tests/test_real_model.py."""
+
+import io
+
+import pytest
+
+from tinygpt.chat import fit_history, main
+from tinygpt.loading import load_model
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_model("tinygpt")[1]
+
+
+def turns(n: int) -> list[dict]:
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": f"the cat sat {i}"}
+            for i in range(n)]
+
+
+def test_fit_history_drops_the_oldest_turns_and_keeps_the_system_message(tokenizer):
+    messages = [{"role": "system", "content": "be brief"}] + turns(7)
+    full = len(tokenizer.encode_chat(messages))
+    ids, dropped = fit_history(tokenizer, messages, full)
+    assert dropped == 0 and len(ids) == full and len(messages) == 8
+    ids, dropped = fit_history(tokenizer, messages, full - 1)
+    assert dropped == 1 and messages[0]["role"] == "system"
+    assert messages[1]["content"] == "the cat sat 1" and len(ids) < full
+    assert ids == tokenizer.encode_chat(messages)
+    with pytest.raises(ValueError, match="at most 3 fit"):
+        fit_history(tokenizer, messages, 3)
+
+
+def test_the_loop_answers_resets_and_quits(tmp_path):
+    out = io.StringIO()
+    stdin = io.StringIO("The cat\n\n/reset\nThe dog\n/quit\nnever read\n")
+    assert main(["--model", "tinygpt", "--temperature", "0", "--max-tokens", "5"],
+                stdin=stdin, stdout=out) == 0
+    text = out.getvalue()
+    assert text.count("tinygpt> ") == 2 and "(conversation cleared)" in text
+    assert "never read" not in text
+    assert stdin.read() == "never read\n"                 # /quit stopped reading
+
+
+def test_bad_arguments_are_refused():
+    assert main(["--model", "tinygpt", "--max-tokens", "0"], stdin=io.StringIO()) == 2
+    assert main(["--model", "no-such-model"], stdin=io.StringIO()) == 2
+    assert main(["--model", "tinygpt", "--max-tokens", "100000"], stdin=io.StringIO()) == 2
