@@ -166,7 +166,8 @@ def _cpu_rows(ctx: BenchContext) -> list[Comparison]:
                 "shipped_loss_fp32": fp32_loss, "shipped_loss": losses[name],
                 "shipped_loss_increase": increase[name], "held_out_stories": stories,
                 "steps": steps, "rounds": rounds, "model": model_info(model),
-                "summary": f"{tps['fp32']:.1f} -> {tps[name]:.1f} tokens/s, weights "
+                "summary": f"{tps['fp32']:.1f} -> {tps[name]:.1f} tokens/s (median steps; "
+                           f"the ratio is the median of the per-round ratios), weights "
                            f"{fp32_bytes / 1e6:.0f} -> {Q.weight_bytes(variants[name]) / 1e6:.0f}"
                            f" MB, kernels {kernels.get(name)}; shipped checkpoint loss "
                            f"{fp32_loss:.4f} -> {losses[name]:.4f} ({increase[name]:+.3%})"}
