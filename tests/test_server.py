@@ -87,6 +87,31 @@ def test_chat_completions_streamed_and_not(served):
     assert text == whole.choices[0].message.content
 
 
+def test_the_openai_client_gets_n_choices_logprobs_and_echo(served):
+    c = client(served)
+    two = c.completions.create(model="tinygpt", prompt="Once upon a time", max_tokens=8, n=2,
+                               seed=7, temperature=1.0, extra_body={"ignore_eos": True})
+    again = c.completions.create(model="tinygpt", prompt="Once upon a time", max_tokens=8,
+                                 seed=8, temperature=1.0, extra_body={"ignore_eos": True})
+    assert [ch.index for ch in two.choices] == [0, 1]
+    assert two.choices[1].text == again.choices[0].text          # choice 1 used seed 7 + 1
+    echoed = c.completions.create(model="tinygpt", prompt="The cat sat", max_tokens=3,
+                                  temperature=0, echo=True, logprobs=2)
+    logprobs = echoed.choices[0].logprobs
+    assert echoed.choices[0].text.startswith("The cat sat")
+    assert logprobs.token_logprobs[0] is None and len(logprobs.tokens) == len(
+        logprobs.token_logprobs) == len(logprobs.top_logprobs) == len(logprobs.text_offset)
+    chat = c.chat.completions.create(
+        model="tinygpt", messages=[{"role": "developer", "content": "Be kind."},
+                                   {"role": "user", "content": [{"type": "text",
+                                                                 "text": "Hello"}]}],
+        max_completion_tokens=4, temperature=0, logprobs=True, top_logprobs=3,
+        response_format={"type": "text"}, store=False, metadata={"run": "test"}, user="u")
+    content = chat.choices[0].logprobs.content
+    assert content and all(len(entry.top_logprobs) == 3 for entry in content)
+    assert all(entry.logprob <= 0 for entry in content)
+
+
 def test_several_clients_at_once(served):
     prompts = ["The dog", "A bird", "The cat", "Once upon a time", "The mat", "A girl"]
 
@@ -303,17 +328,24 @@ def test_no_prefix_caching_turns_the_cache_off():
     assert health["prefix_cached_blocks"] == 0
 
 
-def test_a_client_that_never_finishes_its_headers_is_disconnected():
+def test_stalled_headers_are_disconnected_and_a_stalled_body_is_a_408():
     import socket
     from urllib.parse import urlparse
 
-    with server("--header-timeout", "1") as (url, _):
+    with server("--header-timeout", "1", "--body-timeout", "1") as (url, _):
         where = urlparse(url)
         with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
             sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")   # and no more
             start = time.monotonic()
             assert sock.recv(1024) == b""              # the server closed the connection
             assert time.monotonic() - start < 5
+        with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                         b'{"model": ')                # 10 of the 100 bytes, then nothing
+            answer = sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert b'"request_timeout"' in answer
         assert httpx.get(f"{url}/health").status_code == 200
 
 
