@@ -669,13 +669,13 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
 
     @app.get("/tokenizer_info")
     async def tokenizer_info():
-        named = {name: ident for name, ident in specials.items()}
-        eos_token = next((n for n, i in named.items() if i in eos), None)
+        # the end-of-text token as its text (what /tokenize reads back as its id): clients
+        # such as lm-evaluation-harness find its id by tokenizing it
         return {"tokenizer_class": type(tokenizer).__name__, "vocab_size": vocab,
                 "model_max_length": context, "max_model_len": context,
-                "eos_token": eos_token, "eos_token_id": eos[0] if eos else None,
-                "bos_token": None, "pad_token": None, "special_tokens": named,
-                "chat_template": None}
+                "eos_token": token_text(eos[0]) if eos else None,
+                "eos_token_id": eos[0] if eos else None, "bos_token": None,
+                "pad_token": None, "special_tokens": dict(specials), "chat_template": None}
 
     # -- generation ------------------------------------------------------------------------------
 
