@@ -320,21 +320,20 @@ def test_the_serial_engine_serves_the_same_text(reference):
     assert health["kv_blocks_total"] == 0          # no paged pool behind the serial engine
 
 
-def test_no_prefix_caching_turns_the_cache_off():
-    prompt = "Once upon a time there was a girl named Lily who loved her red ball. " * 3
-    with server("--no-prefix-caching") as (url, _):
-        for _ in range(2):
-            client(url).completions.create(model="tinygpt", prompt=prompt, max_tokens=2)
-        health = httpx.get(f"{url}/health").json()
-    assert health["prefix_hit_tokens"] == 0 and health["prefix_query_tokens"] > 0
-    assert health["prefix_cached_blocks"] == 0
-
-
-def test_stalled_headers_are_disconnected_and_a_stalled_body_is_a_408():
+def test_stalled_clients_are_cut_off_and_no_prefix_caching_turns_the_cache_off():
+    """Headers that never finish: the connection is closed; a body that stalls: 408. (The
+    same server runs with --no-prefix-caching: one server start for both.)"""
     import socket
     from urllib.parse import urlparse
 
-    with server("--header-timeout", "1", "--body-timeout", "1") as (url, _):
+    prompt = "Once upon a time there was a girl named Lily who loved her red ball. " * 3
+    with server("--header-timeout", "1", "--body-timeout", "1", "--no-prefix-caching") as (
+            url, _):
+        for _ in range(2):
+            client(url).completions.create(model="tinygpt", prompt=prompt, max_tokens=2)
+        health = httpx.get(f"{url}/health").json()
+        assert health["prefix_hit_tokens"] == 0 and health["prefix_query_tokens"] > 0
+        assert health["prefix_cached_blocks"] == 0
         where = urlparse(url)
         with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
             sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")   # and no more
