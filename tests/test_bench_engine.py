@@ -13,8 +13,8 @@ from tinygpt.bench.load import running_server
 
 
 def test_the_rows_are_registered_for_day_17():
-    groups = R.row_groups(["engine", "serve_prefix_cache", "serve_goodput"])
-    assert [g.day for g in groups] == [17, 17, 17] and "tinygpt.bench.engine" in R.ROW_MODULES
+    groups = R.row_groups(["engine", "serve_prefix_cache", "serve_overhead", "serve_goodput"])
+    assert [g.day for g in groups] == [17] * 4 and "tinygpt.bench.engine" in R.ROW_MODULES
 
 
 def test_requests_are_seeded_cuts_of_story_text():

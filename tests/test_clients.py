@@ -118,15 +118,21 @@ def per_sample(results: dict, task: str) -> list:
             sorted(results["samples"][task], key=lambda s: s["doc_id"])]
 
 
-def test_lm_eval_harness_scores_equal_the_model_in_process(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def served():
+    """One server for both clients."""
+    with running_server("--threads", "1", env=dict(os.environ, OMP_NUM_THREADS="1")) as (
+            url, _):
+        yield url
+
+
+def test_lm_eval_harness_scores_equal_the_model_in_process(served, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     local = evaluate(InProcess(), tmp_path / "local")
-    with running_server("--threads", "1", env=dict(os.environ, OMP_NUM_THREADS="1")) as (
-            url, _):
-        remote = evaluate("local-completions", tmp_path / "remote", model_args=(
-            f"model=tinygpt,base_url={url}/v1/completions,tokenizer_backend=remote,"
-            f"tokenized_requests=True,num_concurrent=1,max_retries=1,max_length=1024"))
+    remote = evaluate("local-completions", tmp_path / "remote", model_args=(
+        f"model=tinygpt,base_url={served}/v1/completions,tokenizer_backend=remote,"
+        f"tokenized_requests=True,num_concurrent=1,max_retries=1,max_length=1024"))
     for task, metric in (("tinygpt_continue", "exact_match,none"), ("tinygpt_choice",
                                                                     "acc,none")):
         assert remote["results"][task][metric] == local["results"][task][metric], task
@@ -138,7 +144,7 @@ def test_lm_eval_harness_scores_equal_the_model_in_process(tmp_path, monkeypatch
             assert got_ll == pytest.approx(want_ll, abs=1e-4) and got_greedy == want_greedy
 
 
-def test_a_guidellm_run_with_its_default_chat_requests_succeeds(tmp_path):
+def test_a_guidellm_run_with_its_default_chat_requests_succeeds(served, tmp_path):
     """guidellm's default request format: streaming chat with text-part content,
     stream_options {include_usage, continuous_usage_stats}; four concurrent streams."""
     import subprocess
@@ -150,23 +156,28 @@ def test_a_guidellm_run_with_its_default_chat_requests_succeeds(tmp_path):
     prompts = Path(__file__).parent / "data" / "guidellm_prompts.jsonl"
     count = len(prompts.read_text().splitlines())
     out = tmp_path / "guidellm.json"
-    with running_server("--threads", "1", env=dict(os.environ, OMP_NUM_THREADS="1")) as (
-            url, _):
-        run = subprocess.run(
-            [sys.executable, "-m", "guidellm", "run",
-             "--backend", f"kind=openai_http,target={url},model=tinygpt,max_tokens=16",
-             "--profile", "kind=concurrent,streams=4",
-             "--constraint", f"kind=max_requests,count={count}",
-             "--data", f"kind=json_file,path={prompts}",
-             "--output", f"kind=json,path={out}", "--disable-console"],
-            capture_output=True, text=True, timeout=180, cwd=tmp_path,
-            env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                     GUIDELLM__MAX_WORKER_PROCESSES="1"))   # one worker: starts faster
-        metrics = httpx.get(f"{url}/metrics").text
+    url = served
+    before = httpx.get(f"{url}/metrics").text
+    run = subprocess.run(
+        [sys.executable, "-m", "guidellm", "run",
+         "--backend", f"kind=openai_http,target={url},model=tinygpt,max_tokens=16",
+         "--profile", "kind=concurrent,streams=4",
+         "--constraint", f"kind=max_requests,count={count}",
+         "--data", f"kind=json_file,path={prompts}",
+         "--output", f"kind=json,path={out}", "--disable-console"],
+        capture_output=True, text=True, timeout=180, cwd=tmp_path,
+        env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+                 GUIDELLM__MAX_WORKER_PROCESSES="1"))   # one worker: starts faster
+    metrics = httpx.get(f"{url}/metrics").text
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads(out.read_text())["benchmarks"][0]["metrics"]
     assert report["request_totals"] == {"successful": count, "errored": 0, "incomplete": 0,
                                         "total": count}
     assert report["output_token_count"]["successful"]["total_sum"] > 0
-    assert f'tinygpt_http_requests_total{{path="/v1/chat/completions",status="200"}} ' \
-           f'{float(count)}' in metrics
+    label = 'tinygpt_http_requests_total{path="/v1/chat/completions",status="200"} '
+
+    def served_chats(text: str) -> float:
+        line = [x for x in text.splitlines() if x.startswith(label)]
+        return float(line[0].split()[-1]) if line else 0.0
+
+    assert served_chats(metrics) - served_chats(before) == count

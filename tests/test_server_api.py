@@ -362,3 +362,27 @@ def test_metrics_report_the_prefix_cache(real, shipped):
     rate = float(metrics.split("\ntinygpt_prefix_cache_hit_rate ")[1].split()[0])
     assert 0 < rate == pytest.approx(after["prefix_hit_tokens"] / after["prefix_query_tokens"],
                                      rel=1e-3)
+
+
+def test_streamed_logprobs_and_echo_add_up_to_the_whole_answer(real):
+    body = {"model": "tinygpt", "prompt": "The dog ran to the", "max_tokens": 6,
+            "temperature": 0, "echo": True, "logprobs": 2}
+    whole = real.post("/v1/completions", body).json()["choices"][0]
+    text, merged = "", {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                        "text_offset": []}
+    for line in real.post("/v1/completions", {**body, "stream": True}).text.splitlines():
+        if line.startswith("data: {"):
+            choice = json.loads(line[6:])["choices"][0]
+            text += choice["text"]
+            for key in merged:
+                merged[key] += (choice["logprobs"] or {}).get(key, [])
+    assert text == whole["text"] and merged == whole["logprobs"]
+    chat = {"model": "tinygpt", "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 5, "temperature": 0, "logprobs": True, "top_logprobs": 1}
+    whole = real.post("/v1/chat/completions", chat).json()["choices"][0]
+    entries = []
+    for line in real.post("/v1/chat/completions", {**chat, "stream": True}).text.splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[6:])["choices"]:
+                entries += (choice["logprobs"] or {}).get("content", [])
+    assert entries == whole["logprobs"]["content"]

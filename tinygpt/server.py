@@ -33,12 +33,15 @@ response_format {"type": "text"}, parallel_tool_calls); fields that would change
 and are not implemented (tools, logit_bias, suffix, other response formats, ...) are a 400.
 
 Limits. A body over --max-body-bytes is a 413; a body that does not arrive within
---body-timeout seconds a 408; a prompt (or all stop strings together) too long for the
-context is refused from its length in characters before it is tokenized whenever no
-tokenization could make it fit. JSON parsing, validation, tokenization and the chat template
-run on a thread pool, not on the event loop, so a large request never stalls the streams of
-the others. uvicorn closes idle keep-alive connections after 5 s and connections whose
-request headers have not arrived after --header-timeout seconds.
+--body-timeout seconds a 408; a prompt too long for the context is refused from its length in
+characters before it is tokenized whenever no tokenization could make it fit; stop strings
+may total MAX_STOP_CHARS characters. JSON parsing, validation, tokenization and the chat
+template run on a thread pool, not on the event loop, so a large request never stalls the
+streams of the others (parsing still holds Python's GIL while it runs, which the body limit
+bounds: a megabyte of token ids parses in well under 100 ms; lists longer than any valid
+request are refused before they are validated item by item). uvicorn closes idle keep-alive
+connections after 5 s and connections whose request headers have not arrived after
+--header-timeout seconds.
 
 Errors. Every error is an OpenAI-style JSON body {"error": {"message", "type", "param",
 "code"}}: 400 for malformed JSON (lone surrogates, NaN and 5000-digit numbers included),
@@ -75,7 +78,7 @@ from typing import Any
 
 MODEL_ID = "tinygpt"
 KV_POOL_BYTES = 256 * 2**20          # the default KV pool's ceiling (see default_kv_blocks)
-MAX_BODY_BYTES = 4 * 1024 * 1024     # --max-body-bytes default
+MAX_BODY_BYTES = 1024 * 1024         # --max-body-bytes default
 BODY_TIMEOUT_S = 30.0                # --body-timeout default
 HEADER_TIMEOUT_S = 10.0              # --header-timeout default
 KEEP_ALIVE_S = 5                     # idle keep-alive connections are closed after this
@@ -182,18 +185,25 @@ def _models():
     return CompletionBody, ChatBody, TokenizeBody, DetokenizeBody
 
 
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def _no_constant(name: str):
     raise APIError(400, f"the body is not valid JSON: {name} is not a JSON number")
 
 
-def parse_json(raw: bytes) -> Any:
+def parse_json(raw: bytes | str) -> Any:
     """The body as JSON; APIError 400 for anything JSON (RFC 8259) does not allow, numbers of
     more than 4300 digits, and strings with lone surrogates (not Unicode text)."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
     try:
         value = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, RecursionError) as err:      # JSONDecodeError, UnicodeDecodeError, ...
         raise APIError(400, f"the body is not valid JSON: {err}") from None
-    where = _lone_surrogate(value, "")
+    # a lone surrogate can only come from a \uD800-\uDFFF escape (raw bytes that are not
+    # UTF-8 fail above): walk the parsed body only when the text holds such an escape
+    where = _lone_surrogate(value, "") if SURROGATE_ESCAPE.search(raw) else None
     if where is not None:
         raise APIError(400, f"{where or 'the body'}: a string holds a lone surrogate "
                             f"(a half of a UTF-16 pair), which is not Unicode text",
@@ -219,8 +229,9 @@ def _lone_surrogate(value: Any, path: str) -> str | None:
                 except UnicodeEncodeError:
                     return where
                 stack.append((sub, name))
-        elif isinstance(item, list):
-            stack.extend((sub, f"{where}[{i}]") for i, sub in enumerate(item))
+        elif isinstance(item, list):         # (numbers need no check, nor a path)
+            stack.extend((sub, f"{where}[{i}]") for i, sub in enumerate(item)
+                         if isinstance(sub, str | dict | list))
     return None
 
 
@@ -663,19 +674,38 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
 
     @app.get("/tokenizer_info")
     async def tokenizer_info():
-        named = {name: ident for name, ident in specials.items()}
-        eos_token = next((n for n, i in named.items() if i in eos), None)
+        # the end-of-text token as its text (what /tokenize reads back as its id): clients
+        # such as lm-evaluation-harness find its id by tokenizing it
         return {"tokenizer_class": type(tokenizer).__name__, "vocab_size": vocab,
                 "model_max_length": context, "max_model_len": context,
-                "eos_token": eos_token, "eos_token_id": eos[0] if eos else None,
-                "bos_token": None, "pad_token": None, "special_tokens": named,
-                "chat_template": None}
+                "eos_token": token_text(eos[0]) if eos else None,
+                "eos_token_id": eos[0] if eos else None, "bos_token": None,
+                "pad_token": None, "special_tokens": dict(specials), "chat_template": None}
 
     # -- generation ------------------------------------------------------------------------------
 
+    def too_long(data: Any) -> None:
+        """Refuse lists no valid request has before validating them item by item (a list of
+        a million token ids costs pydantic a quarter of a second)."""
+        if not isinstance(data, dict):
+            return
+        prompt, messages = data.get("prompt"), data.get("messages")
+        most = max(context - 1, MAX_CHOICES)
+        if isinstance(prompt, list) and (len(prompt) > most or any(
+                isinstance(p, list) and len(p) >= context for p in prompt)):
+            raise APIError(400, f"prompt: a prompt has at most {context - 1} tokens and a "
+                                f"request at most {MAX_CHOICES} prompts", param="prompt",
+                           code="context_length_exceeded")
+        if isinstance(messages, list) and len(messages) >= context:
+            raise APIError(400, f"messages: {len(messages)} messages cannot fit the model's "
+                                f"context of {context} tokens", param="messages",
+                           code="context_length_exceeded")
+
     def prepare(raw: bytes, chat: bool) -> Job:
         """Everything before the engine, on the thread pool: parse, check, tokenize."""
-        body = validate(ChatBody if chat else CompletionBody, parse_json(raw))
+        data = parse_json(raw)
+        too_long(data)
+        body = validate(ChatBody if chat else CompletionBody, data)
         _check_common(body, chat, model_id)
         if chat:
             ids, _ = chat_ids(body.messages)

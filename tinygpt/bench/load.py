@@ -319,3 +319,32 @@ def run_chat_sessions(url: str, conversations: int = 4, turns: int = 4, *,
             "mean_ttft_s": sum(r["ttft_s"] for r in requests) / len(requests),
             "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in requests),
             "prefill_tokens": admitted - hits, "hit_tokens": hits}
+
+
+def run_concurrent_streams(url: str, prompts: list[list[int]], max_tokens: int,
+                           timeout: float = 300.0) -> tuple[float, list[str]]:
+    """Every prompt (token ids) as a greedy streaming completion at once (ignore_eos, so each
+    runs max_tokens); returns (seconds from the first send to the last token, the texts in
+    the prompts' order)."""
+    import httpx
+
+    async def one(client, prompt):
+        body = {"model": "tinygpt", "prompt": prompt, "max_tokens": max_tokens,
+                "temperature": 0, "ignore_eos": True, "stream": True}
+        pieces = []
+        async with client.stream("POST", f"{url.rstrip('/')}/v1/completions", json=body,
+                                 timeout=timeout) as response:
+            if response.status_code != 200:
+                raise RuntimeError(f"HTTP {response.status_code}: {await response.aread()!r}")
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    pieces.extend(c["text"] for c in json.loads(line[6:])["choices"])
+        return "".join(pieces)
+
+    async def run():
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=len(prompts))) as c:
+            start = time.perf_counter()
+            texts = await asyncio.gather(*(one(c, p) for p in prompts))
+            return time.perf_counter() - start, list(texts)
+
+    return asyncio.run(run())
