@@ -245,40 +245,50 @@ def test_sigterm_ends_in_flight_requests_cleanly_and_exits():
 def test_large_requests_do_not_stall_a_running_stream():
     """Parsing and the length checks run off the event loop: the gaps between a stream's
     tokens stay within 100 ms of their usual size while a 10 MB text prompt (the body limit
-    raised to let it in) and a megabyte of token ids are refused."""
+    raised to let it in) and a megabyte of token ids are refused. A server that blocked its
+    loop would stall every try by seconds; a busy machine stalls some tries by chance, so each
+    request gets up to three tries and one of them must stay within the bound."""
     big_text = json.dumps({"model": "tinygpt", "prompt": "word " * (2 * 2**20)}).encode()
     many_ids = json.dumps({"model": "tinygpt", "prompt": [7] * 330_000}).encode()
     assert len(big_text) > 10 * 2**20 and 2**20 - 2**16 < len(many_ids) < 2**20
+    tries = 3
     with server("--max-body-bytes", str(16 * 2**20)) as (url, _):
-        body = {"model": "tinygpt", "prompt": "The", "max_tokens": 600, "ignore_eos": True,
+        body = {"model": "tinygpt", "prompt": "The", "max_tokens": 1000, "ignore_eos": True,
                 "stream": True, "temperature": 0}
-        times, windows, answers = [], [], []
+        times: list[float] = []
+        worst: dict[str, float] = {}
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
             lines = (line for line in response.iter_lines() if line.startswith("data: {"))
             for _ in range(60):
                 next(lines)
                 times.append(time.perf_counter())
+            gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+            usual = max(gaps)               # the longest gap before (a shared machine has some)
             with ThreadPoolExecutor(1) as pool:
-                for content in (big_text, many_ids):
-                    sent = time.perf_counter()
-                    future = pool.submit(httpx.post, f"{url}/v1/completions", content=content,
-                                         headers={"content-type": "application/json"},
-                                         timeout=60)
-                    while not future.done() or times[-1] < time.perf_counter() - 0.3:
-                        next(lines)
-                        times.append(time.perf_counter())
-                    answers.append(future.result())
-                    windows.append((sent, times[-1]))
-    for answer in answers:
-        assert answer.status_code == 400, answer.text
-        assert answer.json()["error"]["code"] == "context_length_exceeded"
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    usual = max(gaps[:59])               # the longest gap before (a shared machine has some)
-    for (start, end), content in zip(windows, ("10 MB of text", "1 MB of token ids"),
-                                     strict=True):
-        during = [b - a for a, b in zip(times, times[1:], strict=False)
-                  if b >= start and a <= end]
-        assert during and max(during) < usual + 0.1, (content, usual, max(during))
+                for content, name in ((big_text, "10 MB of text"),
+                                      (many_ids, "1 MB of token ids")):
+                    for _ in range(tries):
+                        sent = time.perf_counter()
+                        future = pool.submit(httpx.post, f"{url}/v1/completions",
+                                             content=content,
+                                             headers={"content-type": "application/json"},
+                                             timeout=60)
+                        window = [times[-1]]
+                        while not future.done() or window[-1] < time.perf_counter() - 0.3:
+                            next(lines)
+                            window.append(time.perf_counter())
+                        times.extend(window[1:])
+                        answer = future.result()
+                        assert answer.status_code == 400, answer.text
+                        assert answer.json()["error"]["code"] == "context_length_exceeded"
+                        during = [b - a for a, b in zip(window, window[1:], strict=False)
+                                  if b >= sent]
+                        worst[name] = max(during)
+                        if worst[name] < usual + 0.1:
+                            break
+    for name, gap in worst.items():
+        assert gap < usual + 0.1, (f"{name}: the stream's longest gap was {gap:.3f} s in each "
+                                   f"of {tries} tries, against {usual:.3f} s before")
 
 
 def test_poisson_arrivals_are_seeded_with_the_right_mean_gap():
