@@ -64,6 +64,12 @@ from torch import nn
 from tinygpt.model import ModelConfig, TinyGPT
 from tinygpt.positions import rope_cos_sin
 
+# SmolLM2-135M-Instruct's shape (the course's real model: its GGUF's metadata): 30 layers,
+# d_model 576, 9 heads over 3 KV heads, d_ff 1536, vocabulary 49,152, tied embeddings.
+SMOLLM2_135M = ModelConfig(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
+                           d_ff=1536, max_seq_len=8192, rope_base=100000.0,
+                           tie_embeddings=True)
+
 # --------------------------------------------------------------------------------------------
 # launching ranks as local processes
 
