@@ -144,4 +144,15 @@ def bubble(stages, micro_batches):
     Mistake("q3", "thinks a KV head can be split", 'answer_q3 = "A"\n'),
 ]
 
-EQUIVALENT_MUTANTS: dict[str, str] = {}
+EQUIVALENT_MUTANTS = {
+    "heads_for_rank: return query, [query[0] // (n_heads // n_kv_heads)] => return query, "
+    "[query[-1] // (n_heads // n_kv_heads)]":
+        "this branch runs only when world_size is a multiple of n_kv_heads, so a rank's query "
+        "heads all lie in one KV group: the first and the last read the same KV head",
+    "gather_logits: ordered = [piece for _, piece in sorted(pieces, key=lambda item: item[0])] "
+    "=> ordered = [piece for _, piece in sorted(pieces)]":
+        "ranks are distinct, so sorting the (rank, tensor) pairs compares ranks only",
+    "sample_on_ranks: probs = torch.softmax(logits, dim=-1) => probs = torch.softmax(logits, "
+    "dim=0)":
+        "logits has shape (V,): dims -1 and 0 are the same dimension",
+}
