@@ -239,3 +239,22 @@ def test_disaggregated_decode_gives_the_colocated_tokens_and_ships_whole_blocks(
     assert report.kv_bytes == (per_block, per_block, 3 * per_block)
     assert all(s > 0 for s in report.kv_seconds)
     assert report.disaggregated["gaps"] == 2 * 5
+
+
+# -- the served protocol without HTTP ---------------------------------------------------------
+
+
+def test_followers_mirror_the_leader_engine_even_for_unseeded_sampling():
+    """Rank 0's engine draws a seed for a request that has none and sends it with the
+    request: the other rank samples the same tokens (it checks every step's tokens against
+    rank 0's), and greedy requests get the one-process engine's tokens."""
+    model, _ = load_pretrained()
+    prompts = PROMPTS[:2] + [PROMPTS[0]]
+    params = [SamplingParams(temperature=0.0, max_new_tokens=5),
+              SamplingParams(temperature=0.0, max_new_tokens=3),
+              SamplingParams(temperature=1.0, max_new_tokens=6)]          # no seed
+    leader, follower = P.run_ranks(P._mirror_rank, 2, "shipped", prompts, params)
+    assert leader == follower and len(leader) == 3
+    _, want = _reference(model, prompts[:1], 5)
+    assert leader[0] == want[0]
+    assert len(leader[2]) == 6

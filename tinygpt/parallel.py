@@ -39,7 +39,21 @@ The pieces, readable top to bottom:
     shard_model               TensorParallelGPT from an ordinary TinyGPT (any loader's output)
     distributed_argmax        the greedy token without gathering the logits
 
-Pipeline parallelism, the cost model and disaggregated prefill/decode follow further down.
+Further down, in the same order:
+
+    stage_layers, bubble_fraction, pipeline_run
+                              pipeline parallelism: stages of whole layers, activations sent
+                              with send/recv, micro-batches, the measured idle share against
+                              GPipe's (p - 1) / (m + p - 1)
+    LINKS, ring_allreduce_seconds, tp_decode_estimate, measure_allreduce, fit_link,
+    measure_tp_decode         the cost model: bytes per all-reduce, a ring all-reduce on a
+                              sourced link, the decode step split p ways, measured on gloo
+    mixed_workload, compare_disaggregation
+                              a prefill rank shipping paged KV blocks to a decode rank,
+                              against the colocated engine with and without chunked prefill
+    start_tensor_parallel, follow_leader
+                              `serve --tensor-parallel-size N`: rank 0 serves and broadcasts
+                              every step's arrivals, aborts and seeds; the others follow
 """
 
 from __future__ import annotations
@@ -1187,8 +1201,8 @@ def _leader_engine_class():
             return out
 
         def close(self) -> None:
-            """Tell the other ranks to exit."""
-            dist.broadcast_object_list([("stop", [], None)], src=0)
+            """Tell the other ranks to exit (after checking the last step's tokens)."""
+            dist.broadcast_object_list([("stop", [], self._last)], src=0)
 
     return LeaderEngine
 
@@ -1224,17 +1238,30 @@ def _serve_worker(rank: int, world_size: int, port: int, source, engine_options:
     model, tokenizer = loaded if isinstance(loaded, tuple) else (loaded, None)
     engine = Engine(shard_model(model, rank, world_size), tokenizer, **engine_options)
     del model, loaded
-    last = None
+    follow_leader(engine, rank)
+    dist.destroy_process_group()
+
+
+def follow_leader(engine, rank: int, keep_results: bool = False) -> dict:
+    """The loop of rank r > 0: receive rank 0's step message (arrivals, aborts, the tokens
+    rank 0 produced in the previous step), check the previous step's tokens against this
+    rank's, apply the arrivals and aborts, step the engine; until rank 0 says stop.
+
+    keep_results: return {request_id: token ids} of the finished requests (tests); otherwise
+    finished results are released as rank 0's server releases them. RuntimeError when the
+    ranks disagree on a token.
+    """
+    last, results = None, {}
     with torch.inference_mode():
         while True:
             message = [None]
             dist.broadcast_object_list(message, src=0)
             command, pending, leader_last = message[0]
-            if command == "stop":
-                break
             if leader_last is not None and leader_last != last:
-                raise RuntimeError(f"rank {rank} produced tokens {last} in the last step, rank 0 "
-                                   f"{leader_last}: the ranks disagree")
+                raise RuntimeError(f"rank {rank} produced tokens {last} in the last step, rank "
+                                   f"0 {leader_last}: the ranks disagree")
+            if command == "stop":
+                return results
             for op in pending:
                 if op[0] == "add":
                     _, prompt, params, eos_ids, request_id = op
@@ -1245,8 +1272,27 @@ def _serve_worker(rank: int, world_size: int, port: int, source, engine_options:
             last = [(request_id, event.token_id) for request_id, event in events]
             for request_id, event in events:
                 if event.finish_reason is not None:
+                    if keep_results:
+                        results[request_id] = engine.result(request_id).token_ids
                     engine.release(request_id)          # as rank 0's server does
-    dist.destroy_process_group()
+
+
+def _mirror_rank(rank: int, world_size: int, source, prompts: list[list[int]],
+                 params: list) -> dict:
+    """A served model's protocol without HTTP: rank 0's leader engine takes the requests, the
+    others follow it. Returns {request_id: token ids} on every rank."""
+    shard = shard_model(load_source(source), rank, world_size)
+    torch.manual_seed(1000 + rank)   # as in a server: nothing keeps the ranks' global RNGs equal
+    if rank > 0:
+        from tinygpt.engine import Engine
+
+        return follow_leader(Engine(shard, max_running=len(prompts)), rank, keep_results=True)
+    engine = _leader_engine_class()(shard, max_running=len(prompts))
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+    with torch.inference_mode():
+        engine.run()
+    engine.close()
+    return {i: engine.result(i).token_ids for i in ids}
 
 
 def _watch_workers(procs: list) -> None:
