@@ -34,14 +34,14 @@ REAL_MODEL_LOADER = ("tinygpt.loading", "load_smollm2")
 def tp_row(name: str, description: str, source, degree: int, new_tokens: int) -> Comparison:
     """One tensor-parallel row: measured speedup, comm share and the cost model's step."""
     m = parallel.measure_tp_decode(source, degree, prompt_len=16, new_tokens=new_tokens)
-    off = m.tp_step_seconds / m.predicted_step_seconds - 1
+    off = m.predicted_step_seconds / m.tp_step_seconds - 1        # relative to the measured
     met = abs(off) <= PREDICTION_TOLERANCE and m.tokens_identical
     reason = None
     if not m.tokens_identical:
         reason = "the tensor-parallel tokens differ from one process's"
     elif not met:
         reason = (f"the cost model's step ({m.predicted_step_seconds * 1e3:.1f} ms) is "
-                  f"{abs(off):.0%} {'under' if off > 0 else 'over'} the measured one "
+                  f"{abs(off):.0%} {'under' if off < 0 else 'over'} the measured one "
                   f"({m.tp_step_seconds * 1e3:.1f} ms): a collective's fixed cost on a shared "
                   f"CPU moves with the load")
     return Comparison(
