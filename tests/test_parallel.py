@@ -109,7 +109,17 @@ def test_degree_2_on_the_shipped_model_is_exact():
     model, _ = load_pretrained()
     out = P.tp_check("shipped", 2, PROMPTS, max_new_tokens=6)
     worst = _check_against(model, out, PROMPTS, 6)
-    assert out["kv_heads"] == 1 and worst < 5e-5              # 2 KV heads over 2 ranks
+    assert out["kv_heads"] == 1                               # 2 KV heads over 2 ranks
+    # the one-process float32 model is itself this far from float64: the parallel model's
+    # differences are float32 rounding, not a bug (it is as close to float64 as one process)
+    with torch.inference_mode():
+        one_process = [model(torch.tensor([p]))[0].double() for p in PROMPTS]
+        exact = model.double()
+        truth = [exact(torch.tensor([p]))[0] for p in PROMPTS]
+    ours = max((a.double() - t).abs().max().item() for a, t in zip(out["logits"], truth,
+                                                                     strict=True))
+    one = max((a - t).abs().max().item() for a, t in zip(one_process, truth, strict=True))
+    assert ours <= 2 * one + 1e-6, (ours, one, worst)
 
 
 def test_degree_3_on_the_smollm2_head_layout_is_exact():
@@ -229,3 +239,22 @@ def test_disaggregated_decode_gives_the_colocated_tokens_and_ships_whole_blocks(
     assert report.kv_bytes == (per_block, per_block, 3 * per_block)
     assert all(s > 0 for s in report.kv_seconds)
     assert report.disaggregated["gaps"] == 2 * 5
+
+
+# -- the served protocol without HTTP ---------------------------------------------------------
+
+
+def test_followers_mirror_the_leader_engine_even_for_unseeded_sampling():
+    """Rank 0's engine draws a seed for a request that has none and sends it with the
+    request: the other rank samples the same tokens (it checks every step's tokens against
+    rank 0's), and greedy requests get the one-process engine's tokens."""
+    model, _ = load_pretrained()
+    prompts = PROMPTS[:2] + [PROMPTS[0]]
+    params = [SamplingParams(temperature=0.0, max_new_tokens=5),
+              SamplingParams(temperature=0.0, max_new_tokens=3),
+              SamplingParams(temperature=1.0, max_new_tokens=6)]          # no seed
+    leader, follower = P.run_ranks(P._mirror_rank, 2, "shipped", prompts, params)
+    assert leader == follower and len(leader) == 3
+    _, want = _reference(model, prompts[:1], 5)
+    assert leader[0] == want[0]
+    assert len(leader[2]) == 6

@@ -39,7 +39,21 @@ The pieces, readable top to bottom:
     shard_model               TensorParallelGPT from an ordinary TinyGPT (any loader's output)
     distributed_argmax        the greedy token without gathering the logits
 
-Pipeline parallelism, the cost model and disaggregated prefill/decode follow further down.
+Further down, in the same order:
+
+    stage_layers, bubble_fraction, pipeline_run
+                              pipeline parallelism: stages of whole layers, activations sent
+                              with send/recv, micro-batches, the measured idle share against
+                              GPipe's (p - 1) / (m + p - 1)
+    LINKS, ring_allreduce_seconds, tp_decode_estimate, measure_allreduce, fit_link,
+    measure_tp_decode         the cost model: bytes per all-reduce, a ring all-reduce on a
+                              sourced link, the decode step split p ways, measured on gloo
+    mixed_workload, compare_disaggregation
+                              a prefill rank shipping paged KV blocks to a decode rank,
+                              against the colocated engine with and without chunked prefill
+    start_tensor_parallel, follow_leader
+                              `serve --tensor-parallel-size N`: rank 0 serves and broadcasts
+                              every step's arrivals, aborts and seeds; the others follow
 """
 
 from __future__ import annotations
@@ -64,6 +78,12 @@ from torch import nn
 from tinygpt.model import ModelConfig, TinyGPT
 from tinygpt.positions import rope_cos_sin
 
+# SmolLM2-135M-Instruct's shape (the course's real model: its GGUF's metadata): 30 layers,
+# d_model 576, 9 heads over 3 KV heads, d_ff 1536, vocabulary 49,152, tied embeddings.
+SMOLLM2_135M = ModelConfig(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
+                           d_ff=1536, max_seq_len=8192, rope_base=100000.0,
+                           tie_embeddings=True)
+
 # --------------------------------------------------------------------------------------------
 # launching ranks as local processes
 
@@ -75,9 +95,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def default_backend() -> str:
-    """'nccl' when CUDA and NCCL are available (one GPU per rank), else 'gloo' (CPU)."""
-    if torch.cuda.is_available() and dist.is_nccl_available():
+def default_backend(world_size: int = 1) -> str:
+    """'nccl' when NCCL is available and there is one CUDA device per rank, else 'gloo'."""
+    if dist.is_nccl_available() and torch.cuda.device_count() >= world_size:
         return "nccl"
     return "gloo"
 
@@ -143,7 +163,7 @@ def run_ranks(fn: Callable, world_size: int, *args, timeout_s: float = 60.0,
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-    backend = default_backend() if backend is None else backend
+    backend = default_backend(world_size) if backend is None else backend
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     ctx = _context()
@@ -420,8 +440,9 @@ def distributed_argmax(local_logits: torch.Tensor, start: int, vocab_size: int,
     if valid > 0:
         value, index = local.max(dim=-1)
     else:
-        value = torch.full(local_logits.shape[:-1], float("-inf"))
-        index = torch.zeros(local_logits.shape[:-1], dtype=torch.long)
+        value = torch.full(local_logits.shape[:-1], float("-inf"), device=local_logits.device)
+        index = torch.zeros(local_logits.shape[:-1], dtype=torch.long,
+                            device=local_logits.device)
     mine = torch.stack([value.float(), (index + start).float()], dim=-1)   # (B, 2)
     parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, mine, group=group)
@@ -506,6 +527,8 @@ def shard_model(model: TinyGPT, rank: int | None = None, world_size: int | None 
     with torch.no_grad():
         shard = shard_state_dict(model.state_dict(), model.cfg, rank, world_size)
     device = next(model.parameters()).device
+    if dist.is_initialized() and dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())   # NCCL: this rank's GPU
     return TensorParallelGPT(model.cfg, shard, rank, world_size, group).to(device)
 
 
@@ -547,7 +570,7 @@ def load_source(source) -> TinyGPT:
 
 def _hidden(model: TinyGPT, prompt: list[int]) -> torch.Tensor:
     """The residual stream after the last block (before the final norm): (T, D)."""
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.rope_cos.device)
     cos, sin = model.rope_cos[:len(prompt)], model.rope_sin[:len(prompt)]
     x = model.tok_embeddings(ids)
     for layer in model.layers:
@@ -566,15 +589,16 @@ def _tp_check_rank(rank: int, world_size: int, source, prompts: list[list[int]],
     shard = shard_model(load_source(source), rank, world_size)
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     with torch.inference_mode():
-        logits = [shard(torch.tensor([p]))[0] for p in prompts]
+        device = shard.norm.weight.device
+        logits = [shard(torch.tensor([p], device=device))[0].cpu() for p in prompts]
         tokens = [generate(shard, p, params).token_ids for p in prompts]
         engine = Engine(shard, max_running=len(prompts))
         engine_tokens = [r.token_ids for r in engine.generate(prompts, params)]
         last = torch.stack([lg[-1] for lg in logits])                         # (N, V)
-        hidden = torch.stack([shard.norm(_hidden(shard, p))[-1] for p in prompts])
+        hidden = torch.stack([shard.norm(_hidden(shard, p))[-1] for p in prompts]).to(device)
         start, _ = vocab_range(shard.cfg.vocab_size, rank, world_size)
         greedy = distributed_argmax(shard.output.local_logits(hidden), start,
-                                    shard.cfg.vocab_size)
+                                    shard.cfg.vocab_size).cpu()
     out = dict(logits=logits, tokens=tokens, engine_tokens=engine_tokens,
                kv_heads=shard.cache_kv_heads, plan=shard.plan,
                argmax_agree=torch.equal(greedy, last.argmax(-1)))
@@ -686,7 +710,7 @@ def pipeline_run(source, world_size: int, ids: torch.Tensor, micro_batches: int,
         raise ValueError(f"ids must be (B, T) with B >= micro_batches ({micro_batches}), got "
                          f"{tuple(ids.shape)}")
     out = run_ranks(_pipeline_rank, world_size, source, ids, micro_batches,
-                    timeout_s=timeout_s)
+                    timeout_s=timeout_s, backend="gloo")            # CPU tensors
     start = min(o["start"] for o in out)
     makespan = max(o["end"] for o in out) - start
     busy = tuple(sum(b - a for a, b in o["busy"]) for o in out)
@@ -832,8 +856,9 @@ def tp_decode_estimate(cfg: ModelConfig, hw, link, world_size: int, batch: int =
 def _allreduce_rank(rank: int, world_size: int, sizes: list[int], repeats: int) -> dict:
     """Mean seconds of an all-reduce of each size (float32 elements) on this group."""
     out = {}
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     for n in sizes:
-        x = torch.ones(n)
+        x = torch.ones(n, device=device)
         for _ in range(3):
             dist.all_reduce(x)
         dist.barrier()
@@ -880,7 +905,8 @@ def _tp_decode_rank(rank: int, world_size: int, source, prompt_len: int,
     if world_size > 1:
         model = shard_model(model, rank, world_size)
     cache = KVCache.for_model(model, max_len=prompt_len + new_tokens + 3)
-    ids = torch.arange(prompt_len)[None] % model.cfg.vocab_size
+    device = model.norm.weight.device
+    ids = torch.arange(prompt_len, device=device)[None] % model.cfg.vocab_size
     with torch.inference_mode():
         token = prefill(model, cache, ids).argmax(-1, keepdim=True)
         for _ in range(2):                                    # warm-up steps
@@ -929,10 +955,12 @@ def measure_tp_decode(source, world_size: int, prompt_len: int = 16, new_tokens:
     tensor-parallel ranks; predict the parallel step with the cost model on `link` (default:
     fitted to all-reduces measured now on the same ranks)."""
     if link is None:
-        link = fit_link(measure_allreduce(world_size), world_size, "this machine (fitted)")
-    one = run_ranks(_tp_decode_rank, 1, source, prompt_len, new_tokens, timeout_s=timeout_s)[0]
+        link = fit_link(measure_allreduce(world_size, backend="gloo"), world_size,
+                        "this machine (fitted)")
+    one = run_ranks(_tp_decode_rank, 1, source, prompt_len, new_tokens, timeout_s=timeout_s,
+                    backend="gloo")[0]
     many = run_ranks(_tp_decode_rank, world_size, source, prompt_len, new_tokens,
-                     timeout_s=timeout_s)
+                     timeout_s=timeout_s, backend="gloo")       # both on the CPU
     worst = max(many, key=lambda r: r["step_seconds"])
     source_cfg = load_source(source).cfg if not isinstance(source, tuple) else source[0]
     per_ar = ring_allreduce_seconds(allreduce_bytes(source_cfg, 1, "fp32"), world_size, link)
@@ -1125,7 +1153,7 @@ def compare_disaggregation(source, workload: Workload, chunk_tokens: int = 64,
     chunked = run_ranks(_colocated_rank, 1, source, workload, chunk_tokens,
                         timeout_s=timeout_s)[0]
     _, decode = run_ranks(_disaggregated_rank, 2, source, workload, block_size,
-                                timeout_s=timeout_s)
+                          timeout_s=timeout_s, backend="gloo")      # CPU tensors
     most = max(workload.max_new_tokens)
     decoding = {i for i, m in enumerate(workload.max_new_tokens) if m == most}
     same = all(run["tokens"][i] == whole["tokens"][i] for run in (chunked, decode)
@@ -1184,8 +1212,8 @@ def _leader_engine_class():
             return out
 
         def close(self) -> None:
-            """Tell the other ranks to exit."""
-            dist.broadcast_object_list([("stop", [], None)], src=0)
+            """Tell the other ranks to exit (after checking the last step's tokens)."""
+            dist.broadcast_object_list([("stop", [], self._last)], src=0)
 
     return LeaderEngine
 
@@ -1221,17 +1249,30 @@ def _serve_worker(rank: int, world_size: int, port: int, source, engine_options:
     model, tokenizer = (loaded[0], loaded[1]) if isinstance(loaded, tuple) else (loaded, None)
     engine = Engine(shard_model(model, rank, world_size), tokenizer, **engine_options)
     del model, loaded
-    last = None
+    follow_leader(engine, rank)
+    dist.destroy_process_group()
+
+
+def follow_leader(engine, rank: int, keep_results: bool = False) -> dict:
+    """The loop of rank r > 0: receive rank 0's step message (arrivals, aborts, the tokens
+    rank 0 produced in the previous step), check the previous step's tokens against this
+    rank's, apply the arrivals and aborts, step the engine; until rank 0 says stop.
+
+    keep_results: return {request_id: token ids} of the finished requests (tests); otherwise
+    finished results are released as rank 0's server releases them. RuntimeError when the
+    ranks disagree on a token.
+    """
+    last, results = None, {}
     with torch.inference_mode():
         while True:
             message = [None]
             dist.broadcast_object_list(message, src=0)
             command, pending, leader_last = message[0]
-            if command == "stop":
-                break
             if leader_last is not None and leader_last != last:
-                raise RuntimeError(f"rank {rank} produced tokens {last} in the last step, rank 0 "
-                                   f"{leader_last}: the ranks disagree")
+                raise RuntimeError(f"rank {rank} produced tokens {last} in the last step, rank "
+                                   f"0 {leader_last}: the ranks disagree")
+            if command == "stop":
+                return results
             for op in pending:
                 if op[0] == "add":
                     _, prompt, params, eos_ids, request_id, logprobs, prompt_logprobs = op
@@ -1243,8 +1284,27 @@ def _serve_worker(rank: int, world_size: int, port: int, source, engine_options:
             last = [(request_id, event.token_id) for request_id, event in events]
             for request_id, event in events:
                 if event.finish_reason is not None:
+                    if keep_results:
+                        results[request_id] = engine.result(request_id).token_ids
                     engine.release(request_id)          # as rank 0's server does
-    dist.destroy_process_group()
+
+
+def _mirror_rank(rank: int, world_size: int, source, prompts: list[list[int]],
+                 params: list) -> dict:
+    """A served model's protocol without HTTP: rank 0's leader engine takes the requests, the
+    others follow it. Returns {request_id: token ids} on every rank."""
+    shard = shard_model(load_source(source), rank, world_size)
+    torch.manual_seed(1000 + rank)   # as in a server: nothing keeps the ranks' global RNGs equal
+    if rank > 0:
+        from tinygpt.engine import Engine
+
+        return follow_leader(Engine(shard, max_running=len(prompts)), rank, keep_results=True)
+    engine = _leader_engine_class()(shard, max_running=len(prompts))
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+    with torch.inference_mode():
+        engine.run()
+    engine.close()
+    return {i: engine.result(i).token_ids for i in ids}
 
 
 def _watch_workers(procs: list) -> None:

@@ -1,0 +1,158 @@
+"""Day 18 mistakes: each must lose its exercise's points."""
+
+from autograder.mistakes import Mistake
+
+MISTAKES = [
+    # ------------------------------------------------------------ column-parallel shard
+    Mistake("column_shard", "slices the input columns instead of the output rows", """
+def column_shard(weight, rank, world_size):
+    n = weight.shape[1] // world_size
+    return weight[:, rank * n:(rank + 1) * n]
+"""),
+    Mistake("column_shard", "interleaves rows (rank::p): splits every head across ranks", """
+def column_shard(weight, rank, world_size):
+    if weight.shape[0] % world_size:
+        raise ValueError("world_size must divide the rows")
+    return weight[rank::world_size]
+"""),
+    Mistake("column_shard", "rounds up instead of refusing an uneven split", """
+def column_shard(weight, rank, world_size):
+    n = -(-weight.shape[0] // world_size)
+    return weight[rank * n:(rank + 1) * n]
+"""),
+    # ------------------------------------------------------------ the split MLP
+    Mistake("tp_mlp", "all-reduces after the column-parallel layer instead of the row-parallel one",
+            """
+def tp_mlp(x, shards, all_reduce):
+    hidden = all_reduce([F.silu(x @ w1.T) * (x @ w3.T) for w1, w3, _ in shards])
+    return [h @ w2.T for h, (_, _, w2) in zip(hidden, shards)]
+"""),
+    Mistake("tp_mlp", "forgets the all-reduce: each rank keeps its partial sum", """
+def tp_mlp(x, shards, all_reduce):
+    return [(F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T for w1, w3, w2 in shards]
+"""),
+    Mistake("tp_mlp", "all-reduces twice (gate/up outputs and the down projection)", """
+def tp_mlp(x, shards, all_reduce):
+    partials = [(F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T for w1, w3, w2 in shards]
+    all_reduce([F.silu(x @ w1.T) for w1, _, _ in shards])
+    return all_reduce(partials)
+"""),
+    Mistake("tp_mlp", "applies SiLU after the all-reduce (to the sum)", """
+def tp_mlp(x, shards, all_reduce):
+    partials = [((x @ w1.T) * (x @ w3.T)) @ w2.T for w1, w3, w2 in shards]
+    return [F.silu(y) for y in all_reduce(partials)]
+"""),
+    # ------------------------------------------------------------ heads over ranks
+    Mistake("heads_for_rank", "shards the KV heads unevenly: round-robin, not the ones its "
+            "queries read", """
+def heads_for_rank(n_heads, n_kv_heads, rank, world_size):
+    if n_heads % world_size:
+        raise ValueError("world_size must divide n_heads")
+    per_rank = n_heads // world_size
+    query = list(range(rank * per_rank, (rank + 1) * per_rank))
+    if n_kv_heads % world_size == 0:
+        return query, list(range(rank, n_kv_heads, world_size))
+    if world_size % n_kv_heads == 0:
+        return query, [query[0] // (n_heads // n_kv_heads)]
+    raise ValueError("uneven KV heads")
+"""),
+    Mistake("heads_for_rank", "gives every rank all KV heads when there are fewer than ranks", """
+def heads_for_rank(n_heads, n_kv_heads, rank, world_size):
+    if n_heads % world_size:
+        raise ValueError("world_size must divide n_heads")
+    per_rank = n_heads // world_size
+    query = list(range(rank * per_rank, (rank + 1) * per_rank))
+    if n_kv_heads % world_size == 0:
+        kv = n_kv_heads // world_size
+        return query, list(range(rank * kv, (rank + 1) * kv))
+    if world_size % n_kv_heads == 0:
+        return query, list(range(n_kv_heads))
+    raise ValueError("uneven KV heads")
+"""),
+    Mistake("heads_for_rank", "splits the KV heads in floor-sized blocks without refusing", """
+def heads_for_rank(n_heads, n_kv_heads, rank, world_size):
+    if n_heads % world_size:
+        raise ValueError("world_size must divide n_heads")
+    per_rank = n_heads // world_size
+    query = list(range(rank * per_rank, (rank + 1) * per_rank))
+    first = query[0] // (n_heads // n_kv_heads)
+    last = query[-1] // (n_heads // n_kv_heads)
+    return query, list(range(first, last + 1))
+"""),
+    # ------------------------------------------------------------ vocabulary-parallel logits
+    Mistake("gather_logits", "concatenates in arrival order, not rank order", """
+def gather_logits(pieces, vocab_size):
+    return torch.cat([piece for _, piece in pieces], dim=-1)[..., :vocab_size]
+"""),
+    Mistake("gather_logits", "keeps the padding (returns ceil(V / p) * p logits)", """
+def gather_logits(pieces, vocab_size):
+    ordered = [piece for _, piece in sorted(pieces, key=lambda item: item[0])]
+    return torch.cat(ordered, dim=-1)
+"""),
+    Mistake("gather_logits", "cuts the padding off the front", """
+def gather_logits(pieces, vocab_size):
+    ordered = [piece for _, piece in sorted(pieces, key=lambda item: item[0])]
+    return torch.cat(ordered, dim=-1)[..., -vocab_size:]
+"""),
+    # ------------------------------------------------------------ sampling on every rank
+    Mistake("sample_on_ranks", "each rank seeds a generator of its own (seed + rank)", """
+def sample_on_ranks(logits, seed, world_size):
+    probs = torch.softmax(logits, dim=-1)
+    return [int(torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed + r)))
+            for r in range(world_size)]
+"""),
+    Mistake("sample_on_ranks", "draws from torch's global generator", """
+def sample_on_ranks(logits, seed, world_size):
+    probs = torch.softmax(logits, dim=-1)
+    return [int(torch.multinomial(probs, 1)) for _ in range(world_size)]
+"""),
+    Mistake("sample_on_ranks", "one generator shared by the ranks' draws in turn", """
+def sample_on_ranks(logits, seed, world_size):
+    probs = torch.softmax(logits, dim=-1)
+    g = torch.Generator().manual_seed(seed)
+    return [int(torch.multinomial(probs, 1, generator=g)) for _ in range(world_size)]
+"""),
+    # ------------------------------------------------------------ ring all-reduce cost
+    Mistake("ring_allreduce_time", "forgets the factor 2 (counts the reduce-scatter only)", """
+def ring_allreduce_time(nbytes, world_size, bandwidth, latency):
+    if world_size == 1:
+        return 0.0
+    return latency + (world_size - 1) / world_size * nbytes / bandwidth
+"""),
+    Mistake("ring_allreduce_time", "sends the whole tensor at every step: 2 (p - 1) x bytes", """
+def ring_allreduce_time(nbytes, world_size, bandwidth, latency):
+    if world_size == 1:
+        return 0.0
+    return latency + 2 * (world_size - 1) * nbytes / bandwidth
+"""),
+    Mistake("ring_allreduce_time", "charges the latency with one rank", """
+def ring_allreduce_time(nbytes, world_size, bandwidth, latency):
+    return latency + 2 * (world_size - 1) / world_size * nbytes / bandwidth
+"""),
+    # ------------------------------------------------------------ pipeline bubble
+    Mistake("bubble", "divides by the micro-batches only", """
+def bubble(stages, micro_batches):
+    return (stages - 1) / micro_batches
+"""),
+    Mistake("bubble", "counts m + p slots", """
+def bubble(stages, micro_batches):
+    return (stages - 1) / (micro_batches + stages)
+"""),
+    # ------------------------------------------------------------ self-checks
+    Mistake("q1", "all-reduces the column-parallel outputs", 'answer_q1 = "A"\n'),
+    Mistake("q2", "counts float32 bytes", "answer_q2 = 576 * 4\n"),
+    Mistake("q3", "thinks a KV head can be split", 'answer_q3 = "A"\n'),
+]
+
+EQUIVALENT_MUTANTS = {
+    "heads_for_rank: return query, [query[0] // (n_heads // n_kv_heads)] => return query, "
+    "[query[-1] // (n_heads // n_kv_heads)]":
+        "this branch runs only when world_size is a multiple of n_kv_heads, so a rank's query "
+        "heads all lie in one KV group: the first and the last read the same KV head",
+    "gather_logits: ordered = [piece for _, piece in sorted(pieces, key=lambda item: item[0])] "
+    "=> ordered = [piece for _, piece in sorted(pieces)]":
+        "ranks are distinct, so sorting the (rank, tensor) pairs compares ranks only",
+    "sample_on_ranks: probs = torch.softmax(logits, dim=-1) => probs = torch.softmax(logits, "
+    "dim=0)":
+        "logits has shape (V,): dims -1 and 0 are the same dimension",
+}
