@@ -380,6 +380,12 @@ def cached_prefix(scheduler, seq):
     Mistake("q2", "forgets that the decodes take their share first", "answer_q2 = -(-210 // 64)\n"),
     Mistake("q2", "floor division: the last partial chunk is not a step", "answer_q2 = 210 // 40\n"),
     Mistake("q3", "thinks the batch shares one random generator", 'answer_q3 = "B"\n'),
+    Mistake("q4", "counts the last reply token as computed (it is sampled, never fed back)",
+            "answer_q4 = 101 - (70 + 26) // 16 * 16\n"),
+    Mistake("q4", "thinks only the prompt's blocks are cached, not the reply's",
+            "answer_q4 = 101 - 70 // 16 * 16\n"),
+    Mistake("q4", "thinks a partly filled block is cached too", "answer_q4 = 101 - 70 - 25\n"),
+    Mistake("q4", "thinks nothing is reused from the previous turn", "answer_q4 = 101\n"),
 ]
 
 EQUIVALENT_MUTANTS: dict[str, str] = {}
