@@ -12,7 +12,7 @@ from tinygpt import load_pretrained
 from tinygpt.generate import generate
 from tinygpt.kv_cache import KVCache
 from tinygpt.model import ModelConfig, TinyGPT
-from tinygpt.paged import BlockAllocator, OutOfBlocks, PagedKVCache, fragmentation
+from tinygpt.paged import BlockAllocator, OutOfBlocks, PagedKVCache, block_keys, fragmentation
 from tinygpt.sampling import SamplingParams
 
 CFG = ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
@@ -188,6 +188,21 @@ def test_full_blocks_outlive_their_sequence_and_are_found_by_a_chained_key():
     cache.add("b", prefix=table[:2])
     assert cache.lengths["b"] == 8 and cache.allocator.refcount[table[0]] == 1
     cache.check()
+
+
+def test_block_keys_chain_full_blocks_and_agree_with_commit():
+    cache = PagedKVCache(1, 1, 2, num_blocks=8, block_size=4, prefix_caching=True)
+    tokens = list(range(1, 15))                    # three full blocks and two tokens
+    _filled(cache, "a", tokens)
+    keys = block_keys(tokens, 4)
+    assert keys == cache.keys["a"] and len(keys) == 3
+    assert keys[0] == PagedKVCache.block_key(b"", tokens[:4])
+    assert keys[1] == PagedKVCache.block_key(keys[0], tokens[4:8])
+    assert block_keys(tokens[:12], 4) == keys and block_keys(tokens[:3], 4) == []
+    # an identical block after a different prefix has another key
+    assert block_keys([9] * 4 + tokens[4:8], 4)[1] != keys[1]
+    with pytest.raises(ValueError, match="block_size"):
+        block_keys(tokens, 0)
 
 
 def test_parked_blocks_are_evicted_least_recently_used_and_forget_their_key():

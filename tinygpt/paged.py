@@ -124,6 +124,19 @@ class BlockAllocator:
                 self._free.append(block)
 
 
+def block_keys(tokens: Sequence[int], block_size: int) -> list[bytes]:
+    """The prefix keys of the full blocks of `tokens`, one per block of `block_size` tokens (a
+    partly filled last block has none): key i = PagedKVCache.block_key(key i-1, block i's
+    tokens), with b"" before the first block. Equal keys mean equal tokens up to the block's
+    end, so a block of the same tokens after a different prefix gets a different key."""
+    _positive("block_size", block_size)
+    keys, key = [], b""
+    for i in range(len(tokens) // block_size):
+        key = PagedKVCache.block_key(key, tokens[i * block_size:(i + 1) * block_size])
+        keys.append(key)
+    return keys
+
+
 class PagedKVCache:
     """Paged keys and values for every layer of a model; see the module docstring.
 
@@ -209,9 +222,8 @@ class PagedKVCache:
         full = len(tokens) // self.block_size
         if max_blocks is not None:
             full = min(full, max_blocks)
-        found, key = [], b""
-        for i in range(full):
-            key = self.block_key(key, tokens[i * self.block_size:(i + 1) * self.block_size])
+        found = []
+        for key in block_keys(tokens[:full * self.block_size], self.block_size):
             block = self.allocator.block_of.get(key)
             if block is None:
                 break

@@ -272,11 +272,120 @@ def step_mask(starts, counts, n_keys):
     return torch.where(j < count, (k >= start) & (k <= start + j), k == 0)
 """),
     # ------------------------------------------------------------ self-checks
+    # ------------------------------------------------------------ prefix caching
+    Mistake("block_keys", "keys a block by its own tokens alone: two prefixes share the key", """
+block_key = PagedKVCache.block_key
+
+
+def block_keys(tokens, block_size):
+    return [block_key(b"", tokens[i * block_size:(i + 1) * block_size])
+            for i in range(len(tokens) // block_size)]
+""", keeps=("cached_prefix",)),
+    Mistake("block_keys", "keys the partly filled last block too", """
+block_key = PagedKVCache.block_key
+
+
+def block_keys(tokens, block_size):
+    keys, key = [], b""
+    for i in range(-(-len(tokens) // block_size)):
+        key = block_key(key, tokens[i * block_size:(i + 1) * block_size])
+        keys.append(key)
+    return keys
+""", keeps=("cached_prefix",)),
+    Mistake("block_keys", "off by one at the block boundaries: each block takes the next one's "
+            "first token", """
+block_key = PagedKVCache.block_key
+
+
+def block_keys(tokens, block_size):
+    keys, key = [], b""
+    for i in range(len(tokens) // block_size):
+        key = block_key(key, tokens[i * block_size:(i + 1) * block_size + 1])
+        keys.append(key)
+    return keys
+""", keeps=("cached_prefix",)),
+    Mistake("block_keys", "chains over the previous block's tokens instead of its key", """
+block_key = PagedKVCache.block_key
+
+
+def block_keys(tokens, block_size):
+    keys, previous = [], []
+    for i in range(len(tokens) // block_size):
+        block = tokens[i * block_size:(i + 1) * block_size]
+        keys.append(block_key(bytes(previous), block))
+        previous = block
+    return keys
+""", keeps=("cached_prefix",)),
+    Mistake("block_keys", "drops the last full block", """
+block_key = PagedKVCache.block_key
+
+
+def block_keys(tokens, block_size):
+    keys, key = [], b""
+    for i in range(len(tokens) // block_size - 1):
+        key = block_key(key, tokens[i * block_size:(i + 1) * block_size])
+        keys.append(key)
+    return keys
+""", keeps=("cached_prefix",)),
+    Mistake("cached_prefix", "reuses the whole prompt, leaving no token to compute", """
+def cached_prefix(scheduler, seq):
+    size = scheduler.cache.block_size
+    blocks = []
+    for key in block_keys(seq.tokens(0, seq.num_tokens), size):
+        block = scheduler.cache.allocator.block_of.get(key)
+        if block is None:
+            break
+        blocks.append(block)
+    return blocks
+"""),
+    Mistake("cached_prefix", "skips a missing block and keeps looking (a gap in the chain)", """
+def cached_prefix(scheduler, seq):
+    size = scheduler.cache.block_size
+    most = (seq.num_tokens - 1) // size
+    blocks = []
+    for key in block_keys(seq.tokens(0, seq.num_tokens), size)[:most]:
+        block = scheduler.cache.allocator.block_of.get(key)
+        if block is not None:
+            blocks.append(block)
+    return blocks
+"""),
+    Mistake("cached_prefix", "looks at the prompt only (a preempted sequence's outputs are "
+            "forgotten)", """
+def cached_prefix(scheduler, seq):
+    size = scheduler.cache.block_size
+    most = (len(seq.prompt_ids) - 1) // size
+    blocks = []
+    for key in block_keys(seq.prompt_ids, size)[:most]:
+        block = scheduler.cache.allocator.block_of.get(key)
+        if block is None:
+            break
+        blocks.append(block)
+    return blocks
+"""),
+    Mistake("cached_prefix", "always leaves the last full block out, even with tokens after it",
+            """
+def cached_prefix(scheduler, seq):
+    size = scheduler.cache.block_size
+    most = seq.num_tokens // size - 1
+    blocks = []
+    for key in block_keys(seq.tokens(0, seq.num_tokens), size)[:most]:
+        block = scheduler.cache.allocator.block_of.get(key)
+        if block is None:
+            break
+        blocks.append(block)
+    return blocks
+"""),
     Mistake("q1", "thinks the newest holds the most blocks", 'answer_q1 = "A"\n'),
     Mistake("q1", "thinks the newest is always the cheapest to recompute", 'answer_q1 = "C"\n'),
     Mistake("q2", "forgets that the decodes take their share first", "answer_q2 = -(-210 // 64)\n"),
     Mistake("q2", "floor division: the last partial chunk is not a step", "answer_q2 = 210 // 40\n"),
     Mistake("q3", "thinks the batch shares one random generator", 'answer_q3 = "B"\n'),
+    Mistake("q4", "counts the last reply token as computed (it is sampled, never fed back)",
+            "answer_q4 = 101 - (70 + 26) // 16 * 16\n"),
+    Mistake("q4", "thinks only the prompt's blocks are cached, not the reply's",
+            "answer_q4 = 101 - 70 // 16 * 16\n"),
+    Mistake("q4", "thinks a partly filled block is cached too", "answer_q4 = 101 - 70 - 25\n"),
+    Mistake("q4", "thinks nothing is reused from the previous turn", "answer_q4 = 101\n"),
 ]
 
 EQUIVALENT_MUTANTS: dict[str, str] = {}
