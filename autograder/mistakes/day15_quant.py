@@ -238,6 +238,144 @@ def quantize_kv(x):
     q = torch.nan_to_num(torch.round(x.float() / scale)).clamp(-127, 127).to(torch.int8)
     return q, scale
 """),
+    # ------------------------------------------------------------ GGUF Q8_0 blocks
+    Mistake("dequantize_q8_0", "reads the codes as unsigned bytes", """
+def dequantize_q8_0(blocks):
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    q = blocks[:, 2:].astype(np.float32)
+    return d * q
+"""),
+    Mistake("dequantize_q8_0", "expects the scale after the codes", """
+def dequantize_q8_0(blocks):
+    q = blocks[:, :32].copy().view(np.int8).astype(np.float32)
+    d = blocks[:, 32:].copy().view(np.float16).astype(np.float32)
+    return d * q
+"""),
+    Mistake("dequantize_q8_0", "reads the float16 scale big-endian", """
+def dequantize_q8_0(blocks):
+    d = blocks[:, 1::-1].copy().view(np.float16).astype(np.float32)
+    q = blocks[:, 2:].copy().view(np.int8).astype(np.float32)
+    return d * q
+"""),
+    Mistake("dequantize_q8_0", "reads a float32 scale from the first four bytes", """
+def dequantize_q8_0(blocks):
+    d = blocks[:, :4].copy().view(np.float32)
+    q = blocks[:, 2:].copy().view(np.int8).astype(np.float32)
+    return d * q
+"""),
+    Mistake("dequantize_q8_0", "multiplies in float16", """
+def dequantize_q8_0(blocks):
+    d = blocks[:, :2].copy().view(np.float16)
+    q = blocks[:, 2:].copy().view(np.int8).astype(np.float16)
+    return (d * q).astype(np.float32)
+"""),
+    # ------------------------------------------------------------ GGUF Q4_1 blocks
+    Mistake("dequantize_q4_1", "high nibbles first (nibble order swapped)", """
+def dequantize_q4_1(blocks):
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    packed = blocks[:, 4:]
+    q = np.concatenate([packed >> 4, packed & 0x0F], axis=1).astype(np.float32)
+    return d * q + m
+"""),
+    Mistake("dequantize_q4_1", "neighbouring weights share a byte (exercise 3's order)", """
+def dequantize_q4_1(blocks):
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    packed = blocks[:, 4:]
+    q = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(len(blocks), 32)
+    return d * q.astype(np.float32) + m
+"""),
+    Mistake("dequantize_q4_1", "forgets the offset m", """
+def dequantize_q4_1(blocks):
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    packed = blocks[:, 4:]
+    q = np.concatenate([packed & 0x0F, packed >> 4], axis=1).astype(np.float32)
+    return d * q
+"""),
+    Mistake("dequantize_q4_1", "centres the codes around 8 as in Q4_0", """
+def dequantize_q4_1(blocks):
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    packed = blocks[:, 4:]
+    q = np.concatenate([packed & 0x0F, packed >> 4], axis=1).astype(np.float32)
+    return d * (q - 8) + m
+"""),
+    Mistake("dequantize_q4_1", "reads m before d", """
+def dequantize_q4_1(blocks):
+    m = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    d = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    packed = blocks[:, 4:]
+    q = np.concatenate([packed & 0x0F, packed >> 4], axis=1).astype(np.float32)
+    return d * q + m
+"""),
+    Mistake("dequantize_q4_1", "subtracts the offset", """
+def dequantize_q4_1(blocks):
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    packed = blocks[:, 4:]
+    q = np.concatenate([packed & 0x0F, packed >> 4], axis=1).astype(np.float32)
+    return d * q - m
+"""),
+    # ------------------------------------------------------------ writing Q8_0
+    Mistake("quantize_q8_0", "rounds halves to even with np.round", """
+def quantize_q8_0(x):
+    x = np.asarray(x, dtype=np.float32)
+    d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0))
+    q = np.round(x * inv)
+    return np.concatenate([d.astype(np.float16).view(np.uint8),
+                           q.astype(np.int8).view(np.uint8)], axis=1)
+"""),
+    Mistake("quantize_q8_0", "computes the codes with the float16-rounded scale", """
+def quantize_q8_0(x):
+    x = np.asarray(x, dtype=np.float32)
+    d = (np.abs(x).max(axis=1, keepdims=True) / np.float32(127)).astype(np.float16)
+    d32 = d.astype(np.float32)
+    inv = np.where(d32 > 0, np.float32(1) / np.where(d32 > 0, d32, np.float32(1)), np.float32(0))
+    v = (x * inv).astype(np.float64)
+    q = np.sign(v) * np.floor(np.abs(v) + 0.5)
+    return np.concatenate([d.view(np.uint8), q.astype(np.int8).view(np.uint8)], axis=1)
+"""),
+    Mistake("quantize_q8_0", "divides by 128", """
+def quantize_q8_0(x):
+    x = np.asarray(x, dtype=np.float32)
+    d = np.abs(x).max(axis=1, keepdims=True) / np.float32(128)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0))
+    v = (x * inv).astype(np.float64)
+    q = np.sign(v) * np.floor(np.abs(v) + 0.5)
+    return np.concatenate([d.astype(np.float16).view(np.uint8),
+                           q.astype(np.int8).view(np.uint8)], axis=1)
+"""),
+    Mistake("quantize_q8_0", "truncates toward zero instead of rounding", """
+def quantize_q8_0(x):
+    x = np.asarray(x, dtype=np.float32)
+    d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0))
+    q = np.trunc(x * inv)
+    return np.concatenate([d.astype(np.float16).view(np.uint8),
+                           q.astype(np.int8).view(np.uint8)], axis=1)
+"""),
+    Mistake("quantize_q8_0", "the scale from the largest value, not the largest |value|", """
+def quantize_q8_0(x):
+    x = np.asarray(x, dtype=np.float32)
+    d = x.max(axis=1, keepdims=True) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0))
+    v = (x * inv).astype(np.float64)
+    q = np.clip(np.sign(v) * np.floor(np.abs(v) + 0.5), -127, 127)
+    return np.concatenate([d.astype(np.float16).view(np.uint8),
+                           q.astype(np.int8).view(np.uint8)], axis=1)
+"""),
+    Mistake("quantize_q8_0", "writes the codes before the scale", """
+def quantize_q8_0(x):
+    x = np.asarray(x, dtype=np.float32)
+    d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0))
+    v = (x * inv).astype(np.float64)
+    q = np.sign(v) * np.floor(np.abs(v) + 0.5)
+    return np.concatenate([q.astype(np.int8).view(np.uint8),
+                           d.astype(np.float16).view(np.uint8)], axis=1)
+"""),
     # ------------------------------------------------------------ self-checks
     Mistake("q1", "forgets the scale and zero point bytes", "answer_q1 = 0.5\n"),
     Mistake("q1", "counts a byte per code", "answer_q1 = 1 + 5 / 128\n"),
@@ -245,6 +383,8 @@ def quantize_kv(x):
     Mistake("q3", "thinks weight-only int8 saves FLOPs", 'answer_q3 = "A"\n'),
     Mistake("q4", "forgets the per-token scale", "answer_q4 = 2\n"),
     Mistake("q4", "compares with float32", "answer_q4 = 4 * 128 / 132\n"),
+    Mistake("q5", "counts the codes only", "answer_q5 = 4\n"),
+    Mistake("q5", "forgets the offset m (Q4_0's size)", "answer_q5 = 18 * 8 / 32\n"),
 ]
 
 # One mistake, one charge: int4_linear is tested with the package's unpack_int4, so a bug in
@@ -267,4 +407,10 @@ EQUIVALENT_MUTANTS: dict[str, str] = {
     "quantize_int4: q = (torch.round(g / scale[..., None]) + zero[..., None]).clamp(0, 15) => "
     "q = (torch.round(g / scale[..., None]) + zero[..., None]).clamp(-1, 15)":
         "round(w / s) >= round(lo / s) = -round(-lo / s) = -zero, so q is never below 0",
+    "quantize_q8_0: x = np.asarray(x, dtype=np.float32) => x = np.asarray(x)":
+        "the exercise's input is float32, as the prompt says; the conversion only matters for "
+        "other dtypes",
+    "quantize_q8_0: inv = np.float32(1) / np.where(d > 0, d, np.float32(1)) => "
+    "inv = np.float32(1) / np.where(d > 0, d, np.float32(2))":
+        "the stand-in for d = 0 only multiplies a block of zeros: any nonzero one gives codes 0",
 }
