@@ -2,7 +2,10 @@
 and the mistake that most often causes it.
 
 These compare a student's result with an expected one; they never call a student's function
-themselves, so a test cell reads as "call your function, then check what it returned".
+themselves, so a test cell reads as "call your function, then check what it returned". Where the
+call itself may raise on a test input, `inputs` wraps it so the error names the input's shape
+and the rule that input checks. `grading()` tells a notebook that it runs to be graded, so
+cells no test reads (timings, widgets, servers) can skip or shrink.
 """
 
 from __future__ import annotations
