@@ -168,7 +168,11 @@ def test_the_bad_submission_corpus_is_graded_as_specified(tmp_path):
     honest = {"control-full", "control-blank", "infinite-loop", "memory-bomb", "sys-exit",
               "edited-test", "deleted-test", "stripped-metadata", "renamed", "corrupt-json",
               "nothing", "huge-output", "stderr-warning"}
-    assert not [s for s in honest if review[s]], "an honest (if broken) submission was flagged"
+    limited = {"infinite-loop": "timeout", "memory-bomb": "memory-limit"}
+    flagged = [s for s in honest - set(limited) if review[s]]
+    assert not flagged, f"an honest (if broken) submission was flagged: {flagged}"
+    for student, limit in limited.items():    # a grader limit is listed as what it is
+        assert review[student].startswith(f"{DAY}: {limit}: "), review[student]
     for attack in ("reads-solutions", "reads-gradebook"):     # listed for review, with why
         assert review[attack].startswith(f"{DAY}: reads-tests"), review[attack]
 
