@@ -299,18 +299,22 @@ class _TiledProduct(_Linear):
     for up to cpu_kernels.MAX_ROWS sequences; a larger batch runs the plain products. Weights
     the kernels do not take (refused by TiledLinear.refusal) run plain."""
 
-    def __new__(cls, *weights: torch.Tensor, fmt: str = "fp32") -> _Linear:
+    def __new__(cls, *weights: torch.Tensor, fmt: str = "fp32",
+                blocks: dict | None = None) -> _Linear:
         from tinygpt.cpu_kernels import TiledLinear
 
-        if TiledLinear.refusal(*weights, fmt=fmt) is not None:
+        if TiledLinear.refusal(*weights, fmt=fmt) is not None or (
+                fmt == "q4_1" and not all(id(w) in (blocks or {}) for w in weights)):
             return _Linear(*weights)
         return super().__new__(cls)
 
-    def __init__(self, *weights: torch.Tensor, fmt: str = "fp32") -> None:
+    def __init__(self, *weights: torch.Tensor, fmt: str = "fp32",
+                 blocks: dict | None = None) -> None:
         from tinygpt.cpu_kernels import MAX_ROWS, TiledLinear
 
         super().__init__(*weights)
-        self.tiled = TiledLinear(*weights, fmt=fmt)
+        self.tiled = TiledLinear(*weights, fmt=fmt, blocks=None if fmt != "q4_1" else
+                                 [blocks[id(w)] for w in weights])
         self.max_rows = MAX_ROWS
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -453,7 +457,8 @@ class DecodeStep:
 
                     fmt = getattr(model, "decode_weights", None) or \
                         WEIGHT_DTYPES[model.output.weight.dtype]
-                    product = functools.partial(_TiledProduct, fmt=fmt)
+                    product = functools.partial(_TiledProduct, fmt=fmt,
+                                                blocks=getattr(model, "decode_blocks", None))
                     weights = _fused_weights(model, product)
                     head = product(model.output.weight)
                     products = [p for layer in weights for p in layer[1:] if

@@ -17,8 +17,9 @@
  *                slower than one core would; it never waits for a helper that took nothing.
  *
  * Weights come as float32, bfloat16 (16-bit: the top half of a float32, widened by a shift)
- * or 8-bit integers with one float32 scale per row and block of 32 columns (tiles_q8); x and
- * y are float32, and every sum is float32. The compiler vectorizes the 16-wide
+ * 8-bit integers with one float32 scale per row and block of 32 columns (tiles_q8), or
+ * 4-bit integers with a scale and a minimum per block (tiles_q4); x and y are float32, and
+ * every sum is float32. The compiler vectorizes the 16-wide
  * loops (-O3 -march=native). Built and loaded by tinygpt/cpu_kernels.py.
  */
 #include <pthread.h>
@@ -143,11 +144,51 @@ static void tiles_q8(const uint8_t *w, const float *x, float *y, long m_rows, lo
     }
 }
 
+/* 4-bit weights in blocks of 32 with a scale and a minimum (llama.cpp's Q4_1): per tile and
+ * block, 16 float32 scales d, 16 float32 minimums m, then 16 x 16 bytes, byte (p, i) holding
+ * column 2p of row i in its low nibble and column 2p + 1 in its high one:
+ * W[16t + i, 32b + j] = d[i] * q[j][i] + m[i]. A block's product is d * (q . x) + m * sum(x),
+ * and sum(x) is shared by the 16 rows. */
+#define Q4_BLOCK_BYTES (TILE * 8 + QBLOCK / 2 * TILE)
+
+static void tiles_q4(const uint8_t *w, const float *x, float *y, long m_rows, long n, long k,
+                     long t0, long t1) {
+    long blocks = k / QBLOCK;
+    for (long t = t0; t < t1; t++) {
+        const uint8_t *wt = w + t * blocks * Q4_BLOCK_BYTES;
+        for (long r = 0; r < m_rows; r++) {
+            const float *xm = x + r * k;
+            float acc[TILE] = {0};
+            for (long b = 0; b < blocks; b++) {
+                const uint8_t *blk = wt + b * Q4_BLOCK_BYTES;
+                float d[TILE], mn[TILE];
+                memcpy(d, blk, sizeof d);
+                memcpy(mn, blk + TILE * 4, sizeof mn);
+                const uint8_t *q = blk + TILE * 8;
+                const float *xb = xm + b * QBLOCK;
+                float sum = 0;
+                for (int j = 0; j < QBLOCK; j++) sum += xb[j];
+                float a[TILE] = {0};
+                for (int p = 0; p < QBLOCK / 2; p++) {
+                    float x0 = xb[2 * p], x1 = xb[2 * p + 1];
+                    const uint8_t *qp = q + p * TILE;
+#pragma omp simd
+                    for (int i = 0; i < TILE; i++)
+                        a[i] += (float)(qp[i] & 15) * x0 + (float)(qp[i] >> 4) * x1;
+                }
+#pragma omp simd
+                for (int i = 0; i < TILE; i++) acc[i] += d[i] * a[i] + mn[i] * sum;
+            }
+            memcpy(y + r * n + t * TILE, acc, sizeof acc);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* the pool: one job at a time, handed out in chunks of tiles by an atomic counter           */
 
 typedef struct {
-    int dtype;                   /* 0: float32 weights, 1: bfloat16, 2: 8-bit blocks of 32 */
+    int dtype;       /* 0: float32 weights, 1: bfloat16, 2: Q8_0 blocks, 3: Q4_1 blocks */
     const void *w;
     const float *x;
     float *y;
@@ -178,8 +219,10 @@ static void run_chunk(long c) {
         tiles_f32((const float *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
     else if (job.dtype == 1)
         tiles_bf16((const uint16_t *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
-    else
+    else if (job.dtype == 2)
         tiles_q8((const uint8_t *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
+    else
+        tiles_q4((const uint8_t *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
 }
 
 /* take chunks of generation `gen` until none is left; returns how many were done */
@@ -253,12 +296,14 @@ void tg_stop(void) {
 }
 
 /* y (m, n) = x (m, k) @ W^T with W tiled (n / 16 tiles); n must be a multiple of 16 (and k of
- * 32 for dtype 2).
+ * 32 for dtypes 2 and 3).
  * Not reentrant: one product at a time (the Python side holds a lock). */
 void tg_gemv(int dtype, const void *w, const float *x, float *y, long m, long n, long k) {
     long tiles = n / TILE;
     /* chunks of about 64 KB of weights, so that a free helper always finds some */
-    long bytes_per_tile = dtype == 2 ? k / QBLOCK * Q8_BLOCK_BYTES : k * TILE * (dtype == 0 ? 4 : 2);
+    long bytes_per_tile = dtype == 3 ? k / QBLOCK * Q4_BLOCK_BYTES
+                          : dtype == 2 ? k / QBLOCK * Q8_BLOCK_BYTES
+                          : k * TILE * (dtype == 0 ? 4 : 2);
     long chunk = (65536 + bytes_per_tile - 1) / bytes_per_tile;
     if (chunk < 1) chunk = 1;
     if ((tiles + chunk - 1) / chunk > MAX_CHUNKS) chunk = (tiles + MAX_CHUNKS - 1) / MAX_CHUNKS;
