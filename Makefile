@@ -28,7 +28,7 @@ export PATH := $(BIN):$(PATH)
 # is ever downloaded). Tests that need them skip, saying why, when absent.
 SYSTEM_PACKAGES := bubblewrap postgresql chromium
 
-.PHONY: help env system-deps lab test test-fast release execute lint bench bench-quick \
+.PHONY: help env system-deps lab test test-fast release execute lint bench bench-quick bench-llamacpp \
 	bench-grading mutants \
 	collect autograde export feedback clean distclean
 
@@ -77,6 +77,9 @@ bench: $(STAMP) ## the speed targets of SYLLABUS.md section 5 (JSON + table in b
 
 bench-quick: $(STAMP) ## a one-minute smoke run of make bench
 	$(BIN)/python -m tinygpt bench --quick --json bench-results/inference-quick.json
+
+bench-llamacpp: $(STAMP) ## llama.cpp beside tinygpt, same weights (needs llama-cpp-python, see README)
+	$(BIN)/python -m tinygpt.bench.llamacpp
 
 bench-grading: $(STAMP) ## grade a generated class of 50 day-01 submissions; prints submissions/min
 	$(BIN)/python -m autograder.bench_grading --json bench-results/grading.json
