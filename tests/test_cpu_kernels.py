@@ -60,7 +60,7 @@ def test_q8_0_matches_the_gguf_package_and_the_kernel_multiplies_its_values(thre
     assert torch.equal(ours, torch.from_numpy(reference))
     tiled = ck.TiledLinear(w, fmt="q8_0")
     torch.testing.assert_close(tiled(x)[0], nnf.linear(x, ours), rtol=1e-5, atol=1e-5)
-    assert tiled.nbytes == 80 * 96 + 80 * 3 * 4           # 8 bits + a float32 per 32
+    assert tiled.nbytes == 80 * 96 + 80 * 3 * 2           # 8 bits + a float16 per 32
     assert torch.equal(ck.dequantize_q8_0(*ck.quantize_q8_0(ours)), ours)   # idempotent
     assert "multiple of 32" in ck.TiledLinear.refusal(weights(16, 40), fmt="q8_0")
 
@@ -79,7 +79,7 @@ def test_q4_1_blocks_run_as_shipped(threads):
     assert all(torch.equal(a, b) for a, b in zip(parts, ck.quantize_q4_1(w), strict=True))
     tiled = ck.TiledLinear(w, fmt="q4_1", blocks=[parts])
     torch.testing.assert_close(tiled(x)[0], nnf.linear(x, reference), rtol=1e-5, atol=1e-5)
-    assert tiled.nbytes == 80 * 96 // 2 + 80 * 3 * 8      # 4 bits + two float32 per 32
+    assert tiled.nbytes == 80 * 96 // 2 + 80 * 3 * 4      # 4 bits + two float16 per 32
     with pytest.raises(ValueError, match="Q4_1 blocks"):
         ck.q4_1_from_gguf(torch.from_numpy(raw).reshape(-1)[:-1], (80, 96))
 

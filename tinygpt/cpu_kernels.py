@@ -148,8 +148,8 @@ def dequantize_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 
 def tile_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """Q8_0 blocks in the kernel's layout: per tile of 16 rows (the last padded with zero rows)
-    and block b, 16 float32 scales then the 32 x 16 int8 weights column by column; a uint8
-    tensor (tiles, K / 32, 64 + 512)."""
+    and block b, 16 float16 scales then the 32 x 16 int8 weights column by column; a uint8
+    tensor (tiles, K / 32, 32 + 512). d must hold float16 values (quantize_q8_0's do)."""
     n, k = q.shape
     pad = -n % TILE
     if pad:
@@ -157,7 +157,7 @@ def tile_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         d = torch.cat([d, d.new_zeros(pad, d.shape[1])])
     tiles, blocks = q.shape[0] // TILE, k // Q_BLOCK
     values = q.reshape(tiles, TILE, blocks, Q_BLOCK).permute(0, 2, 3, 1)   # (t, b, 32, 16)
-    scales = d.float().reshape(tiles, TILE, blocks).permute(0, 2, 1)       # (t, b, 16)
+    scales = d.half().reshape(tiles, TILE, blocks).permute(0, 2, 1)        # (t, b, 16)
     return torch.cat([scales.contiguous().view(torch.uint8).reshape(tiles, blocks, -1),
                       values.contiguous().view(torch.uint8).reshape(tiles, blocks, -1)], -1)
 
@@ -208,8 +208,9 @@ def dequantize_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.
 
 def tile_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """Q4_1 blocks in the kernel's layout: per tile of 16 rows (the last padded with zero rows)
-    and block, 16 float32 scales, 16 float32 minimums, then 16 x 16 bytes, byte (p, i) holding
-    column 2p of row i in its low nibble and 2p + 1 in its high one; uint8 (tiles, K/32, 384)."""
+    and block, 16 float16 scales, 16 float16 minimums, then 16 x 16 bytes, byte (p, i) holding
+    column 2p of row i in its low nibble and 2p + 1 in its high one; uint8 (tiles, K/32, 320).
+    d and m must hold float16 values (a GGUF file's and quantize_q4_1's do)."""
     n, k = q.shape
     pad = -n % TILE
     if pad:
@@ -218,8 +219,8 @@ def tile_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor
     values = q.reshape(tiles, TILE, blocks, Q_BLOCK).permute(0, 2, 3, 1)   # (t, b, 32, 16)
     packed = values[:, :, 0::2] | (values[:, :, 1::2] << 4)               # (t, b, 16, 16)
 
-    def per_row(x: torch.Tensor) -> torch.Tensor:                          # (t, b, 16 * 4)
-        return x.float().reshape(tiles, TILE, blocks).permute(0, 2, 1).contiguous() \
+    def per_row(x: torch.Tensor) -> torch.Tensor:                          # (t, b, 16 * 2)
+        return x.half().reshape(tiles, TILE, blocks).permute(0, 2, 1).contiguous() \
             .view(torch.uint8).reshape(tiles, blocks, -1)
 
     return torch.cat([per_row(d), per_row(m),

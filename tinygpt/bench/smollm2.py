@@ -105,7 +105,7 @@ def bytes_per_token(model: TinyGPT, context: int) -> int:
     weights = Q.weight_bytes(model)
     fmt = getattr(model, "decode_weights", None)      # float32 values, streamed in 8 or 4 bits
     if fmt in ("q8_0", "q4_1"):
-        bits = 8 + 32 / 32 if fmt == "q8_0" else 4 + 64 / 32   # with the per-block floats
+        bits = 8.5 if fmt == "q8_0" else 5.0     # with the float16 scales (and minimums)
         linear = {id(m.weight): m.weight for m in model.modules()
                   if isinstance(m, torch.nn.Linear) and m.in_features % cpu_kernels.Q_BLOCK == 0}
         weights -= sum(w.nbytes - int(w.numel() * bits / 8) for w in linear.values())

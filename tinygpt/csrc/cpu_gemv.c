@@ -104,12 +104,19 @@ static void tiles_bf16(const uint16_t *w, const float *x, float *y, long m_rows,
     }
 }
 
-/* 8-bit weights in blocks of 32 (llama.cpp's Q8_0 shape): a tile of 16 rows is K / 32 blocks,
- * each 16 float32 scales (one per row) followed by 32 x 16 int8 weights, column by column:
+/* 8-bit weights in blocks of 32 (llama.cpp's Q8_0): a tile of 16 rows is K / 32 blocks, each
+ * 16 float16 scales (one per row) followed by 32 x 16 int8 weights, column by column:
  * W[16t + i, 32b + j] = scale[i] * q[j][i]. Per block the 16 sums run over the 32 columns,
  * then each is scaled once. */
 #define QBLOCK 32
-#define Q8_BLOCK_BYTES (TILE * 4 + QBLOCK * TILE)
+#define Q8_BLOCK_BYTES (TILE * 2 + QBLOCK * TILE)
+
+static inline void halves_to_floats(const uint8_t *src, float *dst) {
+    _Float16 h[TILE];
+    memcpy(h, src, sizeof h);
+#pragma omp simd
+    for (int i = 0; i < TILE; i++) dst[i] = (float)h[i];
+}
 
 static void tiles_q8(const uint8_t *w, const float *x, float *y, long m_rows, long n, long k,
                      long t0, long t1) {
@@ -122,8 +129,8 @@ static void tiles_q8(const uint8_t *w, const float *x, float *y, long m_rows, lo
             for (long b = 0; b < blocks; b++) {
                 const uint8_t *blk = wt + b * Q8_BLOCK_BYTES;
                 float scale[TILE];
-                memcpy(scale, blk, sizeof scale);
-                const int8_t *q = (const int8_t *)(blk + TILE * 4);
+                halves_to_floats(blk, scale);
+                const int8_t *q = (const int8_t *)(blk + TILE * 2);
                 const float *xb = xm + b * QBLOCK;
                 float a0[TILE] = {0}, a1[TILE] = {0};
                 for (int j = 0; j < QBLOCK; j += 2) {
@@ -145,11 +152,11 @@ static void tiles_q8(const uint8_t *w, const float *x, float *y, long m_rows, lo
 }
 
 /* 4-bit weights in blocks of 32 with a scale and a minimum (llama.cpp's Q4_1): per tile and
- * block, 16 float32 scales d, 16 float32 minimums m, then 16 x 16 bytes, byte (p, i) holding
+ * block, 16 float16 scales d, 16 float16 minimums m, then 16 x 16 bytes, byte (p, i) holding
  * column 2p of row i in its low nibble and column 2p + 1 in its high one:
  * W[16t + i, 32b + j] = d[i] * q[j][i] + m[i]. A block's product is d * (q . x) + m * sum(x),
  * and sum(x) is shared by the 16 rows. */
-#define Q4_BLOCK_BYTES (TILE * 8 + QBLOCK / 2 * TILE)
+#define Q4_BLOCK_BYTES (TILE * 4 + QBLOCK / 2 * TILE)
 
 static void tiles_q4(const uint8_t *w, const float *x, float *y, long m_rows, long n, long k,
                      long t0, long t1) {
@@ -162,9 +169,9 @@ static void tiles_q4(const uint8_t *w, const float *x, float *y, long m_rows, lo
             for (long b = 0; b < blocks; b++) {
                 const uint8_t *blk = wt + b * Q4_BLOCK_BYTES;
                 float d[TILE], mn[TILE];
-                memcpy(d, blk, sizeof d);
-                memcpy(mn, blk + TILE * 4, sizeof mn);
-                const uint8_t *q = blk + TILE * 8;
+                halves_to_floats(blk, d);
+                halves_to_floats(blk + TILE * 2, mn);
+                const uint8_t *q = blk + TILE * 4;
                 const float *xb = xm + b * QBLOCK;
                 float sum = 0;
                 for (int j = 0; j < QBLOCK; j++) sum += xb[j];
