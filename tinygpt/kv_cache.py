@@ -349,6 +349,10 @@ def _tiled_refusal(model: torch.nn.Module, cache: KVCache) -> str | None:
     if weight.dtype not in cpu_kernels.WEIGHT_DTYPES:
         return (f"the tiled CPU products take float32 or bfloat16 models; this one is "
                 f"{weight.dtype}")
+    odd = [type(p).__name__ for p in model.parameters()
+           if type(p) not in (torch.Tensor, torch.nn.Parameter)]
+    if odd:
+        return f"the tiled CPU products take plain tensors; this model holds {odd[0]} weights"
     return cpu_kernels.available()
 
 
