@@ -93,6 +93,26 @@ def test_stacked_weights_split_like_the_layers_one_by_one():
         torch.testing.assert_close(out, nnf.linear(x, w), rtol=1e-5, atol=1e-5)
 
 
+def test_products_work_in_a_forked_child():
+    """The pool's threads do not survive fork(); a child starts its own and gets the same
+    products (no hang waiting on the parent's helpers)."""
+    import multiprocessing
+
+    w, x = weights(960, 576), weights(1, 576, seed=1)
+    tiled = ck.TiledLinear(w)
+    want = tiled(x)[0]
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        got = pool.apply_async(_product_in_child, (tiled.tiled, x, 960, 576)).get(timeout=60)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def _product_in_child(tiles: torch.Tensor, x: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    y = torch.empty(1, n)
+    ck.load().tg_gemv(0, tiles.data_ptr(), x.data_ptr(), y.data_ptr(), 1, n, k)
+    return y
+
+
 def test_bad_shapes_and_inputs_are_refused():
     assert ck.TiledLinear.refusal(weights(40, 8)) is None
     assert "in_features" in ck.TiledLinear.refusal(weights(16, 8), weights(16, 9))

@@ -85,8 +85,18 @@ def _build() -> ctypes.CDLL:
     lib.tg_start.argtypes = [ctypes.c_int]
     lib.tg_start.restype = ctypes.c_int
     lib.tg_stop.restype = None
+    lib.tg_after_fork.restype = None
     lib.tg_start(max(1, torch.get_num_threads()))
+    os.register_at_fork(after_in_child=lambda: _after_fork(lib))
     return lib
+
+
+def _after_fork(lib: ctypes.CDLL) -> None:
+    """In a forked child: the pool's threads stayed in the parent; start the child's own."""
+    global _lock
+    _lock = threading.Lock()
+    lib.tg_after_fork()
+    lib.tg_start(max(1, torch.get_num_threads()))
 
 
 def load() -> ctypes.CDLL | None:

@@ -292,6 +292,17 @@ int tg_start(int threads) {
     return n_helpers + 1;
 }
 
+/* in a child process after fork(): the helpers did not come along; forget them (and any lock
+ * state a helper held at the fork) so that products run on the calling thread until
+ * tg_start is called again */
+void tg_after_fork(void) {
+    pthread_mutex_init(&lock, NULL);
+    pthread_cond_init(&wake, NULL);
+    atomic_store(&sleepers, 0);
+    atomic_store(&stopping, 0);
+    n_helpers = 0;
+}
+
 void tg_stop(void) {
     atomic_store(&stopping, 1);
     pthread_mutex_lock(&lock);
