@@ -15,6 +15,8 @@
  *                takes work too, and work is handed out by an atomic counter, so a helper that
  *                the operating system has not scheduled (a busy machine) makes a product no
  *                slower than one core would; it never waits for a helper that took nothing.
+ *                When the caller keeps waiting for chunks a helper took and then lost its
+ *                core, the pool runs alone for a while (STALL_NS, STRIKES, SOLO_PRODUCTS).
  *
  * Weights come as float32, bfloat16 (16-bit: the top half of a float32, widened by a shift)
  * 8-bit integers with one float32 scale per row and block of 32 columns (tiles_q8), or
@@ -34,7 +36,13 @@
 #ifndef YIELD
 #define YIELD 1
 #endif
-#define SPIN_NS 300000L          /* how long an idle helper spins before it sleeps */
+#define SPIN_NS 300000L
+/* A product whose caller waited this long for a helper's chunk had a helper the operating
+ * system took off its core (a busy machine). After STRIKES such products in a row the pool
+ * runs the next SOLO_PRODUCTS products on the calling thread alone, then tries again. */
+#define STALL_NS 100000L
+#define STRIKES 3
+#define SOLO_PRODUCTS 512          /* how long an idle helper spins before it sleeps */
 
 static inline float bf16_to_float(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;
@@ -219,6 +227,8 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
 static pthread_t helpers[MAX_THREADS];
 static int n_helpers = 0;
+static int strikes = 0;
+static long solo_left = 0;
 
 static void run_chunk(long c) {
     long t0 = c * job.chunk, t1 = t0 + job.chunk < job.tiles ? t0 + job.chunk : job.tiles;
@@ -325,7 +335,8 @@ void tg_gemv(int dtype, const void *w, const float *x, float *y, long m, long n,
     long chunk = (65536 + bytes_per_tile - 1) / bytes_per_tile;
     if (chunk < 1) chunk = 1;
     if ((tiles + chunk - 1) / chunk > MAX_CHUNKS) chunk = (tiles + MAX_CHUNKS - 1) / MAX_CHUNKS;
-    if (n_helpers == 0 || tiles <= chunk) {
+    if (n_helpers == 0 || tiles <= chunk || solo_left > 0) {
+        if (solo_left > 0) solo_left--;
         job.dtype = dtype; job.w = w; job.x = x; job.y = y; job.m = m; job.n = n; job.k = k;
         job.tiles = tiles; job.chunk = tiles;
         run_chunk(0);
@@ -343,8 +354,17 @@ void tg_gemv(int dtype, const void *w, const float *x, float *y, long m, long n,
         pthread_mutex_unlock(&lock);
     }
     take_chunks(gen);
+    long waited_from = now_ns();
     for (int spins = 1; atomic_load(&chunks_done) < total; spins++) {
         __builtin_ia32_pause();
         if (YIELD && spins % 256 == 0) sched_yield();
+    }
+    if (now_ns() - waited_from > STALL_NS) {
+        if (++strikes >= STRIKES) {
+            strikes = 0;
+            solo_left = SOLO_PRODUCTS;
+        }
+    } else {
+        strikes = 0;
     }
 }
