@@ -20,9 +20,10 @@ TinyGPT.forward(idx, kv_cache=cache) uses the cache (tinygpt.model); the pieces 
     LayerKVCache / KVCache      the buffers, the offset, and clear errors for misuse
     prefill, decode_step        the two phases, returning the last position's logits
     DecodeStep                  the decode step the generate loop runs: the same computation
-                                as decode_step with far fewer kernel launches, optionally
-                                compiled for CUDA graphs (GPU) or run on prepacked weights
-                                (CPU), with a fallback that says why when either cannot be used
+                                as decode_step with far fewer kernel launches; on the CPU on
+                                tiled weights split over the cores (tinygpt.cpu_kernels, the
+                                default), optionally compiled for CUDA graphs (GPU) or run on
+                                oneDNN-prepacked weights (CPU), with fallbacks that say why
     kv_bytes_per_token, kv_cache_bytes_mha, max_batch_that_fits, max_context_that_fits
                                 the memory calculator (built on tinygpt.flops and the
                                 memory sizes of tinygpt.roofline.HARDWARE)
@@ -403,7 +404,15 @@ class DecodeStep:
     CompileFallbackWarning gives the reason, and `reason` keeps it; `compiled` tells which
     path runs.
 
-    pack_weights=True (opt-in, CPU, float32) is the CPU counterpart for larger models. At
+    tiled=True (the default) runs the products of a float32 or bfloat16 TinyGPT on the CPU
+    with a dynamic cache on tinygpt.cpu_kernels' tiled weights, every product split over the
+    cores (a model marked by cpu_kernels.q8_0_model / q4_1_model streams Q8_0 / Q4_1 blocks).
+    The tiles are built once per model (cached; rebuilt when a weight changes) and checked
+    against F.linear on a probe; `tiled` tells whether they run and `tiled_reason` why not
+    (other devices, dtypes, a static cache, tiled=False: the plain products, the oracle).
+    Batches of more than cpu_kernels.MAX_ROWS sequences run the plain products.
+
+    pack_weights=True (opt-in, CPU, float32) is the older CPU option for larger models. At
     batch 1 every product is a matrix times one vector, so the step should stream the weights
     at memory bandwidth, which the plain step falls well short of. The step then keeps a
     prepacked copy of the weights (q/k/v stacked, gate/up stacked, oneDNN's blocked layout)
