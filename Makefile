@@ -30,7 +30,7 @@ export PATH := $(BIN):$(PATH)
 # is ever downloaded). Tests that need them skip, saying why, when absent.
 SYSTEM_PACKAGES := bubblewrap postgresql chromium
 
-.PHONY: help env system-deps lab test test-fast release execute lint bench bench-quick \
+.PHONY: help env system-deps lab test test-fast release execute lint bench bench-quick bench-llamacpp \
 	bench-grading mutants \
 	collect autograde export feedback clean distclean
 
@@ -80,6 +80,9 @@ bench: $(STAMP) ## the speed targets of SYLLABUS.md section 5 (JSON + table in b
 
 bench-quick: $(STAMP) ## a one-minute smoke run of make bench
 	$(BIN)/python -m tinygpt bench --quick --json bench-results/inference-quick.json
+
+bench-llamacpp: $(STAMP) ## llama.cpp beside tinygpt, same weights (needs llama-cpp-python, see README)
+	$(BIN)/python -m tinygpt.bench.llamacpp
 
 bench-grading: $(STAMP) ## seconds per submission of every day (DAYS=day01_logits,day13_batching), then a class of 50
 	$(BIN)/python -m autograder.bench_grading --json bench-results/grading.json \

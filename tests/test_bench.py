@@ -264,8 +264,8 @@ def test_report_schema(micro_report, tmp_path):
     for name in ("decode_bandwidth", "decode_bandwidth_unpacked", "roofline_prediction"):
         values = by_name[name]["details"]["round_values"]
         assert len(values) == 2 and by_name[name]["value"] == max(values)   # upper median
-    assert by_name["decode_bandwidth"]["details"]["packed"] is True
-    assert by_name["decode_bandwidth_unpacked"]["details"]["packed"] is False
+    assert by_name["decode_bandwidth"]["details"]["tiled"] is True
+    assert by_name["decode_bandwidth_unpacked"]["details"]["tiled"] is False
     roof = by_name["roofline_prediction"]["details"]
     assert roof["hardware_bandwidth"] > 0 and roof["local_roofline_bandwidth"] > 0
     targeted = [c for c in report["comparisons"] if c["targeted"]]

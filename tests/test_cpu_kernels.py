@@ -60,9 +60,28 @@ def test_q8_0_matches_the_gguf_package_and_the_kernel_multiplies_its_values(thre
     assert torch.equal(ours, torch.from_numpy(reference))
     tiled = ck.TiledLinear(w, fmt="q8_0")
     torch.testing.assert_close(tiled(x)[0], nnf.linear(x, ours), rtol=1e-5, atol=1e-5)
-    assert tiled.nbytes == 80 * 96 + 80 * 3 * 4           # 8 bits + a float32 per 32
+    assert tiled.nbytes == 80 * 96 + 80 * 3 * 2           # 8 bits + a float16 per 32
     assert torch.equal(ck.dequantize_q8_0(*ck.quantize_q8_0(ours)), ours)   # idempotent
     assert "multiple of 32" in ck.TiledLinear.refusal(weights(16, 40), fmt="q8_0")
+
+
+def test_q4_1_blocks_run_as_shipped(threads):
+    """Q4_1 blocks as a GGUF file stores them (the gguf package's quantizer writes them) are
+    read without changing a value, equal our own Q4_1 rounding, and the kernel on them equals
+    F.linear on their dequantized weights."""
+    gguf = pytest.importorskip("gguf")
+    w, x = weights(80, 96) + weights(80, 96, seed=5) ** 3, weights(3, 96, seed=1)
+    kind = gguf.GGMLQuantizationType.Q4_1
+    raw = gguf.quants.quantize(w.numpy(), kind)
+    parts = ck.q4_1_from_gguf(torch.from_numpy(raw).reshape(-1), (80, 96))
+    reference = torch.from_numpy(gguf.quants.dequantize(raw, kind))
+    assert torch.equal(ck.dequantize_q4_1(*parts), reference)
+    assert all(torch.equal(a, b) for a, b in zip(parts, ck.quantize_q4_1(w), strict=True))
+    tiled = ck.TiledLinear(w, fmt="q4_1", blocks=[parts])
+    torch.testing.assert_close(tiled(x)[0], nnf.linear(x, reference), rtol=1e-5, atol=1e-5)
+    assert tiled.nbytes == 80 * 96 // 2 + 80 * 3 * 4      # 4 bits + two float16 per 32
+    with pytest.raises(ValueError, match="Q4_1 blocks"):
+        ck.q4_1_from_gguf(torch.from_numpy(raw).reshape(-1)[:-1], (80, 96))
 
 
 def test_stacked_weights_split_like_the_layers_one_by_one():
@@ -72,6 +91,26 @@ def test_stacked_weights_split_like_the_layers_one_by_one():
     assert [o.shape for o in outs] == [(1, 1, 64), (1, 1, 32), (1, 1, 32)]
     for out, w in zip(outs, (q, k, v), strict=True):
         torch.testing.assert_close(out, nnf.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_products_work_in_a_forked_child():
+    """The pool's threads do not survive fork(); a child starts its own and gets the same
+    products (no hang waiting on the parent's helpers)."""
+    import multiprocessing
+
+    w, x = weights(960, 576), weights(1, 576, seed=1)
+    tiled = ck.TiledLinear(w)
+    want = tiled(x)[0]
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        got = pool.apply_async(_product_in_child, (tiled.tiled, x, 960, 576)).get(timeout=60)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def _product_in_child(tiles: torch.Tensor, x: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    y = torch.empty(1, n)
+    ck.load().tg_gemv(0, tiles.data_ptr(), x.data_ptr(), y.data_ptr(), 1, n, k)
+    return y
 
 
 def test_bad_shapes_and_inputs_are_refused():
@@ -199,3 +238,28 @@ def test_a_q8_0_model_decodes_its_own_greedy_tokens_from_q8_0_tiles():
         logits = decode_step(q8, cache, token)
     assert generate(q8, prompt, SamplingParams(temperature=0.0, max_new_tokens=new)
                     ).token_ids == want
+
+
+def test_a_q4_1_model_decodes_its_own_greedy_tokens_from_its_blocks():
+    """q4_1_model with blocks handed in (as a GGUF loader would) keeps them as they are;
+    generate() streams them through the Q4_1 kernel and picks the greedy tokens of the copy's
+    own forward on the same values."""
+    model, tokenizer = load_pretrained()
+    wq = model.layers[1].attention.wq.weight
+    given = ck.quantize_q4_1(wq * 1.5)          # blocks that are NOT the weight's own rounding
+    q4 = ck.q4_1_model(model, {"layers.1.attention.wq.weight": given})
+    assert torch.equal(q4.layers[1].attention.wq.weight, ck.dequantize_q4_1(*given))
+    step = DecodeStep(q4, KVCache.for_model(q4))
+    assert step.tiled and step._weights[0][1].tiled.fmt == "q4_1"
+    new = 24
+    prompt = tokenizer.encode("Once upon a time")
+    cache = KVCache.for_model(q4, 1, len(prompt) + new)
+    logits, want = prefill(q4, cache, torch.tensor([prompt])), []
+    for _ in range(new):
+        token = logits.argmax(-1, keepdim=True)
+        want.append(int(token))
+        logits = decode_step(q4, cache, token)
+    assert generate(q4, prompt, SamplingParams(temperature=0.0, max_new_tokens=new)
+                    ).token_ids == want
+    with pytest.raises(ValueError, match="no linear"):
+        ck.q4_1_model(model, {"nope.weight": given})

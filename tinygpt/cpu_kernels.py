@@ -48,7 +48,7 @@ FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp-simd", "
 TILE = 16
 Q_BLOCK = 32            # Q8_0: one scale per row and block of 32 columns
 MAX_ROWS = 4            # x rows (sequences) per product; larger batches are compute-bound
-FORMATS = {"fp32": 0, "bf16": 1, "q8_0": 2}       # the kernels' weight formats
+FORMATS = {"fp32": 0, "bf16": 1, "q8_0": 2, "q4_1": 3}    # the kernels' weight formats
 WEIGHT_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 _lock = threading.Lock()            # one product at a time: the pool runs one job
@@ -85,8 +85,18 @@ def _build() -> ctypes.CDLL:
     lib.tg_start.argtypes = [ctypes.c_int]
     lib.tg_start.restype = ctypes.c_int
     lib.tg_stop.restype = None
+    lib.tg_after_fork.restype = None
     lib.tg_start(max(1, torch.get_num_threads()))
+    os.register_at_fork(after_in_child=lambda: _after_fork(lib))
     return lib
+
+
+def _after_fork(lib: ctypes.CDLL) -> None:
+    """In a forked child: the pool's threads stayed in the parent; start the child's own."""
+    global _lock
+    _lock = threading.Lock()
+    lib.tg_after_fork()
+    lib.tg_start(max(1, torch.get_num_threads()))
 
 
 def load() -> ctypes.CDLL | None:
@@ -148,8 +158,8 @@ def dequantize_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 
 def tile_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """Q8_0 blocks in the kernel's layout: per tile of 16 rows (the last padded with zero rows)
-    and block b, 16 float32 scales then the 32 x 16 int8 weights column by column; a uint8
-    tensor (tiles, K / 32, 64 + 512)."""
+    and block b, 16 float16 scales then the 32 x 16 int8 weights column by column; a uint8
+    tensor (tiles, K / 32, 32 + 512). d must hold float16 values (quantize_q8_0's do)."""
     n, k = q.shape
     pad = -n % TILE
     if pad:
@@ -157,9 +167,74 @@ def tile_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         d = torch.cat([d, d.new_zeros(pad, d.shape[1])])
     tiles, blocks = q.shape[0] // TILE, k // Q_BLOCK
     values = q.reshape(tiles, TILE, blocks, Q_BLOCK).permute(0, 2, 3, 1)   # (t, b, 32, 16)
-    scales = d.float().reshape(tiles, TILE, blocks).permute(0, 2, 1)       # (t, b, 16)
+    scales = d.half().reshape(tiles, TILE, blocks).permute(0, 2, 1)        # (t, b, 16)
     return torch.cat([scales.contiguous().view(torch.uint8).reshape(tiles, blocks, -1),
                       values.contiguous().view(torch.uint8).reshape(tiles, blocks, -1)], -1)
+
+
+def quantize_q4_1(weight: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """llama.cpp's Q4_1 on the rows of W (N, K), K a multiple of 32: per row and block of 32
+    columns m = min, d = (max - min) / 15, q = min(15, trunc((w - m) / d + 0.5)); d and m are
+    then stored as float16. Returns (q uint8 (N, K) in 0..15, d, m float32 (N, K / 32)) with
+    W ~ d * q + m. Weights read from a GGUF file come as these blocks already: use them as
+    they are (q4_1_model's `blocks`), never re-quantized."""
+    n, k = weight.shape
+    if k % Q_BLOCK:
+        raise ValueError(f"Q4_1 needs in_features a multiple of {Q_BLOCK}, got {k}")
+    blocks = weight.detach().float().reshape(n, k // Q_BLOCK, Q_BLOCK)
+    low, high = blocks.amin(-1), blocks.amax(-1)
+    d = (high - low) / 15
+    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    q = ((blocks - low[..., None]) * inverse[..., None] + 0.5).trunc().clamp(0, 15)
+    return q.to(torch.uint8).reshape(n, k), d.half().float(), low.half().float()
+
+
+def q4_1_from_gguf(raw: torch.Tensor, shape: tuple[int, int]
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GGUF file's Q4_1 tensor as stored (uint8, 20 bytes per block of 32: float16 d,
+    float16 m, then 16 bytes whose byte j holds column j in its low nibble and column j + 16
+    in its high one) -> (q, d, m) as quantize_q4_1 returns them, for a weight of `shape`
+    (N, K). No value is changed: the blocks run as they are."""
+    n, k = shape
+    if k % Q_BLOCK or raw.dtype != torch.uint8 or raw.numel() != n * k // Q_BLOCK * 20:
+        raise ValueError(f"raw must be uint8 Q4_1 blocks for shape {shape} "
+                         f"({n * k // Q_BLOCK * 20} bytes), got {raw.dtype} {raw.numel()}")
+    blocks = raw.reshape(n, k // Q_BLOCK, 20)
+    d = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0].float()
+    m = blocks[..., 2:4].contiguous().view(torch.float16)[..., 0].float()
+    packed = blocks[..., 4:]
+    q = torch.cat([packed & 15, packed >> 4], -1)              # columns 0..15, then 16..31
+    return q.reshape(n, k), d, m
+
+
+def dequantize_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """q uint8 (N, K) in 0..15, d and m (N, K / 32) -> float32 (N, K): d * q + m per block."""
+    n, k = q.shape
+    values = q.float().reshape(n, k // Q_BLOCK, Q_BLOCK) * d.float()[..., None] \
+        + m.float()[..., None]
+    return values.reshape(n, k)
+
+
+def tile_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Q4_1 blocks in the kernel's layout: per tile of 16 rows (the last padded with zero rows)
+    and block, 16 float16 scales, 16 float16 minimums, then 16 x 16 bytes, byte (p, i) holding
+    column 2p of row i in its low nibble and 2p + 1 in its high one; uint8 (tiles, K/32, 320).
+    d and m must hold float16 values (a GGUF file's and quantize_q4_1's do)."""
+    n, k = q.shape
+    pad = -n % TILE
+    if pad:
+        q, d, m = (torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (q, d, m))
+    tiles, blocks = q.shape[0] // TILE, k // Q_BLOCK
+    values = q.reshape(tiles, TILE, blocks, Q_BLOCK).permute(0, 2, 3, 1)   # (t, b, 32, 16)
+    packed = values[:, :, 0::2] | (values[:, :, 1::2] << 4)               # (t, b, 16, 16)
+
+    def per_row(x: torch.Tensor) -> torch.Tensor:                          # (t, b, 16 * 2)
+        return x.half().reshape(tiles, TILE, blocks).permute(0, 2, 1).contiguous() \
+            .view(torch.uint8).reshape(tiles, blocks, -1)
+
+    return torch.cat([per_row(d), per_row(m),
+                      packed.contiguous().reshape(tiles, blocks, -1)], -1)
 
 
 def tile(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -176,15 +251,18 @@ def tile(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tens
 class TiledLinear:
     """y_i = x @ W_i^T for weights W_i (N_i, K) that share their input, as one tiled product.
 
-    TiledLinear(*weights, fmt="fp32", "bf16" or "q8_0") stacks the weights, converts them to
-    the format (bf16: rounded to bfloat16; q8_0: quantize_q8_0, K a multiple of 32), tiles
-    them and keeps the copy (later changes to the weights do not reach it). Call it with x (M, K)
-    or (B, 1, K) float32, M <= MAX_ROWS: it returns one float32 output per weight, shapes
+    TiledLinear(*weights, fmt="fp32", "bf16", "q8_0" or "q4_1") stacks the weights, converts
+    them to the format (bf16: rounded to bfloat16; q8_0: quantize_q8_0; q4_1: the given
+    `blocks`, one (q, d, m) per weight, else quantize_q4_1; K a multiple of 32 for both),
+    tiles them and keeps the copy (later changes to the weights do not reach it). Call it
+    with x (M, K) or (B, 1, K) float32, M <= MAX_ROWS: it returns one float32 output per
+    weight, shapes
     (..., N_i). The stacked rows are padded to a multiple of 16 with zeros, whose outputs are
     dropped.
     """
 
-    def __init__(self, *weights: torch.Tensor, fmt: str = "fp32") -> None:
+    def __init__(self, *weights: torch.Tensor, fmt: str = "fp32",
+                 blocks: list[tuple] | None = None) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt!r}")
         reason = self.refusal(*weights, fmt=fmt)
@@ -200,7 +278,16 @@ class TiledLinear:
         with torch.inference_mode(False), torch.no_grad():
             stacked = torch.cat([w.detach() for w in weights]) if len(weights) > 1 \
                 else weights[0].detach()
-            if fmt == "q8_0":
+            if fmt == "q4_1":
+                if blocks is None:
+                    blocks = [quantize_q4_1(w) for w in weights]
+                if len(blocks) != len(weights) or any(
+                        b[0].shape != w.shape for b, w in zip(blocks, weights, strict=False)):
+                    raise ValueError("blocks must hold one (q, d, m) per weight, q shaped like "
+                                     "the weight")
+                self.tiled = tile_q4_1(*(torch.cat(parts) for parts in zip(*blocks,
+                                                                          strict=True)))
+            elif fmt == "q8_0":
                 self.tiled = tile_q8_0(*quantize_q8_0(stacked))
             else:
                 self.tiled = tile(stacked, torch.float32 if fmt == "fp32" else torch.bfloat16)
@@ -211,8 +298,8 @@ class TiledLinear:
         if not weights:
             return "TiledLinear needs at least one weight"
         k = weights[0].shape[-1]
-        if fmt == "q8_0" and k % Q_BLOCK:
-            return f"Q8_0 needs in_features a multiple of {Q_BLOCK}, got {k}"
+        if fmt in ("q8_0", "q4_1") and k % Q_BLOCK:
+            return f"{fmt.upper()} needs in_features a multiple of {Q_BLOCK}, got {k}"
         for w in weights:
             if w.ndim != 2 or w.shape[1] != k or not w.dtype.is_floating_point:
                 return (f"TiledLinear needs 2-D floating point weights sharing in_features; "
@@ -256,4 +343,36 @@ def q8_0_model(model: torch.nn.Module) -> torch.nn.Module:
             if isinstance(module, torch.nn.Linear) and module.in_features % Q_BLOCK == 0:
                 module.weight.copy_(dequantize_q8_0(*quantize_q8_0(module.weight)))
     out.decode_weights = "q8_0"
+    return out.eval()
+
+
+def q4_1_model(model: torch.nn.Module, blocks: dict[str, tuple] | None = None
+               ) -> torch.nn.Module:
+    """A copy of `model` whose linear weights (the LM head too, and with it a tied embedding)
+    hold Q4_1 values, marked `decode_weights = "q4_1"`: DecodeStep streams the Q4_1 blocks
+    (5 bits per weight with the scales and minimums) through the tiled kernel, the rest
+    computes with the same values in float32 (the oracle, exact up to summation order).
+
+    blocks: {name of a linear module's weight ("layers.0.attention.wq.weight"): (q, d, m)},
+    e.g. a GGUF file's Q4_1 tensors, used as they are; weights without blocks are quantized
+    here (quantize_q4_1). Weights whose in_features is not a multiple of 32 stay as they are.
+    The blocks are kept in `decode_blocks` ({id(weight): (q, d, m)} of the copy's weights).
+    """
+    blocks = dict(blocks or {})
+    out = copy.deepcopy(model)
+    out.decode_blocks = {}
+    with torch.no_grad():
+        for name, module in out.named_modules():
+            if isinstance(module, torch.nn.Linear) and module.in_features % Q_BLOCK == 0 \
+                    and id(module.weight) not in out.decode_blocks:
+                key = f"{name}.weight"
+                parts = blocks.pop(key) if key in blocks else quantize_q4_1(module.weight)
+                if parts[0].shape != module.weight.shape:
+                    raise ValueError(f"blocks[{key!r}] has q of shape {tuple(parts[0].shape)}, "
+                                     f"the weight {tuple(module.weight.shape)}")
+                module.weight.copy_(dequantize_q4_1(*parts))
+                out.decode_blocks[id(module.weight)] = parts
+    if blocks:
+        raise ValueError(f"blocks names weights the model has no linear for: {sorted(blocks)}")
+    out.decode_weights = "q4_1"
     return out.eval()

@@ -20,9 +20,10 @@ TinyGPT.forward(idx, kv_cache=cache) uses the cache (tinygpt.model); the pieces 
     LayerKVCache / KVCache      the buffers, the offset, and clear errors for misuse
     prefill, decode_step        the two phases, returning the last position's logits
     DecodeStep                  the decode step the generate loop runs: the same computation
-                                as decode_step with far fewer kernel launches, optionally
-                                compiled for CUDA graphs (GPU) or run on prepacked weights
-                                (CPU), with a fallback that says why when either cannot be used
+                                as decode_step with far fewer kernel launches; on the CPU on
+                                tiled weights split over the cores (tinygpt.cpu_kernels, the
+                                default), optionally compiled for CUDA graphs (GPU) or run on
+                                oneDNN-prepacked weights (CPU), with fallbacks that say why
     kv_bytes_per_token, kv_cache_bytes_mha, max_batch_that_fits, max_context_that_fits
                                 the memory calculator (built on tinygpt.flops and the
                                 memory sizes of tinygpt.roofline.HARDWARE)
@@ -301,18 +302,22 @@ class _TiledProduct(_Linear):
     for up to cpu_kernels.MAX_ROWS sequences; a larger batch runs the plain products. Weights
     the kernels do not take (refused by TiledLinear.refusal) run plain."""
 
-    def __new__(cls, *weights: torch.Tensor, fmt: str = "fp32") -> _Linear:
+    def __new__(cls, *weights: torch.Tensor, fmt: str = "fp32",
+                blocks: dict | None = None) -> _Linear:
         from tinygpt.cpu_kernels import TiledLinear
 
-        if TiledLinear.refusal(*weights, fmt=fmt) is not None:
+        if TiledLinear.refusal(*weights, fmt=fmt) is not None or (
+                fmt == "q4_1" and not all(id(w) in (blocks or {}) for w in weights)):
             return _Linear(*weights)
         return super().__new__(cls)
 
-    def __init__(self, *weights: torch.Tensor, fmt: str = "fp32") -> None:
+    def __init__(self, *weights: torch.Tensor, fmt: str = "fp32",
+                 blocks: dict | None = None) -> None:
         from tinygpt.cpu_kernels import MAX_ROWS, TiledLinear
 
         super().__init__(*weights)
-        self.tiled = TiledLinear(*weights, fmt=fmt)
+        self.tiled = TiledLinear(*weights, fmt=fmt, blocks=None if fmt != "q4_1" else
+                                 [blocks[id(w)] for w in weights])
         self.max_rows = MAX_ROWS
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -349,6 +354,10 @@ def _tiled_refusal(model: torch.nn.Module, cache: KVCache) -> str | None:
     if weight.dtype not in cpu_kernels.WEIGHT_DTYPES:
         return (f"the tiled CPU products take float32 or bfloat16 models; this one is "
                 f"{weight.dtype}")
+    odd = [type(p).__name__ for p in model.parameters()
+           if type(p) not in (torch.Tensor, torch.nn.Parameter)]
+    if odd:
+        return f"the tiled CPU products take plain tensors; this model holds {odd[0]} weights"
     return cpu_kernels.available()
 
 
@@ -399,7 +408,15 @@ class DecodeStep:
     CompileFallbackWarning gives the reason, and `reason` keeps it; `compiled` tells which
     path runs.
 
-    pack_weights=True (opt-in, CPU, float32) is the CPU counterpart for larger models. At
+    tiled=True (the default) runs the products of a float32 or bfloat16 TinyGPT on the CPU
+    with a dynamic cache on tinygpt.cpu_kernels' tiled weights, every product split over the
+    cores (a model marked by cpu_kernels.q8_0_model / q4_1_model streams Q8_0 / Q4_1 blocks).
+    The tiles are built once per model (cached; rebuilt when a weight changes) and checked
+    against F.linear on a probe; `tiled` tells whether they run and `tiled_reason` why not
+    (other devices, dtypes, a static cache, tiled=False: the plain products, the oracle).
+    Batches of more than cpu_kernels.MAX_ROWS sequences run the plain products.
+
+    pack_weights=True (opt-in, CPU, float32) is the older CPU option for larger models. At
     batch 1 every product is a matrix times one vector, so the step should stream the weights
     at memory bandwidth, which the plain step falls well short of. The step then keeps a
     prepacked copy of the weights (q/k/v stacked, gate/up stacked, oneDNN's blocked layout)
@@ -460,7 +477,8 @@ class DecodeStep:
 
                     fmt = getattr(model, "decode_weights", None) or \
                         WEIGHT_DTYPES[model.output.weight.dtype]
-                    product = functools.partial(_TiledProduct, fmt=fmt)
+                    product = functools.partial(_TiledProduct, fmt=fmt,
+                                                blocks=getattr(model, "decode_blocks", None))
                     weights = _fused_weights(model, product)
                     head = product(model.output.weight)
                     products = [p for layer in weights for p in layer[1:] if

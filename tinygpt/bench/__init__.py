@@ -25,9 +25,9 @@ and prints each ratio against its target (never hiding a miss). Day 11-12's rows
     decode_bandwidth       bytes a batch-1 decode step must read / step time / bandwidth
     roofline_prediction    tinygpt.roofline's predicted decode step time vs the measured one
 
-On CPU the decode step runs with DecodeStep(pack_weights=True) (oneDNN-prepacked weights,
-whose batch-1 products use every core); decode_bandwidth_unpacked shows torch's default
-products for comparison. On CUDA the step is compiled (CUDA graphs).
+On CPU the decode step runs as generate() runs it, on tinygpt.cpu_kernels' tiled products
+(every product split over the cores); decode_bandwidth_unpacked shows torch's plain products
+(DecodeStep(tiled=False)) for comparison. On CUDA the step is compiled (CUDA graphs).
 
 Bandwidth: tinygpt.roofline.measure_copy_bandwidth counts a copy's read and write bytes;
 measure_read_bandwidth here only reads (what a decode step does with the weights). Both are

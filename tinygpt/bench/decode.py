@@ -127,15 +127,16 @@ def compare_hf(model: TinyGPT, prompt_len: int = 32, new_tokens: int = 128, *,
 
 def measure_decode_step(model: TinyGPT, context_len: int = 64, steps: int = 20,
                         warmup: int = 3, *, compile: bool = False,
-                        pack_weights: bool = False) -> dict:
+                        pack_weights: bool = False, tiled: bool = True) -> dict:
     """Median seconds of one batch-1 decode step (tinygpt.kv_cache.DecodeStep) after a prefill.
 
     The cache is prefilled with `context_len` seeded random tokens, then `warmup` untimed and
     `steps` timed steps run, each feeding one token (the device synchronized around each).
-    compile / pack_weights: DecodeStep's options (CUDA graphs; prepacked CPU weights).
+    compile / pack_weights / tiled: DecodeStep's options (CUDA graphs; oneDNN-prepacked CPU
+    weights; the tiled CPU kernels, on by default).
     Returns {"step_s", "step_s_all" (list), "context_len" (mean keys attended per timed step),
     "bytes_per_step" (flops.decode_step_bytes at that context), "compiled", "compile_note",
-    "packed", "pack_note"}.
+    "packed", "pack_note", "tiled", "tiled_note"}.
     """
     device = model_device(model)
     dtype = next(model.parameters()).dtype
@@ -146,7 +147,7 @@ def measure_decode_step(model: TinyGPT, context_len: int = 64, steps: int = 20,
                               static=compile and device.type == "cuda")
     prompt = torch.tensor([random_prompt(context_len, model.cfg.vocab_size, 1)], device=device)
     prefill(model, cache, prompt)
-    step = DecodeStep(model, cache, compile=compile, pack_weights=pack_weights)
+    step = DecodeStep(model, cache, compile=compile, pack_weights=pack_weights, tiled=tiled)
     token = prompt[:, -1:]
     for _ in range(warmup):
         step(token)
@@ -162,7 +163,8 @@ def measure_decode_step(model: TinyGPT, context_len: int = 64, steps: int = 20,
     return {"step_s": statistics.median(seconds), "step_s_all": seconds,
             "context_len": round(mean_context), "bytes_per_step": bytes_per_step,
             "compiled": step.compiled, "compile_note": step.reason,
-            "packed": step.packed, "pack_note": step.pack_reason}
+            "packed": step.packed, "pack_note": step.pack_reason, "tiled": step.tiled,
+            "tiled_note": step.tiled_reason}
 
 
 def compare_bandwidth(step: dict, copy_bandwidth: float, read_bandwidth: float, *,
@@ -251,7 +253,8 @@ def decode_bandwidth_rows(ctx: BenchContext) -> list[Comparison]:
 
     Each round measures the copy and read bandwidths and then the decode step, so every ratio
     divides figures taken seconds apart; the median round is reported. On CPU the step runs on
-    prepacked weights (and, for information, on torch's default products); on CUDA compiled.
+    the default tiled products (tinygpt.cpu_kernels; for information also on torch's plain
+    products); on CUDA compiled.
     """
     plan, dev = ctx.plan, ctx.device
     ctx.log("roofline_prediction: this machine's measured roofline ...")
@@ -269,7 +272,7 @@ def decode_bandwidth_rows(ctx: BenchContext) -> list[Comparison]:
         read_bw = measure_read_bandwidth(plan.bandwidth_bytes, repeats=plan.bandwidth_repeats,
                                          device=dev)
         step = measure_decode_step(big, plan.decode_context, steps=plan.decode_steps,
-                                   compile=not ctx.on_cpu, pack_weights=ctx.on_cpu)
+                                   compile=not ctx.on_cpu)
         step["model"] = model_info(big)
         packed.append(compare_bandwidth(step, copy_bw, read_bw, target=bw_target,
                                         device=str(dev)))
@@ -280,8 +283,9 @@ def decode_bandwidth_rows(ctx: BenchContext) -> list[Comparison]:
                                       f"read + write bytes counted, beside the decode steps"})
         predicted.append(compare_roofline(big.cfg, step, round_hw, dtype,
                                           read_bandwidth=read_bw))
-        if ctx.on_cpu:      # for information: torch's default products, without packing
-            plain = measure_decode_step(big, plan.decode_context, steps=plan.decode_steps)
+        if ctx.on_cpu:      # for information: torch's plain products (tiled=False)
+            plain = measure_decode_step(big, plan.decode_context, steps=plan.decode_steps,
+                                        tiled=False)
             plain["model"] = model_info(big)
             unpacked.append(compare_bandwidth(plain, copy_bw, read_bw, target=bw_target,
                                               device=str(dev)))
@@ -289,7 +293,7 @@ def decode_bandwidth_rows(ctx: BenchContext) -> list[Comparison]:
     if ctx.on_cpu:
         info = median_round(unpacked)
         info.name, info.targeted = "decode_bandwidth_unpacked", False
-        info.description += " (for information: torch's default products, unpacked weights)"
+        info.description += " (for information: torch's plain products, tiled=False)"
         rows.append(info)
     roofline = median_round(predicted)
     roofline.details["local_roofline_bandwidth"] = hw.bandwidth

@@ -15,10 +15,13 @@
  *                takes work too, and work is handed out by an atomic counter, so a helper that
  *                the operating system has not scheduled (a busy machine) makes a product no
  *                slower than one core would; it never waits for a helper that took nothing.
+ *                When the caller keeps waiting for chunks a helper took and then lost its
+ *                core, the pool runs alone for a while (STALL_NS, STRIKES, SOLO_PRODUCTS).
  *
  * Weights come as float32, bfloat16 (16-bit: the top half of a float32, widened by a shift)
- * or 8-bit integers with one float32 scale per row and block of 32 columns (tiles_q8); x and
- * y are float32, and every sum is float32. The compiler vectorizes the 16-wide
+ * 8-bit integers with one float32 scale per row and block of 32 columns (tiles_q8), or
+ * 4-bit integers with a scale and a minimum per block (tiles_q4); x and y are float32, and
+ * every sum is float32. The compiler vectorizes the 16-wide
  * loops (-O3 -march=native). Built and loaded by tinygpt/cpu_kernels.py.
  */
 #include <pthread.h>
@@ -33,7 +36,13 @@
 #ifndef YIELD
 #define YIELD 1
 #endif
-#define SPIN_NS 300000L          /* how long an idle helper spins before it sleeps */
+#define SPIN_NS 300000L
+/* A product whose caller waited this long for a helper's chunk had a helper the operating
+ * system took off its core (a busy machine). After STRIKES such products in a row the pool
+ * runs the next SOLO_PRODUCTS products on the calling thread alone, then tries again. */
+#define STALL_NS 100000L
+#define STRIKES 3
+#define SOLO_PRODUCTS 512          /* how long an idle helper spins before it sleeps */
 
 static inline float bf16_to_float(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;
@@ -103,12 +112,19 @@ static void tiles_bf16(const uint16_t *w, const float *x, float *y, long m_rows,
     }
 }
 
-/* 8-bit weights in blocks of 32 (llama.cpp's Q8_0 shape): a tile of 16 rows is K / 32 blocks,
- * each 16 float32 scales (one per row) followed by 32 x 16 int8 weights, column by column:
+/* 8-bit weights in blocks of 32 (llama.cpp's Q8_0): a tile of 16 rows is K / 32 blocks, each
+ * 16 float16 scales (one per row) followed by 32 x 16 int8 weights, column by column:
  * W[16t + i, 32b + j] = scale[i] * q[j][i]. Per block the 16 sums run over the 32 columns,
  * then each is scaled once. */
 #define QBLOCK 32
-#define Q8_BLOCK_BYTES (TILE * 4 + QBLOCK * TILE)
+#define Q8_BLOCK_BYTES (TILE * 2 + QBLOCK * TILE)
+
+static inline void halves_to_floats(const uint8_t *src, float *dst) {
+    _Float16 h[TILE];
+    memcpy(h, src, sizeof h);
+#pragma omp simd
+    for (int i = 0; i < TILE; i++) dst[i] = (float)h[i];
+}
 
 static void tiles_q8(const uint8_t *w, const float *x, float *y, long m_rows, long n, long k,
                      long t0, long t1) {
@@ -121,8 +137,8 @@ static void tiles_q8(const uint8_t *w, const float *x, float *y, long m_rows, lo
             for (long b = 0; b < blocks; b++) {
                 const uint8_t *blk = wt + b * Q8_BLOCK_BYTES;
                 float scale[TILE];
-                memcpy(scale, blk, sizeof scale);
-                const int8_t *q = (const int8_t *)(blk + TILE * 4);
+                halves_to_floats(blk, scale);
+                const int8_t *q = (const int8_t *)(blk + TILE * 2);
                 const float *xb = xm + b * QBLOCK;
                 float a0[TILE] = {0}, a1[TILE] = {0};
                 for (int j = 0; j < QBLOCK; j += 2) {
@@ -143,11 +159,51 @@ static void tiles_q8(const uint8_t *w, const float *x, float *y, long m_rows, lo
     }
 }
 
+/* 4-bit weights in blocks of 32 with a scale and a minimum (llama.cpp's Q4_1): per tile and
+ * block, 16 float16 scales d, 16 float16 minimums m, then 16 x 16 bytes, byte (p, i) holding
+ * column 2p of row i in its low nibble and column 2p + 1 in its high one:
+ * W[16t + i, 32b + j] = d[i] * q[j][i] + m[i]. A block's product is d * (q . x) + m * sum(x),
+ * and sum(x) is shared by the 16 rows. */
+#define Q4_BLOCK_BYTES (TILE * 4 + QBLOCK / 2 * TILE)
+
+static void tiles_q4(const uint8_t *w, const float *x, float *y, long m_rows, long n, long k,
+                     long t0, long t1) {
+    long blocks = k / QBLOCK;
+    for (long t = t0; t < t1; t++) {
+        const uint8_t *wt = w + t * blocks * Q4_BLOCK_BYTES;
+        for (long r = 0; r < m_rows; r++) {
+            const float *xm = x + r * k;
+            float acc[TILE] = {0};
+            for (long b = 0; b < blocks; b++) {
+                const uint8_t *blk = wt + b * Q4_BLOCK_BYTES;
+                float d[TILE], mn[TILE];
+                halves_to_floats(blk, d);
+                halves_to_floats(blk + TILE * 2, mn);
+                const uint8_t *q = blk + TILE * 4;
+                const float *xb = xm + b * QBLOCK;
+                float sum = 0;
+                for (int j = 0; j < QBLOCK; j++) sum += xb[j];
+                float a[TILE] = {0};
+                for (int p = 0; p < QBLOCK / 2; p++) {
+                    float x0 = xb[2 * p], x1 = xb[2 * p + 1];
+                    const uint8_t *qp = q + p * TILE;
+#pragma omp simd
+                    for (int i = 0; i < TILE; i++)
+                        a[i] += (float)(qp[i] & 15) * x0 + (float)(qp[i] >> 4) * x1;
+                }
+#pragma omp simd
+                for (int i = 0; i < TILE; i++) acc[i] += d[i] * a[i] + mn[i] * sum;
+            }
+            memcpy(y + r * n + t * TILE, acc, sizeof acc);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* the pool: one job at a time, handed out in chunks of tiles by an atomic counter           */
 
 typedef struct {
-    int dtype;                   /* 0: float32 weights, 1: bfloat16, 2: 8-bit blocks of 32 */
+    int dtype;       /* 0: float32 weights, 1: bfloat16, 2: Q8_0 blocks, 3: Q4_1 blocks */
     const void *w;
     const float *x;
     float *y;
@@ -171,6 +227,8 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
 static pthread_t helpers[MAX_THREADS];
 static int n_helpers = 0;
+static int strikes = 0;
+static long solo_left = 0;
 
 static void run_chunk(long c) {
     long t0 = c * job.chunk, t1 = t0 + job.chunk < job.tiles ? t0 + job.chunk : job.tiles;
@@ -178,8 +236,10 @@ static void run_chunk(long c) {
         tiles_f32((const float *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
     else if (job.dtype == 1)
         tiles_bf16((const uint16_t *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
-    else
+    else if (job.dtype == 2)
         tiles_q8((const uint8_t *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
+    else
+        tiles_q4((const uint8_t *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
 }
 
 /* take chunks of generation `gen` until none is left; returns how many were done */
@@ -242,6 +302,17 @@ int tg_start(int threads) {
     return n_helpers + 1;
 }
 
+/* in a child process after fork(): the helpers did not come along; forget them (and any lock
+ * state a helper held at the fork) so that products run on the calling thread until
+ * tg_start is called again */
+void tg_after_fork(void) {
+    pthread_mutex_init(&lock, NULL);
+    pthread_cond_init(&wake, NULL);
+    atomic_store(&sleepers, 0);
+    atomic_store(&stopping, 0);
+    n_helpers = 0;
+}
+
 void tg_stop(void) {
     atomic_store(&stopping, 1);
     pthread_mutex_lock(&lock);
@@ -253,16 +324,19 @@ void tg_stop(void) {
 }
 
 /* y (m, n) = x (m, k) @ W^T with W tiled (n / 16 tiles); n must be a multiple of 16 (and k of
- * 32 for dtype 2).
+ * 32 for dtypes 2 and 3).
  * Not reentrant: one product at a time (the Python side holds a lock). */
 void tg_gemv(int dtype, const void *w, const float *x, float *y, long m, long n, long k) {
     long tiles = n / TILE;
     /* chunks of about 64 KB of weights, so that a free helper always finds some */
-    long bytes_per_tile = dtype == 2 ? k / QBLOCK * Q8_BLOCK_BYTES : k * TILE * (dtype == 0 ? 4 : 2);
+    long bytes_per_tile = dtype == 3 ? k / QBLOCK * Q4_BLOCK_BYTES
+                          : dtype == 2 ? k / QBLOCK * Q8_BLOCK_BYTES
+                          : k * TILE * (dtype == 0 ? 4 : 2);
     long chunk = (65536 + bytes_per_tile - 1) / bytes_per_tile;
     if (chunk < 1) chunk = 1;
     if ((tiles + chunk - 1) / chunk > MAX_CHUNKS) chunk = (tiles + MAX_CHUNKS - 1) / MAX_CHUNKS;
-    if (n_helpers == 0 || tiles <= chunk) {
+    if (n_helpers == 0 || tiles <= chunk || solo_left > 0) {
+        if (solo_left > 0) solo_left--;
         job.dtype = dtype; job.w = w; job.x = x; job.y = y; job.m = m; job.n = n; job.k = k;
         job.tiles = tiles; job.chunk = tiles;
         run_chunk(0);
@@ -280,8 +354,17 @@ void tg_gemv(int dtype, const void *w, const float *x, float *y, long m, long n,
         pthread_mutex_unlock(&lock);
     }
     take_chunks(gen);
+    long waited_from = now_ns();
     for (int spins = 1; atomic_load(&chunks_done) < total; spins++) {
         __builtin_ia32_pause();
         if (YIELD && spins % 256 == 0) sched_yield();
+    }
+    if (now_ns() - waited_from > STALL_NS) {
+        if (++strikes >= STRIKES) {
+            strikes = 0;
+            solo_left = SOLO_PRODUCTS;
+        }
+    } else {
+        strikes = 0;
     }
 }

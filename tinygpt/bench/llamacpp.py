@@ -1,0 +1,236 @@
+"""`make bench-llamacpp`: llama.cpp beside tinygpt on the same weights, batch-1 greedy decode.
+
+An optional extra, not part of `make test`: it needs llama-cpp-python (`pip install
+llama-cpp-python==0.3.36`, which compiles llama.cpp: about 25 minutes on 2 cores) and the gguf
+package. The model has SmolLM2-135M's shape with seeded random weights (speed does not depend
+on what the weights say); each format is written as a GGUF file with the gguf package and
+decoded by both engines in turn, round after round:
+
+    F32    llama.cpp's F32 file        vs  tinygpt's float32 generate()        target >= 0.8x
+    F16    llama.cpp's F16 file        vs  tinygpt in bfloat16 (information)
+    Q8_0   llama.cpp's Q8_0 file       vs  tinygpt's Q8_0 tiles (q8_0_model)   target >= 0.8x
+    Q4_1   llama.cpp's Q4_1 file       vs  tinygpt's Q4_1 tiles of the SAME blocks (read back
+                                           from the file with q4_1_from_gguf)  target >= 0.7x
+
+The file stores every linear weight in the format (the tied embedding too) and the norms in
+float32. Query and key rows are reordered the way llama.cpp's converter does for Llama models,
+so both engines compute the same function; the F32 row checks it (greedy tokens compared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from tinygpt import cpu_kernels
+from tinygpt.bench.harness import random_prompt
+from tinygpt.bench.smollm2 import smollm2_config
+from tinygpt.generate import stream
+from tinygpt.model import TinyGPT
+from tinygpt.roofline import measure_copy_bandwidth
+from tinygpt.sampling import SamplingParams
+
+TARGETS = {"F32": 0.8, "Q8_0": 0.8, "Q4_1": 0.7}
+PROMPT_LEN = 8
+
+
+def _llama_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """HF / tinygpt rotate-half query or key rows -> llama.cpp's pairwise order."""
+    n, k = weight.shape
+    return weight.reshape(n_heads, 2, n // n_heads // 2, k).swapaxes(1, 2).reshape(n, k)
+
+
+def write_gguf(model: TinyGPT, path: Path, fmt: str) -> None:
+    """Write `model` (float32, tied embeddings) as a llama-architecture GGUF file whose linear
+    weights are in `fmt` ("F32", "F16", "Q8_0" or "Q4_1"), with a placeholder vocabulary."""
+    import gguf
+    import numpy as np
+
+    cfg = model.cfg
+    kind = getattr(gguf.GGMLQuantizationType, fmt)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(cfg.n_layers)
+    writer.add_context_length(cfg.max_seq_len)
+    writer.add_embedding_length(cfg.d_model)
+    writer.add_feed_forward_length(cfg.d_ff)
+    writer.add_head_count(cfg.n_heads)
+    writer.add_head_count_kv(cfg.n_kv_heads)
+    writer.add_rope_freq_base(cfg.rope_base)
+    writer.add_layer_norm_rms_eps(cfg.norm_eps)
+    writer.add_file_type(kind)
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    tokens += [f"t{i}" for i in range(cfg.vocab_size - len(tokens))]
+    types = [2, 3, 3] + [6] * 256 + [1] * (cfg.vocab_size - 259)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * cfg.vocab_size)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(False)
+
+    def linear(name: str, weight: torch.Tensor) -> None:
+        w = weight.detach().float().numpy()
+        if fmt == "F32":
+            writer.add_tensor(name, w)
+        elif fmt == "F16":
+            writer.add_tensor(name, w.astype(np.float16))
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(w, kind), raw_dtype=kind)
+
+    def norm(name: str, weight: torch.Tensor) -> None:
+        writer.add_tensor(name, weight.detach().float().numpy())
+
+    linear("token_embd.weight", model.tok_embeddings.weight)
+    for i, block in enumerate(model.layers):
+        a, f = block.attention, block.feed_forward
+        norm(f"blk.{i}.attn_norm.weight", block.attention_norm.weight)
+        linear(f"blk.{i}.attn_q.weight", _llama_rows(a.wq.weight, cfg.n_heads))
+        linear(f"blk.{i}.attn_k.weight", _llama_rows(a.wk.weight, cfg.n_kv_heads))
+        linear(f"blk.{i}.attn_v.weight", a.wv.weight)
+        linear(f"blk.{i}.attn_output.weight", a.wo.weight)
+        norm(f"blk.{i}.ffn_norm.weight", block.ffn_norm.weight)
+        linear(f"blk.{i}.ffn_gate.weight", f.w1.weight)
+        linear(f"blk.{i}.ffn_up.weight", f.w3.weight)
+        linear(f"blk.{i}.ffn_down.weight", f.w2.weight)
+    norm("output_norm.weight", model.norm.weight)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def q4_1_blocks(path: Path, model: TinyGPT) -> dict[str, tuple]:
+    """The Q4_1 blocks of a file written by write_gguf, as q4_1_model's `blocks` (query and
+    key rows put back in tinygpt's order)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    cfg = model.cfg
+    names = {"attn_q": "attention.wq", "attn_k": "attention.wk", "attn_v": "attention.wv",
+             "attn_output": "attention.wo", "ffn_gate": "feed_forward.w1",
+             "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2"}
+    out = {}
+    for tensor in reader.tensors:
+        parts = tensor.name.split(".")
+        if tensor.name == "token_embd.weight":
+            ours = "output.weight"
+        elif parts[0] == "blk" and parts[2] in names:
+            ours = f"layers.{parts[1]}.{names[parts[2]]}.weight"
+        else:
+            continue
+        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        q, d, m = cpu_kernels.q4_1_from_gguf(torch.from_numpy(tensor.data.copy()).reshape(-1),
+                                             shape)
+        if parts[-2] in ("attn_q", "attn_k"):             # undo _llama_rows
+            heads = cfg.n_heads if parts[-2] == "attn_q" else cfg.n_kv_heads
+
+            def back(x: torch.Tensor, heads: int = heads) -> torch.Tensor:
+                n, k = x.shape
+                return x.reshape(heads, n // heads // 2, 2, k).swapaxes(1, 2).reshape(n, k)
+
+            q, d, m = back(q), back(d), back(m)
+        out[ours] = (q, d, m)
+    return out
+
+
+def llama_seconds_per_token(llm, prompt: list[int], new_tokens: int) -> tuple[float, list[int]]:
+    """Median seconds per greedy token of llama.cpp (prefill excluded) and the tokens."""
+    import numpy as np
+
+    llm.reset()
+    llm.eval(prompt)
+    tokens, stamps = [], [time.perf_counter()]
+    for _ in range(new_tokens):
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tokens.append(token)
+        llm.eval([token])
+        stamps.append(time.perf_counter())
+    return statistics.median(b - a for a, b in zip(stamps, stamps[1:], strict=False)), tokens
+
+
+def ours_seconds_per_token(model: TinyGPT, prompt: list[int], new_tokens: int
+                           ) -> tuple[float, list[int]]:
+    params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens + 1)
+    stamps, tokens = [], []
+    for event in stream(model, prompt, params):
+        stamps.append(time.perf_counter())
+        tokens.append(event.token_id)
+    return statistics.median(b - a for a, b in zip(stamps, stamps[1:], strict=False)), \
+        tokens[:new_tokens]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tinygpt.bench.llamacpp",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens per run (64)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (3)")
+    parser.add_argument("--threads", type=int, default=2, help="threads for both (2)")
+    parser.add_argument("--formats", default="F32,F16,Q8_0,Q4_1")
+    args = parser.parse_args(argv)
+    try:
+        import gguf  # noqa: F401
+        from llama_cpp import Llama
+    except ImportError as err:
+        print(f"error: {err}; pip install llama-cpp-python==0.3.36 gguf (compiles llama.cpp, "
+              f"about 25 minutes)", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    cfg = smollm2_config()
+    model = TinyGPT(cfg, seed=0).eval()
+    prompt = random_prompt(PROMPT_LEN, cfg.vocab_size, 0)
+    formats = args.formats.split(",")
+    rows: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        engines = {}
+        for fmt in formats:
+            path = Path(tmp) / f"smollm2-shape-{fmt}.gguf"
+            print(f"writing {path.name} ...", file=sys.stderr, flush=True)
+            write_gguf(model, path, fmt)
+            if fmt == "F32":
+                mine = model
+            elif fmt == "F16":
+                mine = TinyGPT(cfg, seed=0).to(torch.bfloat16).eval()
+            elif fmt == "Q8_0":
+                mine = cpu_kernels.q8_0_model(model)
+            else:
+                mine = cpu_kernels.q4_1_model(model, q4_1_blocks(path, model))
+            llm = Llama(model_path=str(path), n_ctx=PROMPT_LEN + args.tokens + 8,
+                        n_threads=args.threads, n_batch=64, verbose=False)
+            engines[fmt] = (llm, mine)
+            rows[fmt] = {"llama": [], "ours": []}
+        copies, agree = [], {}
+        for _ in range(args.rounds):
+            for fmt, (llm, mine) in engines.items():
+                s_llama, t_llama = llama_seconds_per_token(llm, prompt, args.tokens)
+                s_ours, t_ours = ours_seconds_per_token(mine, prompt, args.tokens)
+                rows[fmt]["llama"].append(s_llama)
+                rows[fmt]["ours"].append(s_ours)
+                agree[fmt] = sum(a == b for a, b in zip(t_llama, t_ours, strict=True))
+            copies.append(measure_copy_bandwidth(repeats=3))
+    print(f"\nllama.cpp vs tinygpt, SmolLM2-135M shape, batch-1 greedy, {args.tokens} tokens, "
+          f"{args.threads} threads, {args.rounds} rounds; copy bandwidth "
+          f"{statistics.median(copies) / 1e9:.1f} GB/s")
+    print(f"{'format':8} {'llama.cpp tok/s':>16} {'tinygpt tok/s':>14} {'ratio':>7} "
+          f"{'target':>7}  same greedy tokens")
+    for fmt in formats:
+        ratio = statistics.median(a / b for a, b in zip(rows[fmt]["llama"], rows[fmt]["ours"],
+                                                         strict=True))
+        target = TARGETS.get(fmt)
+        verdict = "information" if target is None else \
+            "met" if ratio >= target else f"NOT MET ({ratio:.2f}x < {target}x)"
+        print(f"{fmt:8} {1 / statistics.median(rows[fmt]['llama']):16.1f} "
+              f"{1 / statistics.median(rows[fmt]['ours']):14.1f} {ratio:6.2f}x "
+              f"{'' if target is None else f'>={target}x':>7}  {agree[fmt]}/{args.tokens}  "
+              f"{verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
