@@ -630,14 +630,19 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
                            param=param)
         return ids
 
-    def do_tokenize(raw: bytes) -> dict:
-        body = validate(TokenizeBody, parse_json(raw))
+    def tokenizer_body(kind, raw: bytes):
+        """The body of a tokenizer endpoint, validated: no unknown fields, this model."""
+        body = validate(kind, parse_json(raw))
         if body.model_extra:
             raise APIError(400, f"unsupported field(s) {sorted(body.model_extra)}",
                            param=sorted(body.model_extra)[0])
         if body.model is not None and body.model != model_id:
             raise APIError(404, f"the model {body.model!r} does not exist", param="model",
                            code="model_not_found")
+        return body
+
+    def do_tokenize(raw: bytes) -> dict:
+        body = tokenizer_body(TokenizeBody, raw)
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", param="prompt")
         if body.messages is not None:
@@ -651,13 +656,7 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
                 "token_strs": [token_text(i) for i in ids] if body.return_token_strs else None}
 
     def do_detokenize(raw: bytes) -> dict:
-        body = validate(DetokenizeBody, parse_json(raw))
-        if body.model_extra:
-            raise APIError(400, f"unsupported field(s) {sorted(body.model_extra)}",
-                           param=sorted(body.model_extra)[0])
-        if body.model is not None and body.model != model_id:
-            raise APIError(404, f"the model {body.model!r} does not exist", param="model",
-                           code="model_not_found")
+        body = tokenizer_body(DetokenizeBody, raw)
         bad = [i for i in body.tokens if not 0 <= i < vocab]
         if bad:
             raise APIError(400, f"tokens: ids must be in [0, {vocab}), got {bad[:5]}",
