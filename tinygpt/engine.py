@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tinygpt import cpu_gemm
 from tinygpt.bench.metrics import RequestTrace, inter_token_latencies, ttft
 from tinygpt.generate import (
     GenerationResult,
@@ -253,13 +254,16 @@ class Engine:
     max_running: sequences in the batch at once. token_budget: tokens one step may feed
     (decodes count one each; prefill chunks share the rest). record: keep a StepRecord per
     step in `log` (the timeline widget draws it). prefix_caching: reuse the full KV blocks
-    of earlier requests' prefixes (see the module docstring).
+    of earlier requests' prefixes (see the module docstring). batched: run a float32 CPU
+    model's products through tinygpt.cpu_gemm (the default; False: the model's own modules,
+    the oracle; see tinygpt.runner.ModelRunner).
     """
 
     def __init__(self, model: TinyGPT, tokenizer=None, *, block_size: int = 16,
                  num_blocks: int | None = None, max_running: int = 32,
                  token_budget: int = 256, order: Sequence[str] = DEFAULT_ORDER,
-                 record: bool = False, prefix_caching: bool = False) -> None:
+                 record: bool = False, prefix_caching: bool = False,
+                 batched: bool = True) -> None:
         if not isinstance(model, TinyGPT):
             raise TypeError(f"model must be a TinyGPT, got {type(model).__name__}")
         if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
@@ -272,7 +276,7 @@ class Engine:
                                             prefix_caching=prefix_caching)
         self.scheduler = Scheduler(self.cache, max_running=max_running,
                                    token_budget=token_budget)
-        self.runner = ModelRunner(model, self.cache)
+        self.runner = ModelRunner(model, self.cache, batched=batched)
         self.record = record
         self.log: list[StepRecord] = []
         self.steps = 0
@@ -351,6 +355,12 @@ class Engine:
     def step(self) -> list[tuple[Hashable, TokenEvent]]:
         """Schedule, run one forward pass, sample for every sequence that reached its last
         token, and free the finished. Returns (request id, TokenEvent) per new token."""
+        if not self.runner.batched:
+            return self._step()
+        with cpu_gemm.torch_single_thread():       # the products use the cores (cpu_gemm)
+            return self._step()
+
+    def _step(self) -> list[tuple[Hashable, TokenEvent]]:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         for seq in plan.admitted:

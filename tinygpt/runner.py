@@ -24,23 +24,46 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
-from tinygpt.attention import merge_heads
+from tinygpt import cpu_gemm
 from tinygpt.model import TinyGPT
 from tinygpt.paged import PagedKVCache
 
 
 class ModelRunner:
-    """Runs a TinyGPT over a PagedKVCache shaped for it (PagedKVCache.for_model)."""
+    """Runs a TinyGPT over a PagedKVCache shaped for it (PagedKVCache.for_model).
 
-    def __init__(self, model: TinyGPT, cache: PagedKVCache) -> None:
+    batched=True (the default) runs the weight products of a float32 CPU model through
+    tinygpt.cpu_gemm (every scheduled token's row against tiled weights, split over the
+    cores); `batched` tells whether they run and `batched_reason` why not. batched=False, other
+    devices and dtypes run the model's own modules (F.linear): the oracle.
+    """
+
+    def __init__(self, model: TinyGPT, cache: PagedKVCache, *, batched: bool = True) -> None:
         if not isinstance(model, TinyGPT):
             raise TypeError(f"model must be a TinyGPT, got {type(model).__name__}")
         if cache.n_layers != model.cfg.n_layers:
             raise ValueError(f"the cache has {cache.n_layers} layers, the model "
                              f"n_layers={model.cfg.n_layers}")
+        if not isinstance(batched, bool):
+            raise TypeError(f"batched must be True or False, got {batched!r}")
         self.model, self.cache = model, cache
         self.device = cache.k.device
+        self.batched, self.batched_reason = False, "batched=False: the plain products run"
+        self._products = None
+        if batched:
+            self.batched_reason = cpu_gemm.refusal(model)
+            if self.batched_reason is None:
+                try:
+                    self._products = cpu_gemm.model_products(model)
+                    self.batched = True
+                    half = model.cfg.head_dim // 2
+                    # rotate_half(x) * sin == roll(x, half) * sin_signed
+                    self._sin_signed = torch.cat([-model.rope_sin[:, :half],
+                                                  model.rope_sin[:, half:]], dim=-1)
+                except ValueError as err:
+                    self.batched_reason = str(err)
 
     @torch.inference_mode()
     def forward(self, work: Sequence[tuple[object, list[int], int]],
@@ -83,58 +106,132 @@ class ModelRunner:
         # each sequence reads whole blocks, in table order (padding blocks are masked out)
         r_tables = torch.tensor([table[:width] + [0] * (width - min(len(table), width))
                                  for table in tables], **as_long)                  # (N, W)
-        # padded queries: row i, column j is packed token first_i + j (j < n_i)
         first = torch.tensor([0, *counts[:-1]], **as_long).cumsum(0)
-        col = torch.arange(t_q, device=device)
-        real_q = col[None, :] < torch.tensor(counts, **as_long)[:, None]          # (N, T_q)
-        q_index = torch.where(real_q, first[:, None] + col[None, :], 0)
-        # query j of row i sits at position start_i + j and sees keys 0 .. start_i + j;
-        # a padding query sees key 0 only (its output is thrown away; it must stay finite)
-        q_pos = torch.tensor(starts, **as_long)[:, None] + col[None, :]
-        keys = torch.arange(width * size, device=device)
-        mask = torch.where(real_q[:, :, None], keys[None, None, :] <= q_pos[:, :, None],
-                           keys[None, None, :] == 0)[:, None]                     # (N,1,Tq,Tk)
         n_kv = cache.n_kv_heads
         group = model.layers[0].attention.n_heads // n_kv    # a parallel shard's own heads
-        # grouped-query attention without copying keys: the `group` query heads that share a
-        # kv head become `group` times as many query rows of that head
-        mask = mask.repeat(1, 1, group, 1)                                  # (N, 1, g*Tq, Tk)
-        bias = torch.zeros(mask.shape, device=device, dtype=cache.k.dtype)
-        bias = bias.masked_fill(~mask, float("-inf"))      # added to the scores: -inf hides
         scale = model.cfg.head_dim ** -0.5
+        # decodes only, batched: tinygpt.cpu_gemm's paged attention reads the blocks in place
+        in_place = self.batched and t_q == 1
+        if in_place:
+            lengths = torch.tensor(ends, **as_long)
+        else:
+            padded = self._padded_batch(counts, starts, first, width, group)
 
-        cos, sin = model.rope_cos[pos_t][None], model.rope_sin[pos_t][None]
         x = model.tok_embeddings(ids_t)                                            # (1, T, D)
+        if self.batched:
+            cos, sin = model.rope_cos[pos_t][:, None], self._sin_signed[pos_t][:, None]
+        else:
+            cos, sin = model.rope_cos[pos_t][None], model.rope_sin[pos_t][None]
         for layer_index, layer in enumerate(model.layers):
             attn = layer.attention
-            q, k, v = attn.qkv(layer.attention_norm(x), cos, sin)    # (1, H or H_kv, T, hd)
             k_pool, v_pool = cache.k[layer_index], cache.v[layer_index]  # (blocks, Hkv, bs, hd)
-            k_pool[w_blocks, :, w_offsets] = k[0].transpose(0, 1)
-            v_pool[w_blocks, :, w_offsets] = v[0].transpose(0, 1)
-            head_dim = k.shape[-1]
-            keys_i = gather_blocks(k_pool, r_tables)                       # (N, Hkv, Tk, d)
-            values_i = gather_blocks(v_pool, r_tables)
-            if t_q == 1:                             # decodes only: one query per sequence
-                queries = q[0].transpose(0, 1)[:, :, None]                          # (N,H,1,d)
+            if self.batched:
+                q, k, v = self._qkv(layer_index, x, cos, sin)         # (T, H or H_kv, hd)
             else:
-                queries = q[0][:, q_index].transpose(0, 1)                          # (N,H,Tq,d)
-            queries = queries.reshape(n_seq, n_kv, group * t_q, head_dim)
-            scores = queries @ keys_i.transpose(-1, -2) * scale + bias
-            y = torch.softmax(scores, dim=-1) @ values_i                       # (N,Hkv,gTq,d)
-            y = y.reshape(n_seq, n_kv * group, t_q, head_dim).transpose(1, 2)  # (N,Tq,H,d)
-            y = y[:, 0] if t_q == 1 else y[real_q]                                 # (T, H, d)
-            x = x + attn.wo(merge_heads(y.transpose(0, 1)[None]))
-            x = x + layer.feed_forward(layer.ffn_norm(x))
+                q, k, v = attn.qkv(layer.attention_norm(x), cos, sin)   # (1, H or Hkv, T, hd)
+                q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))
+            k_pool[w_blocks, :, w_offsets] = k
+            v_pool[w_blocks, :, w_offsets] = v
+            if in_place:
+                y = cpu_gemm.paged_attention(q, k_pool, v_pool, r_tables, lengths, scale)
+            else:
+                y = padded_attention(q, k_pool, v_pool, r_tables, padded, scale)  # (T, H, d)
+            y = y.reshape(1, y.shape[0], -1)                                     # (1, T, H*d)
+            if self.batched:
+                x = self._mlp(layer_index, x, y)
+            else:
+                x = x + attn.wo(y)
+                x = x + layer.feed_forward(layer.ffn_norm(x))
         last = first + torch.tensor(counts, **as_long) - 1
-        logits = model.output(model.norm(x[:, last]))[0].float()
+        logits = self._head(self._norm(x[:, last]))[0].float()
         if every_position is None:
             return logits
         if len(every_position) != n_seq:
             raise ValueError(f"every_position needs one flag per sequence: "
                              f"{len(every_position)} for {n_seq}")
-        rows = [model.output(model.norm(x[0, int(f):int(f) + n])).float() if flag
+        rows = [self._head(self._norm(x[0, int(f):int(f) + n])).float() if flag
                 else None for flag, f, n in zip(every_position, first, counts, strict=True)]
         return logits, rows
+
+    def _padded_batch(self, counts: list[int], starts: list[int], first: torch.Tensor,
+                      width: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q_index, real_q, bias) of the padded batch: row i, column j of the padded queries
+        is packed token first_i + j (j < n_i, real_q); bias (N, 1, g*Tq, W*bs) is 0 where a
+        query may see a key and -inf elsewhere (query j of row i sits at position start_i + j
+        and sees keys 0 .. start_i + j; a padding query sees key 0 only: its output is thrown
+        away, it must stay finite)."""
+        device, size = self.device, self.cache.block_size
+        as_long = dict(dtype=torch.long, device=device)
+        col = torch.arange(max(counts), device=device)
+        real_q = col[None, :] < torch.tensor(counts, **as_long)[:, None]          # (N, T_q)
+        q_index = torch.where(real_q, first[:, None] + col[None, :], 0)
+        q_pos = torch.tensor(starts, **as_long)[:, None] + col[None, :]
+        keys = torch.arange(width * size, device=device)
+        mask = torch.where(real_q[:, :, None], keys[None, None, :] <= q_pos[:, :, None],
+                           keys[None, None, :] == 0)[:, None]                     # (N,1,Tq,Tk)
+        # grouped-query attention without copying keys: the `group` query heads that share a
+        # kv head become `group` times as many query rows of that head
+        mask = mask.repeat(1, 1, group, 1)                                  # (N, 1, g*Tq, Tk)
+        bias = torch.zeros(mask.shape, device=device, dtype=self.cache.k.dtype)
+        return q_index, real_q, bias.masked_fill(~mask, float("-inf"))
+
+    # -- the batched products (tinygpt.cpu_gemm): fused q/k/v and gate/up, F.rms_norm -------
+
+    def _qkv(self, layer_index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (1, T, D) -> q (T, H, hd), k and v (T, H_kv, hd), q and k rotated (RoPE as
+        x * cos + roll(x, hd / 2) * sin_signed, the batch-1 decode step's form)."""
+        layer, cfg = self.model.layers[layer_index], self.model.cfg
+        attn = layer.attention
+        h = F.rms_norm(x[0], (cfg.d_model,), layer.attention_norm.weight, cfg.norm_eps)
+        q, k, v = self._products[0][layer_index][0](h)
+        half = attn.head_dim // 2
+        q = q.view(-1, attn.n_heads, attn.head_dim)
+        k = k.view(-1, attn.n_kv_heads, attn.head_dim)
+        q = q * cos + q.roll(half, -1) * sin
+        k = k * cos + k.roll(half, -1) * sin
+        return q, k, v.view(-1, attn.n_kv_heads, attn.head_dim)
+
+    def _mlp(self, layer_index: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The rest of a layer: x + wo(y), then its feed-forward block. x (1, T, D), y the
+        attention's merged heads (1, T, H * hd)."""
+        layer, cfg = self.model.layers[layer_index], self.model.cfg
+        _, wo, gate_up, w2 = self._products[0][layer_index]
+        x = x + wo(y)[0]
+        gate, up = gate_up(F.rms_norm(x, (cfg.d_model,), layer.ffn_norm.weight, cfg.norm_eps))
+        return x + w2(F.silu(gate) * up)[0]
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        model = self.model
+        if not self.batched:
+            return model.norm(x)
+        return F.rms_norm(x, (model.cfg.d_model,), model.norm.weight, model.cfg.norm_eps)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """The LM head on x (..., D) -> (..., V)."""
+        return self.model.output(x) if self._products is None else self._products[1](x)[0]
+
+
+def padded_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                     tables: torch.Tensor, padded: tuple, scale: float) -> torch.Tensor:
+    """Attention of the packed queries q (T, H, d) over each sequence's blocks (tables (N, W)),
+    as a padded batch (padded: ModelRunner._padded_batch's q_index, real_q, bias) -> (T, H, d).
+    """
+    q_index, real_q, bias = padded
+    n_seq, t_q = real_q.shape
+    n_kv, head_dim = k_pool.shape[1], q.shape[-1]
+    group = q.shape[1] // n_kv
+    keys = gather_blocks(k_pool, tables)                                   # (N, Hkv, Tk, d)
+    values = gather_blocks(v_pool, tables)
+    if t_q == 1:                                     # decodes only: one query per sequence
+        queries = q[:, :, None]                                                   # (N,H,1,d)
+    else:
+        queries = q[q_index].transpose(1, 2)                                     # (N,H,Tq,d)
+    queries = queries.reshape(n_seq, n_kv, group * t_q, head_dim)
+    scores = queries @ keys.transpose(-1, -2) * scale + bias
+    y = torch.softmax(scores, dim=-1) @ values                                 # (N,Hkv,gTq,d)
+    y = y.reshape(n_seq, n_kv * group, t_q, head_dim).transpose(1, 2)          # (N,Tq,H,d)
+    return y[:, 0] if t_q == 1 else y[real_q]                                     # (T, H, d)
 
 
 def gather_blocks(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:

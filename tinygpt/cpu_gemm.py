@@ -1,0 +1,293 @@
+"""The engine's products on the CPU: many sequences' rows against tiled float32 weights.
+
+A decode step of the engine (tinygpt.runner) multiplies every weight matrix by one row per
+scheduled token: 16 rows when 16 sequences decode. torch's F.linear reaches about a third of
+the two cores' multiply-add rate on these shapes (16 x 576 against 576 x 1536 and the like);
+the kernel in tinygpt/csrc/cpu_gemm.c (compiled on first use, like tinygpt.cpu_kernels')
+keeps a block of 4 rows x 3 tiles of running sums in registers, so each weight it loads feeds
+several multiply-adds, and splits every product over the cores. It reads the tiled layout of
+tinygpt.cpu_kernels (W (N, K) as (N / 16, K, 16)), and each output is summed in the order
+cpu_kernels' batch-1 kernel uses: a row's products come out the same bits whether it was
+multiplied alone by `generate()` or with fifteen others by the engine.
+
+    GemmLinear        y_i = x @ W_i^T for weights that share their input (q, k, v; gate and
+                      up), stacked and tiled once: x (M, K) float32, any M -> (M, N_i) each
+    model_products    a TinyGPT's products as GemmLinears, per layer (qkv, wo, gate_up, w2)
+                      and the head; cached per model, rebuilt when a weight changes
+    refusal           why a model cannot use them (None when it can)
+    available, load   the compiled library, or the reason there is none
+
+The plain products (F.linear through the model's modules) stay the oracle: model_products
+checks a probe against them when it builds, and tests/test_cpu_gemm.py compares every shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import weakref
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tinygpt.cpu_kernels import TILE, tile
+
+SOURCE = Path(__file__).with_name("csrc") / "cpu_gemm.c"
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp-simd", "-shared", "-fPIC",
+         "-pthread")
+
+_lock = threading.Lock()            # one product at a time: the pool runs one job
+_state: dict = {}
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("TINYGPT_CACHE", Path.home() / ".cache" / "tinygpt"))
+
+
+def _build() -> ctypes.CDLL:
+    """Compile the source (once per source, compiler and flags), load it, start its threads."""
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        raise OSError("no C compiler found (set CC, or install gcc)")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                             check=False).stdout
+    key = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(FLAGS).encode()
+                         + platform.machine().encode()).hexdigest()[:16]
+    target = _cache_dir() / f"cpu_gemm-{key}.so"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            out = Path(tmp) / target.name
+            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(out)],
+                                  capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise OSError(f"compiling {SOURCE.name} failed: {done.stderr.strip()[-500:]}")
+            os.replace(out, target)       # atomic: a concurrent build never sees half a file
+    lib = ctypes.CDLL(str(target))
+    lib.tg_gemm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
+    lib.tg_gemm.restype = None
+    lib.tg_paged_attention.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long] * 6 \
+        + [ctypes.c_float]
+    lib.tg_paged_attention.restype = None
+    lib.tg_gemm_start.argtypes = [ctypes.c_int]
+    lib.tg_gemm_start.restype = ctypes.c_int
+    lib.tg_gemm_stop.restype = None
+    lib.tg_gemm_after_fork.restype = None
+    lib.tg_gemm_start(max(1, torch.get_num_threads()))
+    os.register_at_fork(after_in_child=lambda: _after_fork(lib))
+    return lib
+
+
+def _after_fork(lib: ctypes.CDLL) -> None:
+    """In a forked child: the pool's threads stayed in the parent; start the child's own."""
+    global _lock
+    _lock = threading.Lock()
+    lib.tg_gemm_after_fork()
+    lib.tg_gemm_start(max(1, torch.get_num_threads()))
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled library (built and started on first use), or None (see available())."""
+    with _lock:
+        if "lib" not in _state:
+            _state["lib"], _state["reason"] = None, None
+            if platform.machine() not in ("x86_64", "AMD64"):
+                _state["reason"] = (f"the batched CPU products are built for x86-64; this "
+                                    f"machine is {platform.machine()}")
+            else:
+                try:
+                    _state["lib"] = _build()
+                except OSError as err:
+                    _state["reason"] = f"the batched CPU products could not be built: {err}"
+        return _state["lib"]
+
+
+def available() -> str | None:
+    """None when the batched products can run here, else the reason they cannot."""
+    load()
+    return _state["reason"]
+
+
+def set_threads(threads: int) -> int:
+    """Split every product over `threads` threads from now on (the default is
+    torch.get_num_threads() when the library loads); returns the count now running."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive integer, got {threads!r}")
+    lib = load()
+    if lib is None:
+        raise RuntimeError(available())
+    with _lock:
+        lib.tg_gemm_stop()
+        return lib.tg_gemm_start(threads)
+
+
+@contextlib.contextmanager
+def torch_single_thread():
+    """Run torch's own operations on one thread inside the block (restored after).
+
+    With the products and the attention in this module's pool, what torch still runs in an
+    engine step is small (norms, RoPE, sampling), and on a busy machine a two-thread torch
+    operation waits for whichever of its threads the operating system left without a core;
+    its threads also keep spinning after each operation, on the core the pool's helper needs.
+    """
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+class GemmLinear:
+    """y_i = x @ W_i^T for float32 CPU weights W_i (N_i, K) that share their input.
+
+    The weights are stacked, padded to a multiple of 16 rows and tiled (a copy: later changes
+    to them do not reach it). Call with x (..., K) float32: returns one (..., N_i) float32
+    output per weight.
+    """
+
+    def __init__(self, *weights: torch.Tensor) -> None:
+        if not weights:
+            raise ValueError("GemmLinear needs at least one weight")
+        k = weights[0].shape[-1]
+        for w in weights:
+            if w.ndim != 2 or w.shape[1] != k or w.dtype != torch.float32 \
+                    or w.device.type != "cpu":
+                raise ValueError(f"GemmLinear needs 2-D float32 CPU weights sharing "
+                                 f"in_features; got {w.dtype} {tuple(w.shape)} on {w.device}")
+        lib = load()
+        if lib is None:
+            raise RuntimeError(available())
+        self.lib = lib
+        self.sizes = [w.shape[0] for w in weights]
+        self.n, self.k = sum(self.sizes), k
+        self.n_pad = self.n + -self.n % TILE
+        with torch.inference_mode(False), torch.no_grad():
+            stacked = torch.cat([w.detach() for w in weights]) if len(weights) > 1 \
+                else weights[0].detach()
+            self.tiled = tile(stacked, torch.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tiled.nbytes
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if x.dtype != torch.float32 or x.shape[-1] != self.k:
+            raise ValueError(f"GemmLinear takes float32 x (..., {self.k}), got {x.dtype} "
+                             f"{tuple(x.shape)}")
+        lead = x.shape[:-1]
+        rows = x.reshape(-1, self.k).contiguous()
+        y = torch.empty(rows.shape[0], self.n_pad)
+        if rows.shape[0]:
+            with _lock:
+                self.lib.tg_gemm(self.tiled.data_ptr(), rows.data_ptr(), y.data_ptr(),
+                                 rows.shape[0], self.n_pad, self.k)
+        if self.n_pad != self.n:
+            y = y[:, :self.n]
+        return y.view(*lead, self.n).split(self.sizes, -1)
+
+
+def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                    tables: torch.Tensor, lengths: torch.Tensor, scale: float) -> torch.Tensor:
+    """One decode query per sequence against its keys in a paged pool (tinygpt.paged).
+
+    q (N, H, d) float32; k_pool, v_pool (num_blocks, H_kv, block_size, d) float32, one layer's
+    pool; tables (N, W) int64, sequence i's blocks in position order; lengths (N,) int64, the
+    positions 0 .. lengths[i] - 1 that query i sees (at least 1, at most W * block_size).
+    Query head h uses kv head h // (H / H_kv). Returns (N, H, d) float32: softmax(q k^T *
+    scale) v per sequence and head, the same function as tinygpt.runner's padded batch (up to
+    float rounding: the sums run in another order)."""
+    n_seq, heads, dim = q.shape
+    _, kv_heads, block, _ = k_pool.shape
+    if q.dtype != torch.float32 or k_pool.dtype != torch.float32 \
+            or v_pool.dtype != torch.float32:
+        raise ValueError(f"paged_attention takes float32 q and pools, got {q.dtype}, "
+                         f"{k_pool.dtype}, {v_pool.dtype}")
+    if k_pool.shape != v_pool.shape or k_pool.shape[-1] != dim or heads % kv_heads \
+            or heads // kv_heads > 16:
+        raise ValueError(f"paged_attention: q {tuple(q.shape)} does not fit pools "
+                         f"{tuple(k_pool.shape)} / {tuple(v_pool.shape)}")
+    if tables.dtype != torch.int64 or lengths.dtype != torch.int64 \
+            or tables.shape[0] != n_seq or lengths.shape != (n_seq,):
+        raise ValueError(f"paged_attention needs int64 tables (N, W) and lengths (N,) for "
+                         f"N={n_seq}, got {tables.dtype} {tuple(tables.shape)} and "
+                         f"{lengths.dtype} {tuple(lengths.shape)}")
+    if n_seq and (int(lengths.min()) < 1 or int(lengths.max()) > tables.shape[1] * block):
+        raise ValueError(f"lengths must be in [1, {tables.shape[1] * block}], got "
+                         f"{lengths.tolist()}")
+    lib = load()
+    if lib is None:
+        raise RuntimeError(available())
+    q, tables, lengths = q.contiguous(), tables.contiguous(), lengths.contiguous()
+    k_pool, v_pool = k_pool.contiguous(), v_pool.contiguous()
+    y = torch.empty(n_seq, heads, dim)
+    if n_seq:
+        with _lock:
+            lib.tg_paged_attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(),
+                                   tables.data_ptr(), lengths.data_ptr(), y.data_ptr(), n_seq,
+                                   heads, kv_heads, dim, block, tables.shape[1], scale)
+    return y
+
+
+def refusal(model: torch.nn.Module) -> str | None:
+    """Why `model` cannot run its products through GemmLinear, or None when it can."""
+    from tinygpt.model import TinyGPT
+
+    if not isinstance(model, TinyGPT) or getattr(model, "quant_scheme", None) is not None:
+        return "the batched CPU products need a full-precision TinyGPT"
+    if not getattr(model, "fused_decode", True):
+        return "the batched CPU products need a one-process model (not a tensor-parallel shard)"
+    weight = model.output.weight
+    if weight.device.type != "cpu":
+        return f"the batched CPU products are for CPU weights; the model is on {weight.device}"
+    if weight.dtype != torch.float32:
+        return f"the batched CPU products take float32 models; this one is {weight.dtype}"
+    odd = [type(p).__name__ for p in model.parameters()
+           if type(p) not in (torch.Tensor, torch.nn.Parameter)]
+    if odd:
+        return f"the batched CPU products take plain tensors; this model holds {odd[0]} weights"
+    return available()
+
+
+# model -> (its weights' versions and addresses when tiled, the products): an engine is built
+# per server or benchmark, and tiling 500 MB of weights costs about a second
+_PRODUCTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def model_products(model: torch.nn.Module) -> tuple[list[tuple], GemmLinear]:
+    """(per layer (qkv, wo, gate_up, w2), head) as GemmLinears for a model that refusal()
+    accepts; cached per model and rebuilt when a weight changed or moved. A probe through the
+    first layer's qkv and the head is checked against F.linear (ValueError if it disagrees)."""
+    reason = refusal(model)
+    if reason is not None:
+        raise ValueError(reason)
+    key = tuple((p._version, p.data_ptr()) for p in model.parameters())
+    entry = _PRODUCTS.get(model)
+    if entry is not None and entry[0] == key:
+        return entry[1], entry[2]
+    layers = [(GemmLinear(b.attention.wq.weight, b.attention.wk.weight, b.attention.wv.weight),
+               GemmLinear(b.attention.wo.weight),
+               GemmLinear(b.feed_forward.w1.weight, b.feed_forward.w3.weight),
+               GemmLinear(b.feed_forward.w2.weight)) for b in model.layers]
+    head = GemmLinear(model.output.weight)
+    probe = torch.randn(5, model.cfg.d_model, generator=torch.Generator().manual_seed(0))
+    for product, weight in ((layers[0][0], model.layers[0].attention.wq.weight),
+                            (head, model.output.weight)):
+        with torch.inference_mode():
+            want = F.linear(probe, weight)
+            got = product(probe)[0]
+        if not torch.allclose(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item()):
+            raise ValueError("the batched CPU product disagreed with F.linear on a probe")
+    _PRODUCTS[model] = (key, layers, head)
+    return layers, head

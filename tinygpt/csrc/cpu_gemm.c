@@ -1,0 +1,365 @@
+/* tinygpt's CPU products for a batch of decodes: y (M, N) = x (M, K) @ W^T, M up to a few dozen.
+ *
+ * An engine step that decodes 16 sequences multiplies every weight matrix by 16 rows. Each
+ * weight read from memory now feeds 16 multiply-adds instead of one, so the step is no longer
+ * bound by the memory alone: at 16 rows SmolLM2-135M's step is 4.3 GFLOP against 538 MB, about
+ * where a two-core machine's arithmetic and its memory take the same time. The products must
+ * keep the multiply-add units busy, which a loop over one row at a time does not: it loads a
+ * weight vector for every multiply-add.
+ *
+ *   the layout     the same tiles as tinygpt/csrc/cpu_gemv.c (tinygpt.cpu_kernels.tile):
+ *                  W (N, K) stored as (N / 16, K, 16), tile t holding rows 16t .. 16t+15
+ *                  column by column, so one step of k is one 16-wide vector per tile.
+ *   the register block   ROWS rows of x against TILES tiles at once: per pair of columns
+ *                  (k, k+1) it loads 2 x TILES weight vectors and broadcasts 2 x ROWS values
+ *                  of x, and does 2 x ROWS x TILES multiply-adds into running sums that stay in
+ *                  registers (24 of AVX-512's 32 vector registers with ROWS 4, TILES 3). The
+ *                  block's tiles are read again for the next ROWS rows, from the core's cache.
+ *   the sums       every output is the sum of its even columns plus the sum of its odd
+ *                  columns, each accumulated in column order with fused multiply-adds: the
+ *                  order cpu_gemv.c uses for one row, so a row's result does not depend on
+ *                  how many rows were multiplied with it.
+ *   the threads    each product is split over the cores by blocks of tiles: helper threads
+ *                  started once take chunks from an atomic counter (the calling thread takes
+ *                  chunks too) and spin briefly between products, then sleep. When the caller
+ *                  keeps waiting for a chunk that a helper took and then lost its core (a busy
+ *                  machine), the next products run on the calling thread alone for a while.
+ *
+ * GCC's vector extensions keep the code portable: on a CPU without AVX-512 a 16-wide vector
+ * becomes two or four narrower ones. Built and loaded by tinygpt/cpu_gemm.py.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#define TILE 16
+#define MAX_THREADS 64
+#define SPIN_NS 300000L        /* how long an idle helper spins before it sleeps */
+#define STALL_NS 200000L       /* a wait this long means a helper lost its core */
+#define STRIKES 3              /* ... that many products in a row: */
+#define SOLO_PRODUCTS 256      /* run this many products on the calling thread alone */
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+
+static inline v16 load16(const float *p) {
+    v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+
+/* y[r, 16 t ..] for rows r < R of x and tiles t < T starting at w: the register block */
+#define BLOCK(R, T)                                                                          \
+    static void block_##R##_##T(const float *w, const float *x, float *y, long n, long k) {   \
+        v16 a0[R][T], a1[R][T];                                                              \
+        for (int r = 0; r < R; r++)                                                          \
+            for (int t = 0; t < T; t++) a0[r][t] = a1[r][t] = (v16){0};                       \
+        long j = 0;                                                                          \
+        for (; j + 2 <= k; j += 2) {                                                         \
+            v16 w0[T], w1[T];                                                                \
+            for (int t = 0; t < T; t++) {                                                    \
+                w0[t] = load16(w + (t * k + j) * TILE);                                      \
+                w1[t] = load16(w + (t * k + j + 1) * TILE);                                  \
+            }                                                                                \
+            for (int r = 0; r < R; r++) {                                                    \
+                float x0 = x[r * k + j], x1 = x[r * k + j + 1];                              \
+                for (int t = 0; t < T; t++) {                                                \
+                    a0[r][t] += w0[t] * x0;                                                  \
+                    a1[r][t] += w1[t] * x1;                                                  \
+                }                                                                            \
+            }                                                                                \
+        }                                                                                    \
+        for (; j < k; j++)                                                                   \
+            for (int r = 0; r < R; r++)                                                      \
+                for (int t = 0; t < T; t++)                                                  \
+                    a0[r][t] += load16(w + (t * k + j) * TILE) * x[r * k + j];               \
+        for (int r = 0; r < R; r++)                                                          \
+            for (int t = 0; t < T; t++) store16(y + r * n + t * TILE, a0[r][t] + a1[r][t]);   \
+    }
+
+#pragma GCC push_options
+#pragma GCC optimize("unroll-loops")
+BLOCK(4, 3)
+BLOCK(3, 3)
+BLOCK(2, 3)
+BLOCK(1, 3)
+BLOCK(4, 1)
+BLOCK(3, 1)
+BLOCK(2, 1)
+BLOCK(1, 1)
+#pragma GCC pop_options
+
+typedef void (*block_fn)(const float *, const float *, float *, long, long);
+static const block_fn blocks3[5] = {0, block_1_3, block_2_3, block_3_3, block_4_3};
+static const block_fn blocks1[5] = {0, block_1_1, block_2_1, block_3_1, block_4_1};
+#define BLOCK_TILES 3
+#define BLOCK_ROWS 4
+
+/* tiles [t0, t1) of one product, every row of x */
+static void tiles_range(const float *w, const float *x, float *y, long m, long n, long k,
+                        long t0, long t1) {
+    long t = t0;
+    for (; t + BLOCK_TILES <= t1; t += BLOCK_TILES)
+        for (long r = 0; r < m; r += BLOCK_ROWS) {
+            int rows = m - r < BLOCK_ROWS ? (int)(m - r) : BLOCK_ROWS;
+            blocks3[rows](w + t * k * TILE, x + r * k, y + r * n + t * TILE, n, k);
+        }
+    for (; t < t1; t++)
+        for (long r = 0; r < m; r += BLOCK_ROWS) {
+            int rows = m - r < BLOCK_ROWS ? (int)(m - r) : BLOCK_ROWS;
+            blocks1[rows](w + t * k * TILE, x + r * k, y + r * n + t * TILE, n, k);
+        }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* the pool: one product at a time, handed out in chunks of tiles                            */
+
+typedef struct {
+    int kind;                       /* 0: a product, 1: paged attention */
+    const float *w, *x;
+    float *y;
+    long m, n, k, tiles, chunk;
+    /* paged attention (see tg_paged_attention) */
+    const float *kp, *vp;
+    const int64_t *tables, *lengths;
+    long heads, kv_heads, dim, block, width;
+    float scale;
+} job_t;
+
+static void attend(long unit);
+
+static job_t job;
+/* the claim word: generation (bits 40-63), chunks in the job (bits 20-39), next chunk (bits
+ * 0-19); a helper claims with a compare-and-swap of the whole word, so it can only take a
+ * chunk of the job whose generation it read */
+#define GEN(v) ((uint32_t)((v) >> 40))
+#define TOTAL(v) ((long)(((v) >> 20) & 0xfffff))
+#define NEXT(v) ((long)((v) & 0xfffff))
+#define MAX_CHUNKS 0xfffff
+static _Atomic uint64_t claim = 0;
+static _Atomic long finished = 0;
+static _Atomic int sleeping = 0;
+static _Atomic int stop = 0;
+static pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+static pthread_t threads[MAX_THREADS];
+static int helpers = 0;
+static int strikes = 0;
+static long solo = 0;
+
+static long clock_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static void work(uint32_t gen) {
+    for (;;) {
+        uint64_t v = atomic_load(&claim);
+        if (GEN(v) != gen || NEXT(v) >= TOTAL(v)) return;
+        if (!atomic_compare_exchange_weak(&claim, &v, v + 1)) continue;
+        long t0 = NEXT(v) * job.chunk;
+        long t1 = t0 + job.chunk < job.tiles ? t0 + job.chunk : job.tiles;
+        if (job.kind == 0)
+            tiles_range(job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
+        else
+            for (long u = t0; u < t1; u++) attend(u);
+        atomic_fetch_add(&finished, 1);
+    }
+}
+
+static void *helper(void *arg) {
+    (void)arg;
+    uint32_t seen = GEN(atomic_load(&claim));
+    while (!atomic_load(&stop)) {
+        long start = clock_ns();
+        uint32_t gen;
+        int spins = 0;
+        while ((gen = GEN(atomic_load(&claim))) == seen) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+            if (++spins % 256 == 0) {
+                if (clock_ns() - start > SPIN_NS) break;
+                sched_yield();
+            }
+        }
+        if (gen == seen) {
+            pthread_mutex_lock(&mutex);
+            atomic_fetch_add(&sleeping, 1);
+            while (GEN(atomic_load(&claim)) == seen && !atomic_load(&stop))
+                pthread_cond_wait(&cond, &mutex);
+            atomic_fetch_sub(&sleeping, 1);
+            pthread_mutex_unlock(&mutex);
+            continue;
+        }
+        seen = gen;
+        work(gen);
+    }
+    return NULL;
+}
+
+/* start `n` - 1 helper threads (the caller is the n-th); returns the threads now working */
+int tg_gemm_start(int n) {
+    if (helpers > 0) return helpers + 1;
+    if (n > MAX_THREADS) n = MAX_THREADS;
+    for (int i = 0; i < n - 1; i++) {
+        if (pthread_create(&threads[i], NULL, helper, NULL) != 0) break;
+        helpers++;
+    }
+    return helpers + 1;
+}
+
+void tg_gemm_stop(void) {
+    atomic_store(&stop, 1);
+    pthread_mutex_lock(&mutex);
+    pthread_cond_broadcast(&cond);
+    pthread_mutex_unlock(&mutex);
+    for (int i = 0; i < helpers; i++) pthread_join(threads[i], NULL);
+    helpers = 0;
+    atomic_store(&stop, 0);
+}
+
+/* in a forked child the helpers stayed behind: forget them (start again with tg_gemm_start) */
+void tg_gemm_after_fork(void) {
+    pthread_mutex_init(&mutex, NULL);
+    pthread_cond_init(&cond, NULL);
+    atomic_store(&sleeping, 0);
+    atomic_store(&stop, 0);
+    helpers = 0;
+}
+
+/* run the job set up in `job`: `job.tiles` units in chunks of `job.chunk`, on every thread */
+static void run_job(void) {
+    long total = (job.tiles + job.chunk - 1) / job.chunk;
+    atomic_store(&finished, 0);
+    uint32_t gen = (GEN(atomic_load(&claim)) + 1) & 0xffffff;
+    atomic_store(&claim, (uint64_t)gen << 40 | (uint64_t)total << 20);
+    if (atomic_load(&sleeping) > 0) {
+        pthread_mutex_lock(&mutex);
+        pthread_cond_broadcast(&cond);
+        pthread_mutex_unlock(&mutex);
+    }
+    work(gen);
+    long from = clock_ns();
+    for (int spins = 1; atomic_load(&finished) < total; spins++) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        if (spins % 256 == 0) sched_yield();
+    }
+    if (clock_ns() - from > STALL_NS) {
+        if (++strikes >= STRIKES) {
+            strikes = 0;
+            solo = SOLO_PRODUCTS;
+        }
+    } else {
+        strikes = 0;
+    }
+}
+
+/* y (m, n) = x (m, k) @ W^T, W tiled as (n / 16, k, 16) float32, n a multiple of 16; x and y
+ * row-major and contiguous. Not reentrant: one product or attention at a time
+ * (tinygpt/cpu_gemm.py holds a lock). */
+void tg_gemm(const float *w, const float *x, float *y, long m, long n, long k) {
+    long tiles = n / TILE;
+    /* chunks of whole register blocks, about 96 KB of weights each (at least 3 per thread) */
+    long chunk = (98304 / (k * TILE * 4) + BLOCK_TILES - 1) / BLOCK_TILES * BLOCK_TILES;
+    if (chunk < BLOCK_TILES) chunk = BLOCK_TILES;
+    while (chunk > BLOCK_TILES && tiles / chunk < 3L * (helpers + 1)) chunk -= BLOCK_TILES;
+    if ((tiles + chunk - 1) / chunk > MAX_CHUNKS) chunk = (tiles + MAX_CHUNKS - 1) / MAX_CHUNKS;
+    if (helpers == 0 || tiles <= chunk || solo > 0) {
+        if (solo > 0) solo--;
+        tiles_range(w, x, y, m, n, k, 0, tiles);
+        return;
+    }
+    job.kind = 0;
+    job.w = w; job.x = x; job.y = y; job.m = m; job.n = n; job.k = k;
+    job.tiles = tiles; job.chunk = chunk;
+    run_job();
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* paged decode attention: one new query per sequence against its keys in the block pool     */
+
+#define MAX_GROUP 16
+#define STACK_KEYS 4096
+
+/* unit = (sequence, kv head): the `group` query heads that share the kv head, over positions
+ * 0 .. length - 1 of the sequence, each position p in block tables[p / block] at p % block.
+ * Scores are scaled dot products; softmax subtracts the maximum; the output is the
+ * probability-weighted sum of the values. */
+static void attend(long unit) {
+    long seq = unit / job.kv_heads, h = unit % job.kv_heads;
+    long d = job.dim, group = job.heads / job.kv_heads, length = job.lengths[seq];
+    const int64_t *table = job.tables + seq * job.width;
+    const float *q = job.x + (seq * job.heads + h * group) * d;
+    float *y = job.y + (seq * job.heads + h * group) * d;
+    float stack[STACK_KEYS * 2];
+    float *scores = length * group <= STACK_KEYS * 2 ? stack
+                    : (float *)__builtin_alloca(sizeof(float) * length * group);
+    float top[MAX_GROUP], sum[MAX_GROUP];
+    for (long g = 0; g < group; g++) top[g] = -__builtin_inff();
+    long slot = job.kv_heads * job.block * d;        /* floats per block */
+    for (long p = 0; p < length; p++) {
+        const float *key = job.kp + table[p / job.block] * slot + (h * job.block
+                                                                   + p % job.block) * d;
+        for (long g = 0; g < group; g++) {
+            const float *qg = q + g * d;
+            float dot = 0;
+#pragma omp simd reduction(+ : dot)
+            for (long i = 0; i < d; i++) dot += qg[i] * key[i];
+            dot *= job.scale;
+            scores[g * length + p] = dot;
+            if (dot > top[g]) top[g] = dot;
+        }
+    }
+    for (long g = 0; g < group; g++) {
+        float total = 0, *s = scores + g * length;
+        for (long p = 0; p < length; p++) {
+            s[p] = __builtin_expf(s[p] - top[g]);
+            total += s[p];
+        }
+        sum[g] = total;
+        for (long i = 0; i < d; i++) y[g * d + i] = 0;
+    }
+    for (long p = 0; p < length; p++) {
+        const float *value = job.vp + table[p / job.block] * slot + (h * job.block
+                                                                     + p % job.block) * d;
+        for (long g = 0; g < group; g++) {
+            float weight = scores[g * length + p], *yg = y + g * d;
+#pragma omp simd
+            for (long i = 0; i < d; i++) yg[i] += weight * value[i];
+        }
+    }
+    for (long g = 0; g < group; g++) {
+        float inverse = 1.0f / sum[g];
+        for (long i = 0; i < d; i++) y[g * d + i] *= inverse;
+    }
+}
+
+/* y (n_seq, heads, dim) = attention of q (n_seq, heads, dim), one query per sequence, over
+ * the first lengths[s] positions of sequence s in the pools k, v (blocks, kv_heads, block,
+ * dim), sequence s's blocks listed in tables[s * width ..]. heads is a multiple of kv_heads
+ * (query head h uses kv head h / (heads / kv_heads)), at most 16 query heads share one, and
+ * every length is at least 1. */
+void tg_paged_attention(const float *q, const float *k, const float *v, const int64_t *tables,
+                        const int64_t *lengths, float *y, long n_seq, long heads,
+                        long kv_heads, long dim, long block, long width, float scale) {
+    job.kind = 1;
+    job.x = q; job.y = y; job.kp = k; job.vp = v; job.tables = tables; job.lengths = lengths;
+    job.heads = heads; job.kv_heads = kv_heads; job.dim = dim; job.block = block;
+    job.width = width; job.scale = scale;
+    job.tiles = n_seq * kv_heads;
+    job.chunk = 1;
+    if (helpers == 0 || job.tiles == 1 || solo > 0) {
+        if (solo > 0) solo--;
+        for (long u = 0; u < job.tiles; u++) attend(u);
+        return;
+    }
+    run_job();
+}
