@@ -1,14 +1,14 @@
 """The engine's products on the CPU: many sequences' rows against tiled float32 weights.
 
 A decode step of the engine (tinygpt.runner) multiplies every weight matrix by one row per
-scheduled token: 16 rows when 16 sequences decode. torch's F.linear reaches about a third of
-the two cores' multiply-add rate on these shapes (16 x 576 against 576 x 1536 and the like);
-the kernel in tinygpt/csrc/cpu_gemm.c (compiled on first use, like tinygpt.cpu_kernels')
-keeps a block of 4 rows x 3 tiles of running sums in registers, so each weight it loads feeds
-several multiply-adds, and splits every product over the cores. It reads the tiled layout of
-tinygpt.cpu_kernels (W (N, K) as (N / 16, K, 16)), and each output is summed in the order
-cpu_kernels' batch-1 kernel uses: a row's products come out the same bits whether it was
-multiplied alone by `generate()` or with fifteen others by the engine.
+scheduled token: 16 rows when 16 sequences decode. torch's F.linear reaches about half of a
+core's multiply-add rate on these shapes (16 x 576 against 576 x 1536 and the like) and less
+on two; the kernel in tinygpt/csrc/cpu_gemm.c (compiled on first use, like
+tinygpt.cpu_kernels') keeps a block of 6 rows x 32 outputs of running sums in registers, so
+each weight it loads feeds 6 multiply-adds, and splits every product over the cores. It reads
+the tiled layout of tinygpt.cpu_kernels (W (N, K) as (N / 16, K, 16)), and each output is
+summed in the order cpu_kernels' batch-1 kernel uses: a row's products come out the same bits
+whether it was multiplied alone by `generate()` or with fifteen others by the engine.
 
     GemmLinear        y_i = x @ W_i^T for weights that share their input (q, k, v; gate and
                       up), stacked and tiled once: x (M, K) float32, any M -> (M, N_i) each

@@ -20,6 +20,7 @@ so both engines compute the same function; the F32 row checks it (greedy tokens 
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import sys
 import tempfile
@@ -153,6 +154,60 @@ def llama_seconds_per_token(llm, prompt: list[int], new_tokens: int) -> tuple[fl
         llm.eval([token])
         stamps.append(time.perf_counter())
     return statistics.median(b - a for a, b in zip(stamps, stamps[1:], strict=False)), tokens
+
+
+def llama_batched(path: Path, prompts: list[list[int]], new_tokens: int, threads: int
+                  ) -> tuple[float, list[list[int]]]:
+    """llama.cpp serving len(prompts) greedy requests at once, as its own server does: one
+    llama_decode per step with every prompt (then one new token of every sequence) in the
+    batch, each sequence with its own id in the KV cache. Returns (seconds from the first
+    prefill to the last token, each sequence's `new_tokens` tokens)."""
+    import llama_cpp as L
+    import numpy as np
+
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)    # its loading chatter
+    n_seq, longest = len(prompts), max(len(p) for p in prompts)
+    capacity = max(sum(len(p) for p in prompts), n_seq)
+    model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {path}")
+    params = L.llama_context_default_params()
+    params.n_ctx = n_seq * (longest + new_tokens + 16)
+    params.n_batch = params.n_ubatch = capacity
+    params.n_seq_max = n_seq
+    params.n_threads = params.n_threads_batch = threads
+    ctx = L.llama_init_from_model(model, params)
+    batch = L.llama_batch_init(capacity, 0, 1)
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    try:
+        def decode(entries: list[tuple[int, int, int, bool]]) -> None:
+            for i, (token, pos, seq, logits) in enumerate(entries):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
+                batch.seq_id[i][0], batch.logits[i] = seq, logits
+            batch.n_tokens = len(entries)
+            if L.llama_decode(ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed")
+
+        def greedy(index: int) -> int:
+            row = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, index), shape=(n_vocab,))
+            return int(np.argmax(row))
+
+        start = time.perf_counter()
+        entries = [(t, pos, s, pos == len(p) - 1) for s, p in enumerate(prompts)
+                   for pos, t in enumerate(p)]
+        decode(entries)
+        last = [i for i, entry in enumerate(entries) if entry[3]]
+        outputs = [[greedy(i)] for i in last]
+        for step in range(1, new_tokens):
+            decode([(out[-1], len(p) + step - 1, s, True)
+                    for s, (p, out) in enumerate(zip(prompts, outputs, strict=True))])
+            for s, out in enumerate(outputs):
+                out.append(greedy(s))
+        return time.perf_counter() - start, outputs
+    finally:
+        L.llama_batch_free(batch)
+        L.llama_free(ctx)
+        L.llama_model_free(model)
 
 
 def ours_seconds_per_token(model: TinyGPT, prompt: list[int], new_tokens: int
