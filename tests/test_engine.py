@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+from tinygpt import cpu_gemm
 from tinygpt.bench.metrics import ttft
 from tinygpt.engine import AsyncEngine, Engine, EngineFull
 from tinygpt.generate import generate
@@ -157,11 +158,13 @@ def test_scheduler_refuses_what_can_never_fit():
 
 # -- the runner ------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "plain"])
 @pytest.mark.parametrize("n_kv_heads", [1, 2, 4])
-def test_runner_logits_equal_the_model_on_each_sequence(n_kv_heads):
+def test_runner_logits_equal_the_model_on_each_sequence(n_kv_heads, batched):
     model = tiny_model(n_kv_heads)
     cache = PagedKVCache.for_model(model, num_blocks=40, block_size=4)
-    runner = ModelRunner(model, cache)
+    runner = ModelRunner(model, cache, batched=batched)
+    assert runner.batched == (batched and cpu_gemm.available() is None)
     rng = random.Random(n_kv_heads)
     seqs = {i: [rng.randrange(61) for _ in range(n)] for i, n in enumerate((3, 17, 9, 1))}
     done = dict.fromkeys(seqs, 0)
@@ -169,8 +172,9 @@ def test_runner_logits_equal_the_model_on_each_sequence(n_kv_heads):
         cache.add(seq_id)
     while any(done[i] < len(ids) for i, ids in seqs.items()):
         work = []
+        decodes = rng.random() < 0.4         # some steps feed one token each (the decode path)
         for seq_id, ids in seqs.items():
-            n = min(rng.randint(1, 6), len(ids) - done[seq_id])
+            n = min(1 if decodes else rng.randint(1, 6), len(ids) - done[seq_id])
             if n:
                 cache.reserve(seq_id, n)
                 work.append((seq_id, ids[done[seq_id]:done[seq_id] + n], done[seq_id]))
@@ -216,7 +220,11 @@ def test_engine_equals_batch1_generate_under_random_arrivals_budgets_and_preempt
         rng.shuffle(order)
         arrivals = [rng.randint(0, 3) for _ in range(4 * len(cases))]
         for prefix_caching in (False, True):     # the same arrivals, with and without
-            engine = Engine(model, tok, prefix_caching=prefix_caching, **options)
+            # the batched CPU products (the default) and the model's own modules (the oracle)
+            batched = (trial + prefix_caching) % 3 != 2
+            engine = Engine(model, tok, prefix_caching=prefix_caching, batched=batched,
+                            **options)
+            assert engine.runner.batched == (batched and cpu_gemm.available() is None)
             pending, ids, step = list(order), {}, 0
             while pending or engine.has_work:
                 for _ in range(arrivals[step % len(arrivals)]):    # arrivals between steps

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -38,6 +39,7 @@ from tinygpt.roofline import measure_copy_bandwidth
 from tinygpt.sampling import SamplingParams
 
 TARGETS = {"F32": 0.8, "Q8_0": 0.8, "Q4_1": 0.7}
+ENGINE_TARGET = 1.0        # the Engine's tokens/s over llama.cpp F32 with every sequence batched
 PROMPT_LEN = 8
 
 
@@ -172,7 +174,7 @@ def llama_batched(path: Path, prompts: list[list[int]], new_tokens: int, threads
     if not model:
         raise RuntimeError(f"llama.cpp could not load {path}")
     params = L.llama_context_default_params()
-    params.n_ctx = n_seq * (longest + new_tokens + 16)
+    params.n_ctx = n_seq * -(-(longest + new_tokens) // 256) * 256    # a whole cache each
     params.n_batch = params.n_ubatch = capacity
     params.n_seq_max = n_seq
     params.n_threads = params.n_threads_batch = threads
@@ -210,6 +212,33 @@ def llama_batched(path: Path, prompts: list[list[int]], new_tokens: int, threads
         L.llama_model_free(model)
 
 
+def engine_vs_llama(model: TinyGPT, path: Path, prompts: list[list[int]], new_tokens: int,
+                    threads: int, rounds: int) -> dict:
+    """tinygpt's Engine and llama.cpp with every prompt in one batch (llama_batched), each
+    serving all `prompts` greedily for `new_tokens` tokens, in turn, `rounds` times; the
+    clock runs from the first prefill to the last token for both. Returns tokens/s per round
+    for each, the median ratio of the rounds (engine over llama.cpp) and the last round's
+    outputs of both."""
+    from tinygpt.engine import Engine
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
+    engine = Engine(model, max_running=len(prompts))
+    engine.generate(prompts[:2], SamplingParams(temperature=0.0, max_new_tokens=2))  # warm-up
+    llama_batched(path, prompts[:2], 2, threads)
+    tokens = len(prompts) * new_tokens
+    ours, theirs = [], []
+    for _ in range(rounds):
+        seconds, llama_out = llama_batched(path, prompts, new_tokens, threads)
+        theirs.append(tokens / seconds)
+        start = time.perf_counter()
+        results = engine.generate(prompts, params)
+        ours.append(sum(len(r.token_ids) for r in results) / (time.perf_counter() - start))
+    return {"engine_tokens_per_s": ours, "llama_tokens_per_s": theirs,
+            "ratio": statistics.median(a / b for a, b in zip(ours, theirs, strict=True)),
+            "outputs": [r.token_ids for r in results], "llama_outputs": llama_out,
+            "batched_products": engine.runner.batched}
+
+
 def ours_seconds_per_token(model: TinyGPT, prompt: list[int], new_tokens: int
                            ) -> tuple[float, list[int]]:
     params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens + 1)
@@ -228,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds (3)")
     parser.add_argument("--threads", type=int, default=2, help="threads for both (2)")
     parser.add_argument("--formats", default="F32,F16,Q8_0,Q4_1")
+    parser.add_argument("--engine-requests", type=int, default=16,
+                        help="concurrent requests of the engine row (16; 0: no engine row)")
+    parser.add_argument("--engine-tokens", type=int, default=128,
+                        help="new tokens per engine request (128)")
     args = parser.parse_args(argv)
     try:
         import gguf  # noqa: F401
@@ -269,6 +302,14 @@ def main(argv: list[str] | None = None) -> int:
                 rows[fmt]["ours"].append(s_ours)
                 agree[fmt] = sum(a == b for a, b in zip(t_llama, t_ours, strict=True))
             copies.append(measure_copy_bandwidth(repeats=3))
+        engine = None
+        if "F32" in formats and args.engine_requests > 0:
+            print(f"the engine and llama.cpp, {args.engine_requests} requests at once ...",
+                  file=sys.stderr, flush=True)
+            prompts = [random_prompt(PROMPT_LEN + i, cfg.vocab_size, 10 + i)
+                       for i in range(args.engine_requests)]
+            engine = engine_vs_llama(model, Path(tmp) / "smollm2-shape-F32.gguf", prompts,
+                                     args.engine_tokens, args.threads, args.rounds)
     print(f"\nllama.cpp vs tinygpt, SmolLM2-135M shape, batch-1 greedy, {args.tokens} tokens, "
           f"{args.threads} threads, {args.rounds} rounds; copy bandwidth "
           f"{statistics.median(copies) / 1e9:.1f} GB/s")
@@ -284,6 +325,18 @@ def main(argv: list[str] | None = None) -> int:
               f"{1 / statistics.median(rows[fmt]['ours']):14.1f} {ratio:6.2f}x "
               f"{'' if target is None else f'>={target}x':>7}  {agree[fmt]}/{args.tokens}  "
               f"{verdict}")
+    if engine is not None:
+        ratio = engine["ratio"]
+        same = sum(a == b for a, b in zip(engine["outputs"], engine["llama_outputs"],
+                                          strict=True))
+        verdict = "met" if ratio >= ENGINE_TARGET else \
+            f"NOT MET ({ratio:.2f}x < {ENGINE_TARGET}x)"
+        print(f"\nthe engine, {args.engine_requests} concurrent greedy requests of "
+              f"{args.engine_tokens} tokens (llama.cpp: every sequence in each llama_decode); "
+              f"load average {os.getloadavg()[0]:.2f}")
+        print(f"{'engine':8} {statistics.median(engine['llama_tokens_per_s']):16.1f} "
+              f"{statistics.median(engine['engine_tokens_per_s']):14.1f} {ratio:6.2f}x "
+              f"{f'>={ENGINE_TARGET}x':>7}  {same}/{args.engine_requests} requests  {verdict}")
     return 0
 
 

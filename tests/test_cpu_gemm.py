@@ -1,0 +1,152 @@
+"""Tests of tinygpt.cpu_gemm, the engine's batched CPU products and paged decode attention.
+
+Oracles: F.linear for the products (float rounding: summation order only), and a row of a
+many-row product equals, bit for bit, the same row through cpu_kernels' batch-1 kernel (the
+kernel `generate()` uses); the padded-batch attention of tinygpt.runner (the plain path) for
+the paged attention. The engine on top is checked against batch-1 generate in
+tests/test_engine.py."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as nnf
+
+from tinygpt import cpu_gemm
+from tinygpt import cpu_kernels as ck
+from tinygpt.model import ModelConfig, TinyGPT
+from tinygpt.runner import ModelRunner, padded_attention
+
+pytestmark = pytest.mark.skipif(cpu_gemm.available() is not None,
+                                reason=str(cpu_gemm.available()))
+
+
+def randn(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 0.05
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    before = cpu_gemm.set_threads(request.param)
+    yield request.param
+    cpu_gemm.set_threads(before)
+
+
+@pytest.mark.parametrize("n,k", [(16, 1), (48, 33), (40, 576), (960, 576), (4096, 64)])
+@pytest.mark.parametrize("rows", [1, 5, 6, 16, 23])
+def test_product_equals_f_linear(threads, n, k, rows):
+    w, x = randn(n, k), randn(rows, k, seed=1)
+    (got,) = cpu_gemm.GemmLinear(w)(x)
+    assert got.shape == (rows, n) and got.dtype == torch.float32
+    torch.testing.assert_close(got, nnf.linear(x, w), rtol=1e-5, atol=1e-6 * k)
+
+
+def test_stacked_weights_split_back_and_keep_leading_dims():
+    a, b, c = randn(40, 64), randn(8, 64, seed=2), randn(24, 64, seed=3)
+    x = randn(2, 7, 64, seed=4)
+    outs = cpu_gemm.GemmLinear(a, b, c)(x)
+    assert [o.shape for o in outs] == [(2, 7, 40), (2, 7, 8), (2, 7, 24)]
+    for out, w in zip(outs, (a, b, c), strict=True):
+        torch.testing.assert_close(out, nnf.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(ck.available() is not None, reason=str(ck.available()))
+@pytest.mark.parametrize("k", [576, 33])
+def test_a_row_is_the_same_bits_alone_through_the_batch1_kernel(k):
+    """The engine's products of a sequence do not depend on its batch: each row equals the
+    batch-1 tiled kernel's (generate()'s) result exactly."""
+    w, x = randn(96, k), randn(16, k, seed=1)
+    (many,) = cpu_gemm.GemmLinear(w)(x)
+    single = ck.TiledLinear(w)
+    for row in range(16):
+        (alone,) = single(x[row:row + 1])
+        assert torch.equal(many[row], alone[0]), row
+
+
+def test_the_weights_are_a_copy_and_bad_input_is_refused():
+    w = randn(32, 16)
+    product = cpu_gemm.GemmLinear(w)
+    x = randn(3, 16, seed=1)
+    want = nnf.linear(x, w)
+    w.add_(1.0)                                   # later changes do not reach the tiles
+    torch.testing.assert_close(product(x)[0], want)
+    with pytest.raises(ValueError, match="float32 x"):
+        product(x.double())
+    with pytest.raises(ValueError, match="float32 x"):
+        product(randn(3, 17))
+    with pytest.raises(ValueError, match="float32 CPU weights"):
+        cpu_gemm.GemmLinear(w.bfloat16())
+    with pytest.raises(ValueError, match="in_features"):
+        cpu_gemm.GemmLinear(w, randn(8, 15))
+    with pytest.raises(ValueError, match="threads"):
+        cpu_gemm.set_threads(0)
+
+
+def _pools(num_blocks: int, kv_heads: int, block: int, dim: int, seed: int):
+    return randn(num_blocks, kv_heads, block, dim, seed=seed) * 20, \
+        randn(num_blocks, kv_heads, block, dim, seed=seed + 1) * 20
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3), (8, 2), (4, 1)])
+def test_paged_attention_equals_the_padded_batch(threads, heads, kv_heads):
+    rng = random.Random(heads * 10 + kv_heads)
+    dim, block, num_blocks = 16, 4, 64
+    k_pool, v_pool = _pools(num_blocks, kv_heads, block, dim, seed=heads)
+    lengths = [1, 4, 5, 17, 30, 2]
+    width = max(-(-n // block) for n in lengths)
+    free = list(range(num_blocks))
+    rng.shuffle(free)                             # blocks anywhere in the pool, any order
+    tables = [[free.pop() for _ in range(width)] for _ in lengths]
+    tables_t = torch.tensor(tables)
+    q = randn(len(lengths), heads, dim, seed=7) * 20
+    got = cpu_gemm.paged_attention(q, k_pool, v_pool, tables_t, torch.tensor(lengths), 0.25)
+    # the plain path: every query sees keys 0 .. length - 1 of its own blocks
+    group = heads // kv_heads
+    keys = torch.arange(width * block)
+    mask = keys[None, :] < torch.tensor(lengths)[:, None]                   # (N, Tk)
+    bias = torch.zeros(len(lengths), 1, group, width * block).masked_fill(
+        ~mask[:, None, None, :], float("-inf"))
+    padded = (torch.zeros(len(lengths), 1, dtype=torch.long),
+              torch.ones(len(lengths), 1, dtype=torch.bool), bias)
+    want = padded_attention(q, k_pool, v_pool, tables_t, padded, 0.25)
+    assert got.shape == (len(lengths), heads, dim)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_paged_attention_refuses_bad_input():
+    k_pool, v_pool = _pools(8, 2, 4, 16, seed=0)
+    q, tables, lengths = randn(2, 4, 16), torch.tensor([[0, 1], [2, 3]]), torch.tensor([3, 8])
+    with pytest.raises(ValueError, match="lengths"):
+        cpu_gemm.paged_attention(q, k_pool, v_pool, tables, torch.tensor([0, 3]), 1.0)
+    with pytest.raises(ValueError, match="lengths"):
+        cpu_gemm.paged_attention(q, k_pool, v_pool, tables, torch.tensor([9, 3]), 1.0)
+    with pytest.raises(ValueError, match="int64"):
+        cpu_gemm.paged_attention(q, k_pool, v_pool, tables.int(), lengths, 1.0)
+    with pytest.raises(ValueError, match="does not fit"):
+        cpu_gemm.paged_attention(randn(2, 3, 16), k_pool, v_pool, tables, lengths, 1.0)
+    with pytest.raises(ValueError, match="float32"):
+        cpu_gemm.paged_attention(q.double(), k_pool, v_pool, tables, lengths, 1.0)
+
+
+def test_which_models_run_batched():
+    cfg = ModelConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
+                      max_seq_len=64)
+    model = TinyGPT(cfg, seed=0).eval()
+    assert cpu_gemm.refusal(model) is None
+    assert "float32" in cpu_gemm.refusal(TinyGPT(cfg, seed=0).to(torch.bfloat16))
+    assert "TinyGPT" in cpu_gemm.refusal(torch.nn.Linear(2, 2))
+    layers, head = cpu_gemm.model_products(model)
+    assert len(layers) == 2 and cpu_gemm.model_products(model)[1] is head      # cached
+    with torch.no_grad():
+        model.output.weight.mul_(2)                   # a changed weight: built again
+    assert cpu_gemm.model_products(model)[1] is not head
+    from tinygpt.paged import PagedKVCache
+
+    cache = PagedKVCache.for_model(model, num_blocks=4, block_size=4)
+    assert ModelRunner(model, cache).batched
+    plain = ModelRunner(model, cache, batched=False)
+    assert not plain.batched and "batched=False" in plain.batched_reason
+    with pytest.raises(TypeError, match="batched"):
+        ModelRunner(model, cache, batched=1)
