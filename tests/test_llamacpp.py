@@ -52,3 +52,21 @@ def test_llama_cpp_computes_the_same_logits_from_the_f32_file(tmp_path):
     # llama.cpp keeps its KV cache in float16: agreement to 0.1% of the logits' scale
     assert np.abs(theirs - ours).max() <= 1e-3 * np.abs(ours).max()
     assert (theirs.argmax(-1) == ours.argmax(-1)).all()
+
+
+def test_llama_batched_decodes_every_sequence_as_tinygpt_does_alone(tmp_path):
+    """The engine row's reference: llama.cpp with several sequences in each decode gives each
+    the greedy tokens tinygpt's batch-1 generate() gives it."""
+    pytest.importorskip("llama_cpp")
+    from tinygpt.bench.llamacpp import llama_batched, write_gguf
+    from tinygpt.generate import generate
+    from tinygpt.sampling import SamplingParams
+
+    m = model()
+    write_gguf(m, tmp_path / "f32.gguf", "F32")
+    prompts = [[5, 17, 300], [42, 7, 1, 2, 3, 99], [9]]
+    seconds, outputs = llama_batched(tmp_path / "f32.gguf", prompts, 6, 1)
+    assert seconds > 0 and len(outputs) == len(prompts)
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out == generate(m, prompt, params).token_ids

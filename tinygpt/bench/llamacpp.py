@@ -12,6 +12,9 @@ decoded by both engines in turn, round after round:
     Q4_1   llama.cpp's Q4_1 file       vs  tinygpt's Q4_1 tiles of the SAME blocks (read back
                                            from the file with q4_1_from_gguf)  target >= 0.7x
 
+    engine llama.cpp F32 serving 16 greedy requests of 128 tokens with every sequence in each
+           llama_decode (llama_batched)  vs  tinygpt's Engine serving the same   target >= 1.0x
+
 The file stores every linear weight in the format (the tied embedding too) and the norms in
 float32. Query and key rows are reordered the way llama.cpp's converter does for Llama models,
 so both engines compute the same function; the F32 row checks it (greedy tokens compared).
