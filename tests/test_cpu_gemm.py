@@ -150,3 +150,37 @@ def test_which_models_run_batched():
     assert not plain.batched and "batched=False" in plain.batched_reason
     with pytest.raises(TypeError, match="batched"):
         ModelRunner(model, cache, batched=1)
+
+
+@pytest.mark.parametrize("shape", [(1, 576), (16, 576), (2, 7, 33)])
+def test_rms_norm_equals_torch(shape):
+    x, w = randn(*shape) * 40, randn(shape[-1], seed=1) + 1
+    got = cpu_gemm.rms_norm(x, w, 1e-5)
+    torch.testing.assert_close(got, nnf.rms_norm(x, (shape[-1],), w, 1e-5), rtol=2e-6,
+                               atol=1e-6)
+    with pytest.raises(ValueError, match="weight"):
+        cpu_gemm.rms_norm(x, w[:-1], 1e-5)
+
+
+def test_rope_store_rotates_like_torch_bit_for_bit_and_writes_the_slots():
+    tokens, heads, kv_heads, dim = 5, 6, 2, 8
+    out = randn(tokens, 128, seed=3) * 10           # one q|k|v product's rows, padded
+    q = out[:, :48].view(tokens, heads, dim)
+    k = out[:, 48:64].view(tokens, kv_heads, dim)
+    v = out[:, 64:80].view(tokens, kv_heads, dim)
+    cos, sin = randn(tokens, dim, seed=4), randn(tokens, dim, seed=5)
+    want_q = q * cos[:, None] + q.roll(dim // 2, -1) * sin[:, None]
+    want_k = k * cos[:, None] + k.roll(dim // 2, -1) * sin[:, None]
+    want_v = v.clone()
+    k_pool, v_pool = torch.zeros(6, kv_heads, 4, dim), torch.zeros(6, kv_heads, 4, dim)
+    slots = torch.randperm(6 * kv_heads * 4, generator=torch.Generator().manual_seed(0))[
+        :tokens * kv_heads]
+    cpu_gemm.rope_store(q, k, v, cos, sin, k_pool, v_pool, slots)
+    assert torch.equal(q, want_q) and torch.equal(k, want_k)
+    assert torch.equal(k_pool.view(-1, dim)[slots], want_k.reshape(-1, dim))
+    assert torch.equal(v_pool.view(-1, dim)[slots], want_v.reshape(-1, dim))
+    assert int((k_pool != 0).any(-1).sum()) == tokens * kv_heads     # nothing else written
+    with pytest.raises(ValueError, match="slots"):
+        cpu_gemm.rope_store(q, k, v, cos, sin, k_pool, v_pool, slots + 1000)
+    with pytest.raises(ValueError, match="shapes"):
+        cpu_gemm.rope_store(q, k, v, cos[:-1], sin, k_pool, v_pool, slots)

@@ -74,9 +74,14 @@ def _build() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(target))
     lib.tg_gemm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
     lib.tg_gemm.restype = None
-    lib.tg_paged_attention.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long] * 6 \
-        + [ctypes.c_float]
+    lib.tg_paged_attention.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 5 \
+        + [ctypes.c_long] * 6 + [ctypes.c_float]
+    lib.tg_rope_store.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] + [ctypes.c_void_p] * 2 \
+        + [ctypes.c_long] * 4 + [ctypes.c_void_p] * 3
+    lib.tg_rope_store.restype = None
     lib.tg_paged_attention.restype = None
+    lib.tg_rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2 + [ctypes.c_float]
+    lib.tg_rms_norm.restype = None
     lib.tg_gemm_start.argtypes = [ctypes.c_int]
     lib.tg_gemm_start.restype = ctypes.c_int
     lib.tg_gemm_stop.restype = None
@@ -198,8 +203,26 @@ class GemmLinear:
         return y.view(*lead, self.n).split(self.sizes, -1)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """F.rms_norm(x, (D,), weight, eps) for float32 x (..., D) in one call on this thread
+    (torch's CPU rms_norm is seven operations; at 16 rows each costs more than the arithmetic).
+    Equal to F.rms_norm up to float rounding (the sum of squares runs in another order)."""
+    dim = x.shape[-1]
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.shape != (dim,):
+        raise ValueError(f"rms_norm takes float32 x (..., D) and weight (D,), got {x.dtype} "
+                         f"{tuple(x.shape)} and {weight.dtype} {tuple(weight.shape)}")
+    lib = load()
+    if lib is None:
+        raise RuntimeError(available())
+    x, weight = x.contiguous(), weight.contiguous()
+    y = torch.empty_like(x)
+    lib.tg_rms_norm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.numel() // dim, dim, eps)
+    return y
+
+
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                    tables: torch.Tensor, lengths: torch.Tensor, scale: float) -> torch.Tensor:
+                    tables: torch.Tensor, lengths: torch.Tensor, scale: float, *,
+                    checked: bool = False) -> torch.Tensor:
     """One decode query per sequence against its keys in a paged pool (tinygpt.paged).
 
     q (N, H, d) float32; k_pool, v_pool (num_blocks, H_kv, block_size, d) float32, one layer's
@@ -207,7 +230,8 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     positions 0 .. lengths[i] - 1 that query i sees (at least 1, at most W * block_size).
     Query head h uses kv head h // (H / H_kv). Returns (N, H, d) float32: softmax(q k^T *
     scale) v per sequence and head, the same function as tinygpt.runner's padded batch (up to
-    float rounding: the sums run in another order)."""
+    float rounding: the sums run in another order). checked=True skips the check of the
+    lengths' range (the runner checks them once per step, not once per layer)."""
     n_seq, heads, dim = q.shape
     _, kv_heads, block, _ = k_pool.shape
     if q.dtype != torch.float32 or k_pool.dtype != torch.float32 \
@@ -223,21 +247,71 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         raise ValueError(f"paged_attention needs int64 tables (N, W) and lengths (N,) for "
                          f"N={n_seq}, got {tables.dtype} {tuple(tables.shape)} and "
                          f"{lengths.dtype} {tuple(lengths.shape)}")
-    if n_seq and (int(lengths.min()) < 1 or int(lengths.max()) > tables.shape[1] * block):
+    if n_seq and not checked and (int(lengths.min()) < 1
+                                  or int(lengths.max()) > tables.shape[1] * block):
         raise ValueError(f"lengths must be in [1, {tables.shape[1] * block}], got "
                          f"{lengths.tolist()}")
     lib = load()
     if lib is None:
         raise RuntimeError(available())
-    q, tables, lengths = q.contiguous(), tables.contiguous(), lengths.contiguous()
+    if q.stride(2) != 1 or q.stride(1) != dim:             # rows may be apart (a view)
+        q = q.contiguous()
+    tables, lengths = tables.contiguous(), lengths.contiguous()
     k_pool, v_pool = k_pool.contiguous(), v_pool.contiguous()
     y = torch.empty(n_seq, heads, dim)
     if n_seq:
         with _lock:
-            lib.tg_paged_attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(),
+            lib.tg_paged_attention(q.data_ptr(), q.stride(0), k_pool.data_ptr(),
+                                   v_pool.data_ptr(),
                                    tables.data_ptr(), lengths.data_ptr(), y.data_ptr(), n_seq,
                                    heads, kv_heads, dim, block, tables.shape[1], scale)
     return y
+
+
+def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+               sin_signed: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+               slots: torch.Tensor, *, checked: bool = False) -> None:
+    """RoPE on q (T, H, d) and k (T, H_kv, d) in place, x * cos + roll(x, d / 2) *
+    sin_signed with cos, sin_signed (T, d) (sin with its first half negated: the batch-1
+    decode step's form, and the same bits as its three torch operations), then k and v
+    (T, H_kv, d) written to rows slots (T * H_kv,) int64 of the pools viewed as (rows, d).
+    q, k, v may be row-strided views of one product's output (their rows the same distance
+    apart, each head's d values contiguous); everything float32 on the CPU. checked=True
+    skips the check that every slot is a row of the pools (the runner's come from block
+    tables)."""
+    tokens, heads, dim = q.shape
+    kv_heads = k.shape[1]
+    tensors = (q, k, v, cos, sin_signed, k_pool, v_pool)
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+        raise ValueError("rope_store takes float32 CPU tensors")
+    if k.shape != (tokens, kv_heads, dim) or v.shape != k.shape or dim % 2 \
+            or cos.shape != (tokens, dim) or sin_signed.shape != cos.shape \
+            or k_pool.shape[-1] != dim or v_pool.shape != k_pool.shape \
+            or slots.shape != (tokens * kv_heads,) or slots.dtype != torch.int64:
+        raise ValueError(f"rope_store: shapes do not fit: q {tuple(q.shape)}, k "
+                         f"{tuple(k.shape)}, v {tuple(v.shape)}, cos {tuple(cos.shape)}, "
+                         f"pools {tuple(k_pool.shape)}, slots {tuple(slots.shape)}")
+    ld = q.stride(0) if tokens > 1 else 0
+
+    def fits(t: torch.Tensor) -> bool:      # a stride of a dimension of size 1 is arbitrary
+        return all(size == 1 or stride == want
+                   for size, stride, want in zip(t.shape, t.stride(), (ld, dim, 1), strict=True))
+
+    if not all(fits(t) for t in (q, k, v)):
+        raise ValueError("rope_store needs q, k, v rows the same distance apart, heads "
+                         "contiguous (the views of one product's output)")
+    if not (k_pool.is_contiguous() and v_pool.is_contiguous()):
+        raise ValueError("rope_store writes into contiguous pools")
+    rows = k_pool.numel() // dim
+    if not checked and slots.numel() and not 0 <= int(slots.min()) <= int(slots.max()) < rows:
+        raise ValueError(f"slots must be rows of the pools, in [0, {rows})")
+    lib = load()
+    if lib is None:
+        raise RuntimeError(available())
+    cos, sin_signed, slots = cos.contiguous(), sin_signed.contiguous(), slots.contiguous()
+    lib.tg_rope_store(q.data_ptr(), k.data_ptr(), v.data_ptr(), ld, cos.data_ptr(),
+                      sin_signed.data_ptr(), tokens, heads, kv_heads, dim, k_pool.data_ptr(),
+                      v_pool.data_ptr(), slots.data_ptr())
 
 
 def refusal(model: torch.nn.Module) -> str | None:

@@ -26,8 +26,9 @@ On the CPU with a float32 model the runner takes a faster road by default (batch
     attention  when every sequence decodes one token, cpu_gemm's paged attention reads each
                sequence's keys and values in place from its blocks: no gathered copies, no
                padding, no mask (prefill chunks keep the padded batch)
-    the rest   F.rms_norm and RoPE as roll(x) * signed sin, as the batch-1 decode step computes
-               them (tinygpt.kv_cache.DecodeStep), on one torch thread (Engine.step)
+    the rest   RMSNorm in one call (cpu_gemm.rms_norm; torch's is seven operations), RoPE as
+               roll(x) * signed sin, as the batch-1 decode step computes it
+               (tinygpt.kv_cache.DecodeStep), all on one torch thread (Engine.step)
 
 Where one engine step of 16 decodes on SmolLM2-135M's shape went on the course's 2-core
 machine (2 threads, a shared machine; `python -m tinygpt bench --only smollm2_cpu` measures
@@ -118,13 +119,15 @@ class ModelRunner:
         as_long = dict(dtype=torch.long, device=device)
         ids_t = torch.tensor([ids], **as_long)
         pos_t = torch.tensor(positions, **as_long)
-        w_blocks, w_offsets = torch.tensor(slot_block, **as_long), torch.tensor(slot_offset,
-                                                                                 **as_long)
+        n_kv = cache.n_kv_heads
+        # the pool's rows (num_blocks * H_kv * block_size, hd) each token's k and v go to
+        slots = ((torch.tensor(slot_block, **as_long)[:, None] * n_kv
+                  + torch.arange(n_kv, device=device)) * size
+                 + torch.tensor(slot_offset, **as_long)[:, None]).reshape(-1)      # (T * H_kv)
         # each sequence reads whole blocks, in table order (padding blocks are masked out)
         r_tables = torch.tensor([table[:width] + [0] * (width - min(len(table), width))
                                  for table in tables], **as_long)                  # (N, W)
         first = torch.tensor([0, *counts[:-1]], **as_long).cumsum(0)
-        n_kv = cache.n_kv_heads
         group = model.layers[0].attention.n_heads // n_kv    # a parallel shard's own heads
         scale = model.cfg.head_dim ** -0.5
         # decodes only, batched: tinygpt.cpu_gemm's paged attention reads the blocks in place
@@ -136,21 +139,23 @@ class ModelRunner:
 
         x = model.tok_embeddings(ids_t)                                            # (1, T, D)
         if self.batched:
-            cos, sin = model.rope_cos[pos_t][:, None], self._sin_signed[pos_t][:, None]
+            cos, sin = model.rope_cos[pos_t], self._sin_signed[pos_t]               # (T, hd)
         else:
             cos, sin = model.rope_cos[pos_t][None], model.rope_sin[pos_t][None]
         for layer_index, layer in enumerate(model.layers):
             attn = layer.attention
             k_pool, v_pool = cache.k[layer_index], cache.v[layer_index]  # (blocks, Hkv, bs, hd)
-            if self.batched:
-                q, k, v = self._qkv(layer_index, x, cos, sin)         # (T, H or H_kv, hd)
+            if self.batched:          # q (T, H, hd), k and v already in the pool
+                q = self._qkv_store(layer_index, x, cos, sin, slots)
             else:
                 q, k, v = attn.qkv(layer.attention_norm(x), cos, sin)   # (1, H or Hkv, T, hd)
                 q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))
-            k_pool[w_blocks, :, w_offsets] = k
-            v_pool[w_blocks, :, w_offsets] = v
-            if in_place:
-                y = cpu_gemm.paged_attention(q, k_pool, v_pool, r_tables, lengths, scale)
+                head_dim = k.shape[-1]
+                k_pool.view(-1, head_dim).index_copy_(0, slots, k.reshape(-1, head_dim))
+                v_pool.view(-1, head_dim).index_copy_(0, slots, v.reshape(-1, head_dim))
+            if in_place:          # the lengths were checked above: every table covers its end
+                y = cpu_gemm.paged_attention(q, k_pool, v_pool, r_tables, lengths, scale,
+                                             checked=True)
             else:
                 y = padded_attention(q, k_pool, v_pool, r_tables, padded, scale)  # (T, H, d)
             y = y.reshape(1, y.shape[0], -1)                                     # (1, T, H*d)
@@ -192,22 +197,23 @@ class ModelRunner:
         bias = torch.zeros(mask.shape, device=device, dtype=self.cache.k.dtype)
         return q_index, real_q, bias.masked_fill(~mask, float("-inf"))
 
-    # -- the batched products (tinygpt.cpu_gemm): fused q/k/v and gate/up, F.rms_norm -------
+    # -- the batched road (tinygpt.cpu_gemm): fused q/k/v and gate/up, its rms_norm --------
 
-    def _qkv(self, layer_index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (1, T, D) -> q (T, H, hd), k and v (T, H_kv, hd), q and k rotated (RoPE as
-        x * cos + roll(x, hd / 2) * sin_signed, the batch-1 decode step's form)."""
+    def _qkv_store(self, layer_index: int, x: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """x (1, T, D) -> q (T, H, hd), rotated; k, rotated, and v written into the layer's
+        pool at `slots` (RoPE as x * cos + roll(x, hd / 2) * sin_signed, the batch-1 decode
+        step's form; cpu_gemm.rope_store)."""
         layer, cfg = self.model.layers[layer_index], self.model.cfg
         attn = layer.attention
-        h = F.rms_norm(x[0], (cfg.d_model,), layer.attention_norm.weight, cfg.norm_eps)
+        h = cpu_gemm.rms_norm(x[0], layer.attention_norm.weight, cfg.norm_eps)
         q, k, v = self._products[0][layer_index][0](h)
-        half = attn.head_dim // 2
         q = q.view(-1, attn.n_heads, attn.head_dim)
         k = k.view(-1, attn.n_kv_heads, attn.head_dim)
-        q = q * cos + q.roll(half, -1) * sin
-        k = k * cos + k.roll(half, -1) * sin
-        return q, k, v.view(-1, attn.n_kv_heads, attn.head_dim)
+        v = v.view(-1, attn.n_kv_heads, attn.head_dim)
+        cpu_gemm.rope_store(q, k, v, cos, sin, self.cache.k[layer_index],
+                            self.cache.v[layer_index], slots, checked=True)
+        return q
 
     def _mlp(self, layer_index: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The rest of a layer: x + wo(y), then its feed-forward block. x (1, T, D), y the
@@ -215,14 +221,14 @@ class ModelRunner:
         layer, cfg = self.model.layers[layer_index], self.model.cfg
         _, wo, gate_up, w2 = self._products[0][layer_index]
         x = x + wo(y)[0]
-        gate, up = gate_up(F.rms_norm(x, (cfg.d_model,), layer.ffn_norm.weight, cfg.norm_eps))
+        gate, up = gate_up(cpu_gemm.rms_norm(x, layer.ffn_norm.weight, cfg.norm_eps))
         return x + w2(F.silu(gate) * up)[0]
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         model = self.model
         if not self.batched:
             return model.norm(x)
-        return F.rms_norm(x, (model.cfg.d_model,), model.norm.weight, model.cfg.norm_eps)
+        return cpu_gemm.rms_norm(x, model.norm.weight, model.cfg.norm_eps)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """The LM head on x (..., D) -> (..., V)."""

@@ -296,7 +296,7 @@ static void attend(long unit) {
     long seq = unit / job.kv_heads, h = unit % job.kv_heads;
     long d = job.dim, group = job.heads / job.kv_heads, length = job.lengths[seq];
     const int64_t *table = job.tables + seq * job.width;
-    const float *q = job.x + (seq * job.heads + h * group) * d;
+    const float *q = job.x + seq * job.m + h * group * d;
     float *y = job.y + (seq * job.heads + h * group) * d;
     float stack[STACK_KEYS * 2];
     float *scores = length * group <= STACK_KEYS * 2 ? stack
@@ -341,16 +341,18 @@ static void attend(long unit) {
     }
 }
 
-/* y (n_seq, heads, dim) = attention of q (n_seq, heads, dim), one query per sequence, over
+/* y (n_seq, heads, dim) = attention of q (n_seq, heads, dim; sequence s's row at q + s * ldq),
+ * one query per sequence, over
  * the first lengths[s] positions of sequence s in the pools k, v (blocks, kv_heads, block,
  * dim), sequence s's blocks listed in tables[s * width ..]. heads is a multiple of kv_heads
  * (query head h uses kv head h / (heads / kv_heads)), at most 16 query heads share one, and
  * every length is at least 1. */
-void tg_paged_attention(const float *q, const float *k, const float *v, const int64_t *tables,
-                        const int64_t *lengths, float *y, long n_seq, long heads,
-                        long kv_heads, long dim, long block, long width, float scale) {
+void tg_paged_attention(const float *q, long ldq, const float *k, const float *v,
+                        const int64_t *tables, const int64_t *lengths, float *y, long n_seq,
+                        long heads, long kv_heads, long dim, long block, long width,
+                        float scale) {
     job.kind = 1;
-    job.x = q; job.y = y; job.kp = k; job.vp = v; job.tables = tables; job.lengths = lengths;
+    job.x = q; job.m = ldq; job.y = y; job.kp = k; job.vp = v; job.tables = tables; job.lengths = lengths;
     job.heads = heads; job.kv_heads = kv_heads; job.dim = dim; job.block = block;
     job.width = width; job.scale = scale;
     job.tiles = n_seq * kv_heads;
@@ -361,4 +363,50 @@ void tg_paged_attention(const float *q, const float *k, const float *v, const in
         return;
     }
     run_job();
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* RMSNorm of a few rows on the calling thread: y = x / sqrt(mean(x^2) + eps) * w, row by row */
+
+void tg_rms_norm(const float *x, const float *w, float *y, long rows, long dim, float eps) {
+    for (long r = 0; r < rows; r++) {
+        const float *xr = x + r * dim;
+        float *yr = y + r * dim;
+        float squares = 0;
+#pragma omp simd reduction(+ : squares)
+        for (long i = 0; i < dim; i++) squares += xr[i] * xr[i];
+        float scale = 1.0f / __builtin_sqrtf(squares / (float)dim + eps);
+#pragma omp simd
+        for (long i = 0; i < dim; i++) yr[i] = xr[i] * scale * w[i];
+    }
+}
+
+/* RoPE and the cache write of one layer's new tokens, in one pass. q, k, v: (T, heads * dim),
+ * (T, kv_heads * dim) and (T, kv_heads * dim) with rows `ld` floats apart (the views of one
+ * q|k|v product); cos, sin: (T, dim), sin with its first half negated. q and k are rotated in
+ * place, x * cos + roll(x, dim / 2) * sin, each product and the sum rounded on its own (no
+ * fused multiply-add: the same bits as torch's three operations); then each token's k and v
+ * rows go to rows slots[t * kv_heads + h] of the pools viewed as (rows, dim). */
+__attribute__((optimize("fp-contract=off")))
+void tg_rope_store(float *q, float *k, const float *v, long ld, const float *cos,
+                   const float *sin, long tokens, long heads, long kv_heads, long dim,
+                   float *k_pool, float *v_pool, const int64_t *slots) {
+    long half = dim / 2;
+    float rolled[dim];
+    for (long t = 0; t < tokens; t++) {
+        const float *c = cos + t * dim, *s = sin + t * dim;
+        for (long h = 0; h < heads + kv_heads; h++) {
+            float *x = h < heads ? q + t * ld + h * dim : k + t * ld + (h - heads) * dim;
+            for (long i = 0; i < dim; i++) rolled[i] = x[(i + half) % dim];
+            for (long i = 0; i < dim; i++) {
+                float a = x[i] * c[i], b = rolled[i] * s[i];
+                x[i] = a + b;
+            }
+        }
+        for (long h = 0; h < kv_heads; h++) {
+            long slot = slots[t * kv_heads + h];
+            memcpy(k_pool + slot * dim, k + t * ld + h * dim, sizeof(float) * dim);
+            memcpy(v_pool + slot * dim, v + t * ld + h * dim, sizeof(float) * dim);
+        }
+    }
 }
