@@ -309,11 +309,13 @@ def test_completion_logprobs_with_echo_equal_the_plain_forward_pass(real, shippe
     with torch.inference_mode():
         want = torch.log_softmax(model(torch.tensor([ids]))[0].float(), dim=-1)
     assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    # float32 rounding, 5e-5: the engine's products (tinygpt.cpu_gemm) sum in another order
+    # than F.linear, and the differences grow through the layers
     for p in range(1, len(ids)):
-        assert abs(logprobs["token_logprobs"][p] - want[p - 1, ids[p]].item()) < 1e-5, p
+        assert abs(logprobs["token_logprobs"][p] - want[p - 1, ids[p]].item()) < 5e-5, p
         best = want[p - 1].topk(3)
         got = sorted(logprobs["top_logprobs"][p].values(), reverse=True)
-        torch.testing.assert_close(torch.tensor(got), best.values, atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(got), best.values, atol=5e-5, rtol=0)
     assert logprobs["text_offset"][0] == 0
     assert logprobs["text_offset"][-1] == len("".join(logprobs["tokens"][:-1]))
 
@@ -333,11 +335,11 @@ def test_chat_logprobs_equal_the_plain_forward_pass(real, shipped):
         want = torch.log_softmax(model(torch.tensor([ids]))[0].float(), dim=-1)
     for j, entry in enumerate(content):
         position = len(prompt) - 1 + j
-        assert abs(entry["logprob"] - want[position, ids[position + 1]].item()) < 1e-5
+        assert abs(entry["logprob"] - want[position, ids[position + 1]].item()) < 5e-5
         assert entry["bytes"] == list(entry["token"].encode())
         assert len(entry["top_logprobs"]) == 2
         assert entry["top_logprobs"][0]["logprob"] == pytest.approx(
-            want[position].max().item(), abs=1e-5)
+            want[position].max().item(), abs=5e-5)
         # temperature 0 picks the most likely token: its logprob is the best one
         assert entry["logprob"] == pytest.approx(entry["top_logprobs"][0]["logprob"], abs=1e-6)
 
