@@ -30,11 +30,12 @@ On the CPU with a float32 model the runner takes a faster road by default (batch
                roll(x) * signed sin, as the batch-1 decode step computes it
                (tinygpt.kv_cache.DecodeStep), all on one torch thread (Engine.step)
 
-Where one engine step of 16 decodes on SmolLM2-135M's shape went on the course's 2-core
-machine (2 threads, a shared machine; `python -m tinygpt bench --only smollm2_cpu` measures
-the throughput): plain, about 56 ms of products, 19 ms of head, 27 ms of attention and small
-operations, 2 ms of sampling (104 ms a step); batched, about 28, 7, 4 (attention) + 9 (small
-operations) and 2 ms (50 ms a step). batched=False keeps the plain road: the oracle.
+Where one engine step of 16 decodes on SmolLM2-135M went on the course's 2-core machine
+(2 threads, a shared machine, 2026-11-25; `python -m tinygpt bench --only smollm2_cpu`
+measures the throughput): plain, about 56 ms of products, 19 ms of head, 27 ms of attention
+and small operations, 2 ms of sampling (104 ms a step); batched, about 26, 7, 3 (attention)
++ 6 (small operations) and 2 ms (44 ms a step). batched=False keeps the plain road: the
+oracle.
 """
 
 from __future__ import annotations
