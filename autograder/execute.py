@@ -50,9 +50,11 @@ def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: floa
     that depend on them fail on their own). An ungraded cell the grader stopped (a timeout, a
     dead kernel, the memory limit) is named as such in the reason ("stopped_cell"), and the
     errors of later ungraded cells are folded into it as follow-on errors: they are the
-    grader's limit, not the student's mistakes. guard: when given, the integrity guard
-    (autograder/integrity.py) is installed before the first cell and, before every test cell,
-    restores what student code changed; "evidence" lists what it found (dicts of Evidence).
+    grader's limit, not the student's mistakes. "cell_seconds": [label, seconds, "graded" or
+    "ungraded"] of every cell run (graded: answer and test cells), for the grading benchmark.
+    guard: when given, the integrity guard (autograder/integrity.py) is installed before the
+    first cell and, before every test cell, restores what student code changed; "evidence"
+    lists what it found (dicts of Evidence).
     kernel: this student's kernel, already started in `scratch` (autograder/warm.py; the caller
     closes it); by default one is started here (sandboxed unless `sandbox` is False) and closed.
     """
@@ -69,6 +71,7 @@ def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: floa
     warnings: list[str] = []
     stopped = ""      # an ungraded cell the grader stopped (timeout, crash, memory): its label
     follow_on = 0     # errors of later ungraded cells after it (missing names, dead kernel ...)
+    timings: list[list] = []   # [label, seconds, "graded" or "ungraded"] per cell run
     if guard is not None:
         failed = error_text(kernel.run(guard_install_code(guard)))
         if failed:
@@ -90,8 +93,11 @@ def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: floa
             status = "timeout"
             continue
         count += 1
+        began = time.monotonic()
         cell.outputs = kernel.run(cell.source, timeout=min(cell_timeout, remaining))
         cell.execution_count = count
+        timings.append([_label(cell, index), round(time.monotonic() - began, 3),
+                        "graded" if is_test(cell) or is_answer(cell) else "ungraded"])
         for out in cell.outputs:
             if out.get("output_type") != "error" or out.get("ename") in (
                     "CellNotRun", "NotImplementedError"):  # not run / not answered yet
@@ -130,7 +136,8 @@ def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: floa
     reason = "; ".join(dict.fromkeys(problems))  # distinct, in order
     return {"status": status, "reason": reason[:1000],
             "warnings": "; ".join(dict.fromkeys(warnings))[:1000],
-            "evidence": [dataclasses.asdict(e) for e in evidence], "stopped_cell": stopped}
+            "evidence": [dataclasses.asdict(e) for e in evidence], "stopped_cell": stopped,
+            "cell_seconds": timings}
 
 
 class SandboxExecute(NbGraderPreprocessor):

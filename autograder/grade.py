@@ -53,6 +53,9 @@ from autograder.staging import stage
 from autograder.worker import ServingWorker, WorkerDied
 
 RECORD_FILE = ".tinygpt-grading.json"  # in autograded/<student>/<day>/: what was graded, how
+# A student's execution step may take this long past the notebook's total time limit (nbgrader's
+# own steps, a kernel that ignores its interrupt) before its worker process is killed.
+WORKER_GRACE_S = 120.0
 
 
 @dataclass
@@ -169,7 +172,7 @@ def _run_worker(work: Path, day: str, student: str, limits: Limits, files: Path,
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        cpu = _wait_with_usage(proc, limits.total_timeout + 120)
+        cpu = _wait_with_usage(proc, limits.total_timeout + WORKER_GRACE_S)
         if cpu is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -189,7 +192,7 @@ def _run_served(worker: ServingWorker, work: Path, day: str, student: str, limit
     try:
         worker.wait_ready()
         started = time.monotonic()
-        reply = worker.grade(work, student, more, limits.total_timeout + 120)
+        reply = worker.grade(work, student, more, limits.total_timeout + WORKER_GRACE_S)
     except WorkerDied as err:
         tail = worker.log.read_text(errors="replace").strip().splitlines()[-1:] \
             if worker.log.exists() else []
