@@ -68,8 +68,9 @@ class Result:
     evidence: str = ""  # signs of tampering found (autograder/integrity.py), for review
     warnings: str = ""  # errors in ungraded cells: worth a look, but not why the status is what
     #                     it is (a failing test cell is just a failing test)
-    seconds: float = 0.0  # wall time of this submission's execution step (its worker process)
-    cpu_seconds: float = 0.0  # CPU time (user + system) of that worker and its kernel
+    seconds: float = 0.0  # wall time of this submission's execution step (its job in a worker)
+    cpu_seconds: float = 0.0  # CPU time (user + system) the worker spent on it, plus its
+    #                           kernel's processes over their whole life (warm-up included)
 
 
 @dataclass

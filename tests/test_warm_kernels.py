@@ -223,3 +223,17 @@ def test_grades_equal_the_per_student_process_on_the_mistakes_corpus(tmp_path):
     assert len(totals) == n + 1 and all(status == "graded" for _, status, _ in totals.values())
     lost = [s for s, (score, _, _) in totals.items() if s != "solution"]
     assert all(totals[s][0] < totals["solution"][0] for s in lost), totals   # not vacuous
+
+
+def test_the_bench_names_the_slowest_cells_where_a_day_misses():
+    from autograder.bench_grading import miss_reason
+
+    quiet = {"seconds_per_submission": 6.4, "cpu_seconds_per_submission": 7.9, "cells_s": 5.8,
+             "graded_cells_s": 3.1, "load_average_1min": 1.2,
+             "slowest_cells": [{"cell": "cell 42", "kind": "ungraded", "seconds": 1.4},
+                               {"cell": "finish_tests", "kind": "graded", "seconds": 0.9}]}
+    reason = miss_reason(quiet)
+    assert reason.startswith("6.4 s > 5 s (7.9 CPU s)"), reason
+    assert "cells alone take 5.8 s (graded cells 3.1 s)" in reason
+    assert "cell 42 (ungraded) 1.4 s, finish_tests (graded) 0.9 s" in reason
+    assert "load average 1.2" in reason
