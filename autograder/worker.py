@@ -159,7 +159,16 @@ class ServingWorker:
         self._buffer = b""
         self._announced = False
 
+    def _close_pipes(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:     # a broken pipe to a process that is gone
+                pass
+
     def _start(self) -> None:
+        if self.proc is not None:       # a killed or dead one: let go of its pipes
+            self._close_pipes()
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=log, start_new_session=True,
@@ -236,7 +245,7 @@ class ServingWorker:
                 self.proc.wait(timeout)
             except (BrokenPipeError, subprocess.TimeoutExpired):
                 self.kill()
-        self.proc.stdout.close()
+        self._close_pipes()
 
 
 if __name__ == "__main__":
