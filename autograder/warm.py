@@ -51,6 +51,12 @@ class KernelRecipe:
     preload: tuple[str, ...] = field(default=())  # import statements a warm kernel runs
 
 
+def scratch_prefix(pid: int) -> str:
+    """How the scratch folders of the kernels process `pid` starts begin (in the temporary
+    folder): whoever kills that process removes what it left behind by this prefix."""
+    return f"tinygpt-grade-{pid}-"
+
+
 def process_tree_cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) used so far by process `pid` and all its descendants,
     including their children that already exited (read from /proc; 0.0 where there is none)."""
@@ -99,7 +105,7 @@ class StudentKernel:
     seconds its processes used (`cpu_seconds`) and deletes the folder."""
 
     def __init__(self, recipe: KernelRecipe) -> None:
-        self._tmp = tempfile.TemporaryDirectory(prefix="tinygpt-grade-")
+        self._tmp = tempfile.TemporaryDirectory(prefix=scratch_prefix(os.getpid()))
         self.scratch = Path(self._tmp.name) / "work"
         self.scratch.mkdir()
         self.warmed = False       # the preload ran before the student's turn

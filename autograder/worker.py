@@ -29,9 +29,11 @@ import argparse
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -226,13 +228,17 @@ class ServingWorker:
 
     def kill(self) -> None:
         """Kill the process and its process group now (its kernels die with it: bubblewrap's
-        --die-with-parent)."""
+        --die-with-parent), and remove the scratch folders of its kernels."""
+        from autograder.warm import scratch_prefix
+
         if self.proc is not None and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             self.proc.wait()
+            for left in Path(tempfile.gettempdir()).glob(scratch_prefix(self.proc.pid) + "*"):
+                shutil.rmtree(left, ignore_errors=True)
 
     def close(self, timeout: float = 60.0) -> None:
         """End the process: its stdin closes, it shuts its warm kernel down and exits (killed

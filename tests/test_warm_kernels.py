@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +21,13 @@ from autograder import mistakes
 from autograder.grade import Limits, grade_day
 from autograder.notebooks import nbgrader_meta, solution_path
 from autograder.settings import REPO_ROOT
-from autograder.warm import KernelRecipe, KernelSupply, StudentKernel, process_tree_cpu_seconds
+from autograder.warm import (
+    KernelRecipe,
+    KernelSupply,
+    StudentKernel,
+    process_tree_cpu_seconds,
+    scratch_prefix,
+)
 from autograder.worker import ServingWorker
 
 DAY = "day01_logits"
@@ -179,6 +186,7 @@ def test_killed_students_get_one_result_and_the_next_grades_normally(tmp_path, m
                                  more=True)
         assert hang[:2] == (None, "timeout") and "killed after the time limit" in hang[2], hang
         assert worker.proc.poll() is not None           # the worker process was killed
+        assert not list(Path(tempfile.gettempdir()).glob(scratch_prefix(first) + "*"))
         monkeypatch.setattr(grade, "WORKER_GRACE_S", 120.0)
         nb, status, *_ = grade._run_served(worker, work / "next", DAY, "next", _limits(), False)
         assert status == "graded" and nb is not None
