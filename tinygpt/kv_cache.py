@@ -500,6 +500,9 @@ class DecodeStep:
             self.tiled_reason = reason
             return
         self._weights, self._head, self.tiled = entry[1], entry[2], True
+        from tinygpt.cpu_kernels import MAX_ROWS
+
+        self._max_rows = MAX_ROWS       # larger batches run the plain products
 
     def _try_pack(self) -> None:
         model = self.model
@@ -585,6 +588,19 @@ class DecodeStep:
         return self._head(x)[0].float()
 
     def _eager(self, token: torch.Tensor) -> torch.Tensor:
+        if self._weights is not None and self.tiled and torch.get_num_threads() > 1 and \
+                token.shape[0] <= self._max_rows:
+            # The tiled products split themselves over the cores with their own threads;
+            # torch's small operations (attention over 9 heads above all) would otherwise
+            # start OpenMP teams of their own between them, whose workers then compete with
+            # the product threads for the same cores (on a busy machine a step took 5x
+            # longer). At batch 1 these operations are far too small to gain from a split.
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                return self._fused(token)
+            finally:
+                torch.set_num_threads(threads)
         if self._weights is not None:
             return self._fused(token)
         if not self.cache.static:
