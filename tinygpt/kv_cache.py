@@ -473,7 +473,7 @@ class DecodeStep:
             entry = _TILED.get(model)
             if entry is None or entry[0] != key:
                 with torch.inference_mode():
-                    from tinygpt.cpu_kernels import WEIGHT_DTYPES
+                    from tinygpt.cpu_kernels import WEIGHT_DTYPES, kernel_input
 
                     fmt = getattr(model, "decode_weights", None) or \
                         WEIGHT_DTYPES[model.output.weight.dtype]
@@ -489,7 +489,9 @@ class DecodeStep:
                         weight = torch.cat(product.weights)
                         probe = torch.randn(1, weight.shape[1],
                                             generator=torch.Generator().manual_seed(0))
-                        want = nnf.linear(probe, weight.float())
+                        # q8_0 / q4_1 round their input to 8 bits first: the oracle does too
+                        want = nnf.linear(kernel_input(probe, product.tiled.fmt),
+                                          weight.float())
                         got = torch.cat(product.tiled(probe), -1)
                         if not torch.allclose(got, want, rtol=1e-4,
                                               atol=1e-4 * want.abs().max().item()):
