@@ -327,3 +327,18 @@ def test_a_q4_1_model_decodes_from_its_blocks_and_tracks_its_own_forward():
     assert agreement >= 0.9 and worst <= 0.15
     with pytest.raises(ValueError, match="no linear"):
         ck.q4_1_model(model, {"nope.weight": given})
+
+
+def test_decode_agreement_measures_the_decode_path():
+    """The bench's agreement (tinygpt.bench.smollm2.decode_agreement) runs the decode step
+    generate() runs: the float32 model agrees with its own forward everywhere, a model with a
+    different head does not."""
+    from tinygpt.bench.smollm2 import decode_agreement
+
+    model, tokenizer = load_pretrained()
+    prompts = torch.tensor([tokenizer.encode(STORY)[:8], tokenizer.encode(STORY)[20:28]])
+    assert decode_agreement(model, model, prompts, 6) == 1.0
+    other = ck.q8_0_model(model)
+    with torch.no_grad():
+        other.output.weight.copy_(other.output.weight.roll(1, 0))
+    assert decode_agreement(model, other, prompts, 6) < 0.5
