@@ -342,3 +342,31 @@ def test_decode_agreement_measures_the_decode_path():
     with torch.no_grad():
         other.output.weight.copy_(other.output.weight.roll(1, 0))
     assert decode_agreement(model, other, prompts, 6) < 0.5
+
+
+@pytest.mark.parametrize("batch,cache_batch", [(1, 1), (3, 4)])
+def test_layers_in_c_compute_the_plain_step(batch, cache_batch):
+    """A float32 step runs each layer as one C call (cpu_kernels.DecodeLayers: norms, RoPE,
+    the cache write, grouped-query attention, SiLU and the residuals between the products);
+    over 12 positions its logits and its cache equal the plain step's (tiled=False) to float
+    rounding, for a batch smaller than the cache's too."""
+    model = small_model()
+    ids = torch.randint(0, 96, (batch, 14), generator=torch.Generator().manual_seed(0))
+    plain = KVCache.for_model(model, cache_batch, 16)
+    fast = KVCache.for_model(model, cache_batch, 16)
+    first = 2 if batch == cache_batch else 0         # a prefill needs the whole cache batch
+    if first:
+        prefill(model, plain, ids[:, :first])
+        prefill(model, fast, ids[:, :first])
+    oracle, step = DecodeStep(model, plain, tiled=False), DecodeStep(model, fast)
+    assert step._layers is not None and oracle._layers is None
+    for t in range(first, 14):
+        want, got = oracle(ids[:, t:t + 1]), step(ids[:, t:t + 1])
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for a, b in zip(plain.layers, fast.layers, strict=True):
+        torch.testing.assert_close(b.k, a.k, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(b.v, a.v, rtol=1e-4, atol=1e-5)
+    bf16 = small_model().to(torch.bfloat16)
+    assert DecodeStep(bf16, KVCache.for_model(bf16))._layers is None     # bf16: torch ops
+    with pytest.raises(ValueError, match="pos must be"):
+        step._layers(torch.zeros(1, 64), 16)

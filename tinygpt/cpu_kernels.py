@@ -91,6 +91,10 @@ def _build() -> ctypes.CDLL:
     lib.tg_use_portable.argtypes = [ctypes.c_int]
     lib.tg_use_portable.restype = ctypes.c_int
     lib.tg_has_vnni.restype = ctypes.c_int
+    P, L, F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
+    lib.tg_layer.argtypes = [ctypes.c_int, P, L, L, P, P, F, P, L, P, L, P, L, P, L, P, P, L,
+                             P, P, L, L, L, L, L]
+    lib.tg_layer.restype = ctypes.c_int
     lib.tg_start.argtypes = [ctypes.c_int]
     lib.tg_start.restype = ctypes.c_int
     lib.tg_stop.restype = None
@@ -396,6 +400,88 @@ class TiledLinear:
         if self.n_pad != self.n:
             y = y[..., :self.n]                # the padding rows' outputs
         return (y,) if len(self.sizes) == 1 else y.split(self.sizes, -1)
+
+
+class DecodeLayers:
+    """A float32 decode step's layers, each one C call (tg_layer in cpu_gemv.c): the four
+    tiled products on the pool and everything between them (the RMS norms, RoPE, the cache
+    write, attention over the cached positions, SiLU(gate) * up, the residual adds) on the
+    calling thread, computed as the model's forward computes them, in float32.
+
+    layers: per layer (attention_norm weight (D,), qkv, wo, ffn_norm weight (D,), gate_up,
+    w2), the products TiledLinear of one format (q, k, v stacked in that order; gate then up);
+    cache_layers: objects with .k and .v float32 (cache_batch, kv_heads, max_len, head_dim);
+    cos, sin_signed: (max_seq_len, head_dim) float32 rotation tables. Call it with x (B, D)
+    float32 contiguous, B <= MAX_ROWS, and the position: x becomes the last layer's output
+    and every layer's cache holds the new keys and values at the position.
+    refusal(...) says why a model's step cannot run this way (None when it can).
+    """
+
+    def __init__(self, layers: list[tuple], cache_layers: list, cos: torch.Tensor,
+                 sin_signed: torch.Tensor, heads: int, kv_heads: int, eps: float) -> None:
+        reason = self.refusal(layers, cache_layers, cos, sin_signed)
+        if reason is not None:
+            raise ValueError(reason)
+        self.lib = load()
+        self.cos, self.sin_signed = cos, sin_signed
+        self.head_dim = cos.shape[-1]
+        self.heads, self.kv_heads, self.eps = heads, kv_heads, float(eps)
+        self.d_ff = layers[0][4].sizes[0]
+        self.max_len = cache_layers[0].k.shape[2]
+        self.keep = (layers, cache_layers)       # what the pointers below point into
+        self.calls = [(qkv.code, norm1.data_ptr(), norm2.data_ptr(), self.eps,
+                       qkv.tiled.data_ptr(), qkv.n_pad, wo.tiled.data_ptr(), wo.n_pad,
+                       gate_up.tiled.data_ptr(), gate_up.n_pad, w2.tiled.data_ptr(), w2.n_pad,
+                       cache.k.data_ptr(), cache.v.data_ptr())
+                      for (norm1, qkv, wo, norm2, gate_up, w2), cache in zip(
+                          layers, cache_layers, strict=True)]
+
+    @staticmethod
+    def refusal(layers: list[tuple], cache_layers: list, cos: torch.Tensor,
+                sin_signed: torch.Tensor) -> str | None:
+        """Why these layers cannot run as DecodeLayers, or None when they can."""
+        if available() is not None:
+            return available()
+        if not layers or len(layers) != len(cache_layers):
+            return "DecodeLayers needs one cache layer per layer"
+        fmts = set()
+        for norm1, qkv, wo, norm2, gate_up, w2 in layers:
+            products = (qkv, wo, gate_up, w2)
+            if not all(isinstance(p, TiledLinear) for p in products):
+                return "every product must be a TiledLinear"
+            fmts.update(p.fmt for p in products)
+            if len(qkv.sizes) != 3 or len(gate_up.sizes) != 2 or \
+                    gate_up.sizes[0] != gate_up.sizes[1] or w2.k != gate_up.sizes[0]:
+                return "qkv must stack q, k, v and gate_up gate and up"
+            if any(t.dtype != torch.float32 or not t.is_contiguous() for t in (norm1, norm2)):
+                return "the norm weights must be contiguous float32"
+        if len(fmts) != 1:
+            return f"the products must share one format, got {sorted(fmts)}"
+        tensors = [cos, sin_signed] + [t for c in cache_layers for t in (c.k, c.v)]
+        if any(t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu"
+               for t in tensors):
+            return "the cache and rotation tables must be contiguous float32 CPU tensors"
+        return None
+
+    def __call__(self, x: torch.Tensor, pos: int) -> None:
+        rows, d = x.shape
+        if x.dtype != torch.float32 or not x.is_contiguous() or not 0 < rows <= MAX_ROWS:
+            raise ValueError(f"x must be contiguous float32 (B, D), B <= {MAX_ROWS}, got "
+                             f"{x.dtype} {tuple(x.shape)}")
+        if not 0 <= pos < min(self.max_len, self.cos.shape[0]):
+            raise ValueError(f"pos must be in [0, {min(self.max_len, self.cos.shape[0])}), "
+                             f"got {pos}")
+        hd = self.head_dim
+        cos = self.cos.data_ptr() + pos * hd * 4
+        sin = self.sin_signed.data_ptr() + pos * hd * 4
+        xp, layer = x.data_ptr(), self.lib.tg_layer
+        with _lock:
+            for (code, n1, n2, eps, wqkv, nqkv, wo, no, wgu, ngu, w2, n2_, kc, vc) \
+                    in self.calls:
+                if layer(code, xp, rows, d, n1, n2, eps, wqkv, nqkv, wo, no, wgu, ngu, w2, n2_,
+                         kc, vc, self.max_len, cos, sin, pos, self.heads, self.kv_heads, hd,
+                         self.d_ff):
+                    raise MemoryError("the kernel could not allocate its buffers")
 
 
 def q8_0_model(model: torch.nn.Module) -> torch.nn.Module:

@@ -460,6 +460,17 @@ class DecodeStep:
             sin = model.rope_sin
             # rotate_half(x) * sin == roll(x, half) * sin_signed: one kernel instead of four
             self._sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+        self._layers = None
+        if self.tiled and model.tok_embeddings.weight.dtype == torch.float32:
+            from tinygpt.cpu_kernels import DecodeLayers
+
+            layers = [(n1, getattr(qkv, "tiled", None), getattr(wo, "tiled", None), n2,
+                       getattr(gu, "tiled", None), getattr(w2, "tiled", None))
+                      for n1, qkv, wo, n2, gu, w2 in self._weights]
+            args = (layers, cache.layers, model.rope_cos, self._sin_signed)
+            if DecodeLayers.refusal(*args) is None:
+                self._layers = DecodeLayers(*args, model.cfg.n_heads, model.cfg.n_kv_heads,
+                                            model.cfg.norm_eps)
         if compile:
             self._try_compile()
 
@@ -564,6 +575,12 @@ class DecodeStep:
             model._check_inputs(token, None)
         n_heads, n_kv, head_dim, dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, (cfg.d_model,)
         gqa, half, eps = n_heads != n_kv, head_dim // 2, cfg.norm_eps
+        if self._layers is not None and batch <= self._max_rows:
+            # the layers in C, one call each (cpu_kernels.DecodeLayers): same computation
+            x = nnf.embedding(token[:, 0], embedding)                         # (B, D)
+            self._layers(x, start)
+            cache.advance(1)
+            return self._head(nnf.rms_norm(x, dim, model.norm.weight, eps))[0].float()
         cos, sin = model.rope_cos[start], self._sin_signed[start]             # (head_dim,)
         x = nnf.embedding(token, embedding)                                   # (B, 1, D)
         for (attention_norm, qkv, wo, ffn_norm, gate_up, w2), layer in zip(

@@ -546,3 +546,126 @@ int tg_gemv(int dtype, const void *w, const float *x, float *y, long m, long n, 
     }
     return 0;
 }
+
+/* ---------------------------------------------------------------------------------------- */
+/* one whole decoder layer of a float32 decode step                                          */
+/*
+ * Between its four products a layer does small things: two RMS norms, RoPE on q and k, the
+ * cache write, attention of each new query over the cached positions, SiLU(gate) * up and two
+ * residual adds. Run as torch operations from Python these cost a few microseconds each, a
+ * fifth of a SmolLM2-sized step; here they run on the calling thread (the products on the
+ * pool) and the layer is one call. Everything is float32, computed as the model's forward
+ * does (tinygpt.model.TinyGPT): RMS norm x / sqrt(mean(x^2) + eps) * w, RoPE
+ * x * cos + roll(x, head_dim / 2) * sin_signed, attention softmax(q . K / sqrt(head_dim)) V
+ * with query head h reading kv head h / (heads / kv_heads), SiLU g / (1 + exp(-g)).
+ */
+static float *scratch;
+static long scratch_capacity;
+
+static void rms_norm_rows(const float *x, const float *w, float *out, long rows, long d,
+                          float eps) {
+    for (long r = 0; r < rows; r++) {
+        const float *xr = x + r * d;
+        float ss = 0;
+#pragma omp simd reduction(+ : ss)
+        for (long i = 0; i < d; i++) ss += xr[i] * xr[i];
+        float inv = 1.0f / sqrtf(ss / (float)d + eps);
+#pragma omp simd
+        for (long i = 0; i < d; i++) out[r * d + i] = xr[i] * inv * w[i];
+    }
+}
+
+static inline void rope(const float *x, const float *cos, const float *sin_signed, float *out,
+                        long hd) {
+    long half = hd / 2;
+#pragma omp simd
+    for (long i = 0; i < half; i++) out[i] = x[i] * cos[i] + x[i + half] * sin_signed[i];
+#pragma omp simd
+    for (long i = half; i < hd; i++) out[i] = x[i] * cos[i] + x[i - half] * sin_signed[i];
+}
+
+static void attend(const float *yqkv, long ystride, float *kc, float *vc, long max_len,
+                   const float *cos, const float *sin_signed, long pos, float *out, long rows,
+                   long heads, long kv_heads, long hd, float *scores) {
+    long group = heads / kv_heads;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (long b = 0; b < rows; b++) {
+        const float *yb = yqkv + b * ystride;
+        for (long g = 0; g < kv_heads; g++) {
+            long at = ((b * kv_heads + g) * max_len + pos) * hd;
+            rope(yb + (heads + g) * hd, cos, sin_signed, kc + at, hd);
+            memcpy(vc + at, yb + (heads + kv_heads + g) * hd, hd * sizeof(float));
+        }
+        for (long h = 0; h < heads; h++) {
+            float q[hd];
+            rope(yb + h * hd, cos, sin_signed, q, hd);
+            const float *keys = kc + (b * kv_heads + h / group) * max_len * hd;
+            const float *values = vc + (b * kv_heads + h / group) * max_len * hd;
+            float top = -INFINITY;
+            for (long t = 0; t <= pos; t++) {
+                float s = 0;
+#pragma omp simd reduction(+ : s)
+                for (long i = 0; i < hd; i++) s += q[i] * keys[t * hd + i];
+                scores[t] = s * scale;
+                top = scores[t] > top ? scores[t] : top;
+            }
+            float total = 0;
+            for (long t = 0; t <= pos; t++) {
+                scores[t] = expf(scores[t] - top);
+                total += scores[t];
+            }
+            float *o = out + (b * heads + h) * hd;
+            for (long i = 0; i < hd; i++) o[i] = 0;
+            for (long t = 0; t <= pos; t++) {
+                float p = scores[t] / total;
+#pragma omp simd
+                for (long i = 0; i < hd; i++) o[i] += p * values[t * hd + i];
+            }
+        }
+    }
+}
+
+/* x (rows, d) += y (rows, first d of each ystride) */
+static void add_rows(float *x, const float *y, long rows, long d, long ystride) {
+    for (long r = 0; r < rows; r++)
+#pragma omp simd
+        for (long i = 0; i < d; i++) x[r * d + i] += y[r * ystride + i];
+}
+
+/* One layer on x (rows, d), in place. The products' weights are tiled in format `dtype`
+ * with n_* rows (multiples of 16: q, k, v stacked; gate and up stacked); the cache kc, vc is
+ * (cache_batch, kv_heads, max_len, hd) float32 and position `pos` is written; cos and
+ * sin_signed are the rotation's (hd,) rows for `pos`. Returns 0, or tg_gemv's error. */
+int tg_layer(int dtype, float *x, long rows, long d, const float *attention_norm,
+             const float *ffn_norm, float eps, const void *w_qkv, long n_qkv, const void *w_o,
+             long n_o, const void *w_gate_up, long n_gate_up, const void *w_down, long n_down,
+             float *kc, float *vc, long max_len, const float *cos, const float *sin_signed,
+             long pos, long heads, long kv_heads, long hd, long d_ff) {
+    long need = rows * (d + n_qkv + heads * hd + n_o + n_gate_up + d_ff + n_down) + max_len;
+    if (need > scratch_capacity) {
+        float *grown = realloc(scratch, need * sizeof(float));
+        if (grown == NULL) return -1;
+        scratch = grown;
+        scratch_capacity = need;
+    }
+    float *h = scratch, *yqkv = h + rows * d, *att = yqkv + rows * n_qkv;
+    float *yo = att + rows * heads * hd, *ygu = yo + rows * n_o, *act = ygu + rows * n_gate_up;
+    float *ydown = act + rows * d_ff, *scores = ydown + rows * n_down;
+    int status;
+    rms_norm_rows(x, attention_norm, h, rows, d, eps);
+    if ((status = tg_gemv(dtype, w_qkv, h, yqkv, rows, n_qkv, d))) return status;
+    attend(yqkv, n_qkv, kc, vc, max_len, cos, sin_signed, pos, att, rows, heads, kv_heads, hd,
+           scores);
+    if ((status = tg_gemv(dtype, w_o, att, yo, rows, n_o, heads * hd))) return status;
+    add_rows(x, yo, rows, d, n_o);
+    rms_norm_rows(x, ffn_norm, h, rows, d, eps);
+    if ((status = tg_gemv(dtype, w_gate_up, h, ygu, rows, n_gate_up, d))) return status;
+    for (long r = 0; r < rows; r++)
+        for (long i = 0; i < d_ff; i++) {
+            float g = ygu[r * n_gate_up + i];
+            act[r * d_ff + i] = g / (1.0f + expf(-g)) * ygu[r * n_gate_up + d_ff + i];
+        }
+    if ((status = tg_gemv(dtype, w_down, act, ydown, rows, n_down, d_ff))) return status;
+    add_rows(x, ydown, rows, d, n_down);
+    return 0;
+}
