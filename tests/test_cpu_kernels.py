@@ -354,7 +354,7 @@ def test_layers_in_c_compute_the_plain_step(batch, cache_batch):
     ids = torch.randint(0, 96, (batch, 14), generator=torch.Generator().manual_seed(0))
     plain = KVCache.for_model(model, cache_batch, 16)
     fast = KVCache.for_model(model, cache_batch, 16)
-    first = 2 if batch == cache_batch else 0         # a prefill needs the whole cache batch
+    first = 2 if batch == cache_batch else 0         # otherwise decode from position 0
     if first:
         prefill(model, plain, ids[:, :first])
         prefill(model, fast, ids[:, :first])

@@ -461,7 +461,8 @@ class DecodeStep:
             # rotate_half(x) * sin == roll(x, half) * sin_signed: one kernel instead of four
             self._sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
         self._layers = None
-        if self.tiled and model.tok_embeddings.weight.dtype == torch.float32:
+        if self.tiled and model.tok_embeddings.weight.dtype == torch.float32 and all(
+                type(layer) is LayerKVCache for layer in cache.layers):     # float buffers
             from tinygpt.cpu_kernels import DecodeLayers
 
             layers = [(n1, getattr(qkv, "tiled", None), getattr(wo, "tiled", None), n2,
