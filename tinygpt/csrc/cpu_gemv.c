@@ -26,6 +26,7 @@
  * (AVX-512 VNNI where the CPU has it; see "integer dot products" below). Built and loaded by
  * tinygpt/cpu_kernels.py.
  */
+#define _GNU_SOURCE             /* pthread_setname_np */
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -471,6 +472,7 @@ int tg_start(int threads) {
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     for (int i = 0; i < threads - 1; i++) {
         if (pthread_create(&helpers[i], NULL, helper_main, NULL) != 0) break;
+        pthread_setname_np(helpers[i], "tinygpt-gemv");     /* as top -H and /proc name it */
         n_helpers++;
     }
     return n_helpers + 1;
