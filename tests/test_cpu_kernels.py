@@ -366,7 +366,7 @@ def test_layers_in_c_compute_the_plain_step(batch, cache_batch):
     for a, b in zip(plain.layers, fast.layers, strict=True):
         torch.testing.assert_close(b.k, a.k, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(b.v, a.v, rtol=1e-4, atol=1e-5)
-    bf16 = small_model().to(torch.bfloat16)
-    assert DecodeStep(bf16, KVCache.for_model(bf16))._layers is None     # bf16: torch ops
+    bf16 = small_model().to(torch.bfloat16)        # (its agreement: the bfloat16 test above)
+    assert DecodeStep(bf16, KVCache.for_model(bf16))._layers.cache_bf16 == 1
     with pytest.raises(ValueError, match="pos must be"):
         step._layers(torch.zeros(1, 64), 16)

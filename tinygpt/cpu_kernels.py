@@ -26,6 +26,8 @@ The kernels here (C, in tinygpt/csrc/cpu_gemv.c, compiled on first use) fix both
     available()        None when the kernels can run here, else the reason they cannot
     load()             the compiled library (compiles it once per machine and source)
     kernel_input()     x as the kernel for a format multiplies it (the oracle's input)
+    DecodeLayers       a float32 decode step's layers, one C call each (the small operations
+                       between the products in C, on the calling thread)
 
 The compiled library is cached under $TINYGPT_CACHE (default ~/.cache/tinygpt), named by a
 hash of the source, the compiler and its flags. The plain products (F.linear on the dequantized
@@ -92,8 +94,8 @@ def _build() -> ctypes.CDLL:
     lib.tg_use_portable.restype = ctypes.c_int
     lib.tg_has_vnni.restype = ctypes.c_int
     P, L, F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
-    lib.tg_layer.argtypes = [ctypes.c_int, P, L, L, P, P, F, P, L, P, L, P, L, P, L, P, P, L,
-                             P, P, L, L, L, L, L]
+    lib.tg_layer.argtypes = [ctypes.c_int, P, L, L, P, P, F, P, L, P, L, P, L, P, L, P, P,
+                             ctypes.c_int, L, P, P, L, L, L, L, L]
     lib.tg_layer.restype = ctypes.c_int
     lib.tg_start.argtypes = [ctypes.c_int]
     lib.tg_start.restype = ctypes.c_int
@@ -403,15 +405,17 @@ class TiledLinear:
 
 
 class DecodeLayers:
-    """A float32 decode step's layers, each one C call (tg_layer in cpu_gemv.c): the four
-    tiled products on the pool and everything between them (the RMS norms, RoPE, the cache
-    write, attention over the cached positions, SiLU(gate) * up, the residual adds) on the
-    calling thread, computed as the model's forward computes them, in float32.
+    """A decode step's layers, each one C call (tg_layer in cpu_gemv.c): the four tiled
+    products on the pool and everything between them (the RMS norms, RoPE, the cache write,
+    attention over the cached positions, SiLU(gate) * up, the residual adds) on the calling
+    thread, computed as the model's forward computes them, in float32 (bfloat16 weights are
+    widened by the kernels; a bfloat16 cache is read and written in bfloat16).
 
     layers: per layer (attention_norm weight (D,), qkv, wo, ffn_norm weight (D,), gate_up,
     w2), the products TiledLinear of one format (q, k, v stacked in that order; gate then up);
-    cache_layers: objects with .k and .v float32 (cache_batch, kv_heads, max_len, head_dim);
-    cos, sin_signed: (max_seq_len, head_dim) float32 rotation tables. Call it with x (B, D)
+    cache_layers: objects with .k and .v (cache_batch, kv_heads, max_len, head_dim), float32
+    or bfloat16; cos, sin_signed: (max_seq_len, head_dim) rotation tables. The norm weights
+    and tables are copied to float32 (a float32 one is used as it is). Call it with x (B, D)
     float32 contiguous, B <= MAX_ROWS, and the position: x becomes the last layer's output
     and every layer's cache holds the new keys and values at the position.
     refusal(...) says why a model's step cannot run this way (None when it can).
@@ -423,7 +427,10 @@ class DecodeLayers:
         if reason is not None:
             raise ValueError(reason)
         self.lib = load()
-        self.cos, self.sin_signed = cos, sin_signed
+        self.cos, self.sin_signed = cos.float().contiguous(), sin_signed.float().contiguous()
+        self.cache_bf16 = int(cache_layers[0].k.dtype == torch.bfloat16)
+        layers = [(n1.float().contiguous(), qkv, wo, n2.float().contiguous(), gate_up, w2)
+                  for n1, qkv, wo, n2, gate_up, w2 in layers]
         self.head_dim = cos.shape[-1]
         self.heads, self.kv_heads, self.eps = heads, kv_heads, float(eps)
         self.d_ff = layers[0][4].sizes[0]
@@ -453,14 +460,15 @@ class DecodeLayers:
             if len(qkv.sizes) != 3 or len(gate_up.sizes) != 2 or \
                     gate_up.sizes[0] != gate_up.sizes[1] or w2.k != gate_up.sizes[0]:
                 return "qkv must stack q, k, v and gate_up gate and up"
-            if any(t.dtype != torch.float32 or not t.is_contiguous() for t in (norm1, norm2)):
-                return "the norm weights must be contiguous float32"
+            if any(t.dtype not in WEIGHT_DTYPES or t.ndim != 1 for t in (norm1, norm2)):
+                return "the norm weights must be float32 or bfloat16 vectors"
         if len(fmts) != 1:
             return f"the products must share one format, got {sorted(fmts)}"
         tensors = [cos, sin_signed] + [t for c in cache_layers for t in (c.k, c.v)]
-        if any(t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu"
-               for t in tensors):
-            return "the cache and rotation tables must be contiguous float32 CPU tensors"
+        if any(t.dtype not in WEIGHT_DTYPES or not t.is_contiguous() or t.device.type != "cpu"
+               for t in tensors) or len({t.dtype for t in tensors[2:]}) != 1:
+            return ("the cache (one dtype) and rotation tables must be contiguous float32 or "
+                    "bfloat16 CPU tensors")
         return None
 
     def __call__(self, x: torch.Tensor, pos: int) -> None:
@@ -479,8 +487,8 @@ class DecodeLayers:
             for (code, n1, n2, eps, wqkv, nqkv, wo, no, wgu, ngu, w2, n2_, kc, vc) \
                     in self.calls:
                 if layer(code, xp, rows, d, n1, n2, eps, wqkv, nqkv, wo, no, wgu, ngu, w2, n2_,
-                         kc, vc, self.max_len, cos, sin, pos, self.heads, self.kv_heads, hd,
-                         self.d_ff):
+                         kc, vc, self.cache_bf16, self.max_len, cos, sin, pos, self.heads,
+                         self.kv_heads, hd, self.d_ff):
                     raise MemoryError("the kernel could not allocate its buffers")
 
 

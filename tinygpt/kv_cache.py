@@ -414,7 +414,12 @@ class DecodeStep:
     The tiles are built once per model (cached; rebuilt when a weight changes) and checked
     against F.linear on a probe; `tiled` tells whether they run and `tiled_reason` why not
     (other devices, dtypes, a static cache, tiled=False: the plain products, the oracle).
-    Batches of more than cpu_kernels.MAX_ROWS sequences run the plain products.
+    Batches of more than cpu_kernels.MAX_ROWS sequences run the plain products. On a plain
+    cache each layer then runs as one C call (cpu_kernels.DecodeLayers: the norms, RoPE, the
+    cache write, attention and SiLU between the products, which cost a fifth of a
+    SmolLM2-sized step as torch operations; activations in float32, also for a bfloat16
+    model, whose plain step rounds them to bfloat16 after every operation), and torch's own
+    operations in the step run on one thread, leaving the cores to the products' threads.
 
     pack_weights=True (opt-in, CPU, float32) is the older CPU option for larger models. At
     batch 1 every product is a matrix times one vector, so the step should stream the weights
@@ -461,8 +466,7 @@ class DecodeStep:
             # rotate_half(x) * sin == roll(x, half) * sin_signed: one kernel instead of four
             self._sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
         self._layers = None
-        if self.tiled and model.tok_embeddings.weight.dtype == torch.float32 and all(
-                type(layer) is LayerKVCache for layer in cache.layers):     # float buffers
+        if self.tiled and all(type(layer) is LayerKVCache for layer in cache.layers):
             from tinygpt.cpu_kernels import DecodeLayers
 
             layers = [(n1, getattr(qkv, "tiled", None), getattr(wo, "tiled", None), n2,
@@ -472,6 +476,7 @@ class DecodeStep:
             if DecodeLayers.refusal(*args) is None:
                 self._layers = DecodeLayers(*args, model.cfg.n_heads, model.cfg.n_kv_heads,
                                             model.cfg.norm_eps)
+                self._final_norm = model.norm.weight.float()
         if compile:
             self._try_compile()
 
@@ -577,11 +582,12 @@ class DecodeStep:
         n_heads, n_kv, head_dim, dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, (cfg.d_model,)
         gqa, half, eps = n_heads != n_kv, head_dim // 2, cfg.norm_eps
         if self._layers is not None and batch <= self._max_rows:
-            # the layers in C, one call each (cpu_kernels.DecodeLayers): same computation
-            x = nnf.embedding(token[:, 0], embedding)                         # (B, D)
+            # the layers in C, one call each (cpu_kernels.DecodeLayers), x in float32
+            x = nnf.embedding(token[:, 0], embedding).float()                 # (B, D)
             self._layers(x, start)
             cache.advance(1)
-            return self._head(nnf.rms_norm(x, dim, model.norm.weight, eps))[0].float()
+            x = nnf.rms_norm(x, dim, self._final_norm, eps)
+            return self._head(x)[0].float()
         cos, sin = model.rope_cos[start], self._sin_signed[start]             # (head_dim,)
         x = nnf.embedding(token, embedding)                                   # (B, 1, D)
         for (attention_norm, qkv, wo, ffn_norm, gate_up, w2), layer in zip(

@@ -556,7 +556,8 @@ int tg_gemv(int dtype, const void *w, const float *x, float *y, long m, long n, 
  * cache write, attention of each new query over the cached positions, SiLU(gate) * up and two
  * residual adds. Run as torch operations from Python these cost a few microseconds each, a
  * fifth of a SmolLM2-sized step; here they run on the calling thread (the products on the
- * pool) and the layer is one call. Everything is float32, computed as the model's forward
+ * pool) and the layer is one call. Everything is float32 (a bfloat16 cache is read and written
+ * in bfloat16), computed as the model's forward
  * does (tinygpt.model.TinyGPT): RMS norm x / sqrt(mean(x^2) + eps) * w, RoPE
  * x * cos + roll(x, head_dim / 2) * sin_signed, attention softmax(q . K / sqrt(head_dim)) V
  * with query head h reading kv head h / (heads / kv_heads), SiLU g / (1 + exp(-g)).
@@ -586,28 +587,55 @@ static inline void rope(const float *x, const float *cos, const float *sin_signe
     for (long i = half; i < hd; i++) out[i] = x[i] * cos[i] + x[i - half] * sin_signed[i];
 }
 
-static void attend(const float *yqkv, long ystride, float *kc, float *vc, long max_len,
+/* a cache row of hd values, float32 or bfloat16, as float32 */
+static inline void cache_row(const void *cache, long at, int bf16, float *out, long hd) {
+    if (!bf16) {
+        memcpy(out, (const float *)cache + at, hd * sizeof(float));
+        return;
+    }
+    const uint16_t *row = (const uint16_t *)cache + at;
+#pragma omp simd
+    for (long i = 0; i < hd; i++) out[i] = bf16_to_float(row[i]);
+}
+
+/* store hd float32 values at a cache row, rounded to bfloat16 (to nearest, ties to even, as
+ * torch converts) when the cache is bfloat16 */
+static inline void store_row(void *cache, long at, int bf16, const float *in, long hd) {
+    if (!bf16) {
+        memcpy((float *)cache + at, in, hd * sizeof(float));
+        return;
+    }
+    uint16_t *row = (uint16_t *)cache + at;
+    for (long i = 0; i < hd; i++) {
+        uint32_t u;
+        memcpy(&u, &in[i], 4);
+        row[i] = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+    }
+}
+
+static void attend(const float *yqkv, long ystride, void *kc, void *vc, int bf16, long max_len,
                    const float *cos, const float *sin_signed, long pos, float *out, long rows,
                    long heads, long kv_heads, long hd, float *scores) {
     long group = heads / kv_heads;
     float scale = 1.0f / sqrtf((float)hd);
+    float q[hd], row[hd];
     for (long b = 0; b < rows; b++) {
         const float *yb = yqkv + b * ystride;
         for (long g = 0; g < kv_heads; g++) {
             long at = ((b * kv_heads + g) * max_len + pos) * hd;
-            rope(yb + (heads + g) * hd, cos, sin_signed, kc + at, hd);
-            memcpy(vc + at, yb + (heads + kv_heads + g) * hd, hd * sizeof(float));
+            rope(yb + (heads + g) * hd, cos, sin_signed, row, hd);
+            store_row(kc, at, bf16, row, hd);
+            store_row(vc, at, bf16, yb + (heads + kv_heads + g) * hd, hd);
         }
         for (long h = 0; h < heads; h++) {
-            float q[hd];
             rope(yb + h * hd, cos, sin_signed, q, hd);
-            const float *keys = kc + (b * kv_heads + h / group) * max_len * hd;
-            const float *values = vc + (b * kv_heads + h / group) * max_len * hd;
+            long base = (b * kv_heads + h / group) * max_len * hd;
             float top = -INFINITY;
             for (long t = 0; t <= pos; t++) {
+                cache_row(kc, base + t * hd, bf16, row, hd);
                 float s = 0;
 #pragma omp simd reduction(+ : s)
-                for (long i = 0; i < hd; i++) s += q[i] * keys[t * hd + i];
+                for (long i = 0; i < hd; i++) s += q[i] * row[i];
                 scores[t] = s * scale;
                 top = scores[t] > top ? scores[t] : top;
             }
@@ -620,8 +648,9 @@ static void attend(const float *yqkv, long ystride, float *kc, float *vc, long m
             for (long i = 0; i < hd; i++) o[i] = 0;
             for (long t = 0; t <= pos; t++) {
                 float p = scores[t] / total;
+                cache_row(vc, base + t * hd, bf16, row, hd);
 #pragma omp simd
-                for (long i = 0; i < hd; i++) o[i] += p * values[t * hd + i];
+                for (long i = 0; i < hd; i++) o[i] += p * row[i];
             }
         }
     }
@@ -636,12 +665,15 @@ static void add_rows(float *x, const float *y, long rows, long d, long ystride) 
 
 /* One layer on x (rows, d), in place. The products' weights are tiled in format `dtype`
  * with n_* rows (multiples of 16: q, k, v stacked; gate and up stacked); the cache kc, vc is
- * (cache_batch, kv_heads, max_len, hd) float32 and position `pos` is written; cos and
+ * (cache_batch, kv_heads, max_len, hd), float32 or (cache_bf16) bfloat16, and position `pos`
+ * is written; x, the norm weights and the rotation tables are float32 whatever the weights
+ * and the cache hold; cos and
  * sin_signed are the rotation's (hd,) rows for `pos`. Returns 0, or tg_gemv's error. */
 int tg_layer(int dtype, float *x, long rows, long d, const float *attention_norm,
              const float *ffn_norm, float eps, const void *w_qkv, long n_qkv, const void *w_o,
              long n_o, const void *w_gate_up, long n_gate_up, const void *w_down, long n_down,
-             float *kc, float *vc, long max_len, const float *cos, const float *sin_signed,
+             void *kc, void *vc, int cache_bf16, long max_len, const float *cos,
+             const float *sin_signed,
              long pos, long heads, long kv_heads, long hd, long d_ff) {
     long need = rows * (d + n_qkv + heads * hd + n_o + n_gate_up + d_ff + n_down) + max_len;
     if (need > scratch_capacity) {
@@ -656,8 +688,8 @@ int tg_layer(int dtype, float *x, long rows, long d, const float *attention_norm
     int status;
     rms_norm_rows(x, attention_norm, h, rows, d, eps);
     if ((status = tg_gemv(dtype, w_qkv, h, yqkv, rows, n_qkv, d))) return status;
-    attend(yqkv, n_qkv, kc, vc, max_len, cos, sin_signed, pos, att, rows, heads, kv_heads, hd,
-           scores);
+    attend(yqkv, n_qkv, kc, vc, cache_bf16, max_len, cos, sin_signed, pos, att, rows, heads,
+           kv_heads, hd, scores);
     if ((status = tg_gemv(dtype, w_o, att, yo, rows, n_o, heads * hd))) return status;
     add_rows(x, yo, rows, d, n_o);
     rms_norm_rows(x, ffn_norm, h, rows, d, eps);
