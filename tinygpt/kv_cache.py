@@ -617,10 +617,11 @@ class DecodeStep:
         if self._weights is not None and self.tiled and torch.get_num_threads() > 1 and \
                 token.shape[0] <= self._max_rows:
             # The tiled products split themselves over the cores with their own threads;
-            # torch's small operations (attention over 9 heads above all) would otherwise
-            # start OpenMP teams of their own between them, whose workers then compete with
-            # the product threads for the same cores (on a busy machine a step took 5x
-            # longer). At batch 1 these operations are far too small to gain from a split.
+            # torch's operations in the step would otherwise start OpenMP teams of their own
+            # between them, whose workers then compete with the product threads for the same
+            # cores (with torch's attention over 9 heads in the step, before the layers ran
+            # in C, a step on a busy machine took 5x longer). At batch 1 these operations
+            # are far too small to gain from a split.
             threads = torch.get_num_threads()
             torch.set_num_threads(1)
             try:
