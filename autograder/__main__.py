@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run student code without bubblewrap (only for code you trust)")
     p.add_argument("--no-integrity", action="store_true",
                    help="skip the integrity guard and scan (only to measure what they cost)")
+    p.add_argument("--cold", action="store_true",
+                   help="a worker process per student, its kernel started on demand (the plain, "
+                        "slower path; default: serving workers with kernels started ahead)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p.add_argument("--by-exercise", action="store_true",
@@ -121,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             except SandboxUnavailable as err:
                 raise SystemExit(str(err)) from None
         limits = Limits(args.cell_timeout, args.total_timeout, int(args.memory_gb * 2**30),
-                        sandbox=not args.no_sandbox, integrity=not args.no_integrity)
+                        sandbox=not args.no_sandbox, integrity=not args.no_integrity,
+                        warm=not args.cold)
         from autograder.preflight import PreflightError
 
         try:

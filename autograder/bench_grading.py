@@ -2,16 +2,23 @@
 
     python -m autograder.bench_grading [--days all|day01_logits,day13_batching] [--per-day 3]
                                        [--students 50] [--workers N] [--json PATH]
+                                       [--compare-cold] [--integrity-cost]
 
 Two measurements:
 
 1. Per day (every day, or the `--days` given): `--per-day` honest submissions (the solution)
    graded with `python -m autograder grade --workers 1`, once on a quiet machine and once while
    another process keeps every core busy. For each day: the median seconds one submission's
-   execution step takes (its worker: kernel start, imports, the notebook in grading mode,
-   graded cells), against the target of PER_SUBMISSION_TARGET_S, with NOT MET and the reason
-   where missed (how much of it is kernel start and imports alone, measured by the preflight
-   check); and, under load, whether any honest submission ended `timeout` (none may).
+   execution step takes (from the moment its serving worker takes the job to its reply:
+   nbgrader's sanitizing, the kernel (started while the previous student ran, so only waited
+   for when that took longer), the notebook in grading mode, the kernel's shutdown), against
+   the target of PER_SUBMISSION_TARGET_S, with NOT MET and the reason where missed (what the
+   notebook's cells alone take, graded ones apart, and its slowest cells). Beside it: the CPU
+   seconds per submission (the worker's and the whole life of the student's kernel, warm-up
+   included), what a kernel start with the day's imports takes on its own (the preflight
+   check: the cost the warm kernels take off each submission), and under load whether any
+   honest submission ended `timeout` (none may). `--compare-cold` adds the plain path's
+   figure (`grade --cold`: a process per student starting its own kernel).
 2. A class (day 01, `--students`, 0 to skip): correct ones, partly correct ones (one or two
    answers swapped for entries of the mistakes corpus) and bad ones (cases of the
    bad-submission corpus, hangs and crashes included), collected and graded; reports
@@ -108,9 +115,16 @@ class Burner:
             proc.wait()
 
 
-def bench_day(day: str, n: int, cell_timeout: float, loaded: bool) -> dict:
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    return values[len(values) // 2] if values else 0.0
+
+
+def bench_day(day: str, n: int, cell_timeout: float, loaded: bool, cold: bool = False) -> dict:
     """Grade n copies of `day`'s solution with one worker; {seconds per submission, statuses,
-    import seconds}. `loaded`: every core is kept busy by other processes meanwhile."""
+    import seconds, the cells' own seconds}. `loaded`: every core is kept busy by other
+    processes meanwhile. `cold`: with `grade --cold` (a process per student, its kernel started
+    on demand: the plain path) instead of a serving worker with kernels started ahead."""
     from autograder.notebooks import read, release_path
     from autograder.preflight import check_imports
 
@@ -126,7 +140,7 @@ def bench_day(day: str, n: int, cell_timeout: float, loaded: bool) -> dict:
         sandbox = [] if shutil.which("bwrap") else ["--no-sandbox"]
         grade = [*run, "grade", day, "--root", str(root), "--workers", "1", "--cell-timeout",
                  str(cell_timeout), "--no-progress", "--force", *sandbox,
-                 "--json", str(Path(tmp) / "results.json")]
+                 *(["--cold"] if cold else []), "--json", str(Path(tmp) / "results.json")]
         with Burner(cores()) if loaded else contextlib.nullcontext():
             start = time.perf_counter()
             subprocess.run(grade, check=True, capture_output=True)
@@ -135,39 +149,65 @@ def bench_day(day: str, n: int, cell_timeout: float, loaded: bool) -> dict:
             check_imports(read(release_path(day)), sandbox=not sandbox)
             imports = time.perf_counter() - start
         results = json.loads((Path(tmp) / "results.json").read_text())
-    seconds = sorted(r["seconds"] for r in results)
-    cpu = sorted(r["cpu_seconds"] for r in results)
+        reports = [json.loads(p.read_text()) for p in
+                   (root / ".grading" / day / "workers").glob("*/report.json")]
+    cells = [r.get("cell_seconds", []) for r in reports]
+    per_cell: dict[tuple[str, str], list[float]] = {}
+    for timing in cells:
+        for label, seconds, kind in timing:
+            per_cell.setdefault((label, kind), []).append(seconds)
+    slowest = sorted(((_median(v), label, kind) for (label, kind), v in per_cell.items()),
+                     reverse=True)[:3]
     return {"submissions": len(results),
-            "seconds_per_submission": round(seconds[len(seconds) // 2], 2),
-            "cpu_seconds_per_submission": round(cpu[len(cpu) // 2], 2),
+            "seconds_per_submission": round(_median([r["seconds"] for r in results]), 2),
+            "cpu_seconds_per_submission": round(_median([r["cpu_seconds"] for r in results]), 2),
+            "cells_s": round(_median([sum(t[1] for t in c) for c in cells]), 2),
+            "graded_cells_s": round(_median([sum(t[1] for t in c if t[2] == "graded")
+                                             for c in cells]), 2),
+            "slowest_cells": [{"cell": label, "kind": kind, "seconds": round(sec, 2)}
+                              for sec, label, kind in slowest],
+            "warm_kernels": sum(bool(r.get("warm_kernel")) for r in reports),
             "load_average_1min": round(os.getloadavg()[0], 1),
-            "slowest_s": round(seconds[-1], 2), "kernel_start_and_imports_s": round(imports, 2),
+            "slowest_s": round(max(r["seconds"] for r in results), 2),
+            "kernel_start_and_imports_s": round(imports, 2),
             "grade_command_s": round(total, 1),
             "statuses": dict(Counter(r["status"] for r in results)),
             "full_marks": all(r["score"] == r["max_score"] for r in results)}
 
 
-def per_day_table(days: list[str], n: int, cell_timeout: float) -> list[dict]:
-    """bench_day for every day, quiet then loaded; prints the table as it goes."""
+def miss_reason(quiet: dict) -> str:
+    """Why a day's quiet figure misses the target: what its own cells take, and the slowest."""
+    slow = ", ".join(f"{c['cell']} ({c['kind']}) {c['seconds']:.1f} s"
+                     for c in quiet["slowest_cells"])
+    return (f"{quiet['seconds_per_submission']:.1f} s > {PER_SUBMISSION_TARGET_S:g} s "
+            f"({quiet['cpu_seconds_per_submission']:.1f} CPU s); the notebook's cells alone take "
+            f"{quiet['cells_s']:.1f} s (graded cells {quiet['graded_cells_s']:.1f} s), slowest: "
+            f"{slow}; load average {quiet['load_average_1min']:.1f} on {cores()} cores")
+
+
+def per_day_table(days: list[str], n: int, cell_timeout: float,
+                  compare_cold: bool = False) -> list[dict]:
+    """bench_day for every day, quiet then loaded (and quiet with --cold when `compare_cold`);
+    prints the table as it goes."""
     rows = []
-    header = (f"{'day':<18} {'s/submission':>12} {'CPU s':>6} {'imports s':>9} {'load':>5} "
-              f"{'loaded s':>8}  {'loaded statuses':<22} result")
+    header = (f"{'day':<18} {'s/submission':>12} {'CPU s':>6} {'cells s':>7} {'graded s':>8} "
+              f"{'imports s':>9} {'load':>5} {'loaded s':>8}  {'loaded statuses':<16} "
+              + (f"{'cold s':>6}  " if compare_cold else "") + "result")
     print(f"per-day grading, 1 worker, {cores()} cores, target <= "
-          f"{PER_SUBMISSION_TARGET_S:g} s per submission; loaded: {cores()} spinning "
+          f"{PER_SUBMISSION_TARGET_S:g} s per submission (a serving worker, each student's "
+          "kernel started while the previous one ran; 'imports s': what starting a kernel and "
+          f"importing the day's modules takes on its own); loaded: {cores()} spinning "
           "processes beside it" + ("" if shutil.which("bwrap") else
                                    " (no sandbox: bubblewrap is not installed)")
           + "\n" + header, flush=True)
     for day in days:
         quiet = bench_day(day, n, cell_timeout, loaded=False)
         busy = bench_day(day, n, cell_timeout, loaded=True)
+        cold = bench_day(day, n, cell_timeout, loaded=False, cold=True) if compare_cold \
+            else None
         reasons = []
         if quiet["seconds_per_submission"] > PER_SUBMISSION_TARGET_S:
-            cpu = quiet["cpu_seconds_per_submission"]
-            reasons.append(f"{quiet['seconds_per_submission']:.1f} s > "
-                           f"{PER_SUBMISSION_TARGET_S:g} s ({cpu:.1f} CPU s), of which kernel "
-                           f"start and imports "
-                           f"{quiet['kernel_start_and_imports_s']:.1f} s; load average "
-                           f"{quiet['load_average_1min']:.1f} on {cores()} cores")
+            reasons.append(miss_reason(quiet))
         if busy["statuses"].get("timeout"):
             reasons.append(f"{busy['statuses']['timeout']} honest submissions ended timeout "
                            "under load")
@@ -175,13 +215,17 @@ def per_day_table(days: list[str], n: int, cell_timeout: float) -> list[dict]:
             reasons.append("an honest submission lost points")
         row = {"day": day, "quiet": quiet, "loaded": busy, "target_met": not reasons,
                "reason": "; ".join(reasons)}
+        if cold is not None:
+            row["cold"] = cold
         rows.append(row)
         statuses = ",".join(f"{k}={v}" for k, v in busy["statuses"].items())
         print(f"{day:<18} {quiet['seconds_per_submission']:>12.2f} "
-              f"{quiet['cpu_seconds_per_submission']:>6.2f} "
+              f"{quiet['cpu_seconds_per_submission']:>6.2f} {quiet['cells_s']:>7.2f} "
+              f"{quiet['graded_cells_s']:>8.2f} "
               f"{quiet['kernel_start_and_imports_s']:>9.2f} {quiet['load_average_1min']:>5.1f} "
-              f"{busy['seconds_per_submission']:>8.2f}  {statuses:<22} "
-              f"{'met' if not reasons else 'NOT MET: ' + row['reason']}", flush=True)
+              f"{busy['seconds_per_submission']:>8.2f}  {statuses:<16} "
+              + (f"{cold['seconds_per_submission']:>6.2f}  " if cold else "")
+              + f"{'met' if not reasons else 'NOT MET: ' + row['reason']}", flush=True)
     return rows
 
 
@@ -197,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--cell-timeout", type=float, default=20.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--compare-cold", action="store_true",
+                        help="also grade each day with `grade --cold` (a process per student, "
+                             "kernels started on demand) and show its seconds per submission")
     parser.add_argument("--integrity-cost", action="store_true",
                         help="grade the class a second time without the integrity guard and "
                              "scan, and report what they cost")
@@ -212,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, "
                                f"{platform.system()}"}
     if chosen:
-        report["per_day"] = per_day_table(chosen, args.per_day, 60.0)
+        report["per_day"] = per_day_table(chosen, args.per_day, 60.0, args.compare_cold)
         report["per_day_target_s"] = PER_SUBMISSION_TARGET_S
     if args.students > 0:
         report.update(bench_class(args))

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from autograder.integrity import (
 from autograder.kernel import Kernel, _error, error_text, grading_env
 from autograder.notebooks import is_answer, is_test, nbgrader_meta
 from autograder.sandbox import DEFAULT_MEMORY_BYTES, SandboxKernelManager, SandboxPolicy
+from autograder.warm import KernelRecipe, KernelSupply, StudentKernel
 
 BLOCKED_HINTS = ("Network is unreachable", "Connection refused", "Read-only file system",
                  "Permission denied",
@@ -41,7 +40,7 @@ def _label(cell, index: int) -> str:
 
 def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: float,
                   memory_bytes: int = DEFAULT_MEMORY_BYTES, sandbox: bool = True,
-                  guard: GuardSpec | None = None) -> dict:
+                  guard: GuardSpec | None = None, kernel: Kernel | None = None) -> dict:
     """Run `nb`'s code cells in place (outputs filled in); return {"status", "reason",
     "warnings", "evidence"}.
 
@@ -51,73 +50,84 @@ def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: floa
     that depend on them fail on their own). An ungraded cell the grader stopped (a timeout, a
     dead kernel, the memory limit) is named as such in the reason ("stopped_cell"), and the
     errors of later ungraded cells are folded into it as follow-on errors: they are the
-    grader's limit, not the student's mistakes. guard: when given, the integrity guard
-    (autograder/integrity.py) is installed before the first cell and, before every test cell,
-    restores what student code changed; "evidence" lists what it found (dicts of Evidence).
+    grader's limit, not the student's mistakes. "cell_seconds": [label, seconds, "graded" or
+    "ungraded"] of every cell run (graded: answer and test cells), for the grading benchmark.
+    guard: when given, the integrity guard (autograder/integrity.py) is installed before the
+    first cell and, before every test cell, restores what student code changed; "evidence"
+    lists what it found (dicts of Evidence).
+    kernel: this student's kernel, already started in `scratch` (autograder/warm.py; the caller
+    closes it); by default one is started here (sandboxed unless `sandbox` is False) and closed.
     """
-    manager = SandboxKernelManager(SandboxPolicy(scratch, memory_bytes)) if sandbox else None
+    if kernel is None:
+        manager = SandboxKernelManager(SandboxPolicy(scratch, memory_bytes)) if sandbox else None
+        # Grading mode (tinygpt.testing.grading): the sandbox sets it in its clean environment;
+        # an unsandboxed kernel gets it here.
+        with Kernel(scratch, timeout=cell_timeout, manager=manager,
+                    env=None if manager is not None else grading_env()) as started:
+            return execute_cells(nb, scratch, cell_timeout=cell_timeout,
+                                 total_timeout=total_timeout, guard=guard, kernel=started)
     start, problems, status = time.monotonic(), [], "graded"
     evidence: list[Evidence] = []
     warnings: list[str] = []
     stopped = ""      # an ungraded cell the grader stopped (timeout, crash, memory): its label
     follow_on = 0     # errors of later ungraded cells after it (missing names, dead kernel ...)
-    # Grading mode (tinygpt.testing.grading): the sandbox sets it in its clean environment; an
-    # unsandboxed kernel gets it here.
-    env = None if manager is not None else grading_env()
-    with Kernel(scratch, timeout=cell_timeout, manager=manager, env=env) as kernel:
-        if guard is not None:
-            failed = error_text(kernel.run(guard_install_code(guard)))
-            if failed:
-                problems.append(f"integrity guard not installed: {failed[:160]}")
-                guard = None
-        count = 0
-        for index, cell in enumerate(nb.cells):
-            if cell.cell_type != "code":
+    timings: list[list] = []   # [label, seconds, "graded" or "ungraded"] per cell run
+    if guard is not None:
+        failed = error_text(kernel.run(guard_install_code(guard)))
+        if failed:
+            problems.append(f"integrity guard not installed: {failed[:160]}")
+            guard = None
+    count = 0
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        if guard is not None and is_test(cell) and not kernel.dead:
+            for found in read_guard_reply(guard, kernel.evaluate(GUARD_EXPRESSION),
+                                          _label(cell, index)):
+                if (found.kind, found.detail) not in {(e.kind, e.detail) for e in evidence}:
+                    evidence.append(found)
+        remaining = total_timeout - (time.monotonic() - start)
+        if remaining <= 0:
+            cell.outputs = [_error("CellNotRun", f"not run: the total time limit of "
+                                                 f"{total_timeout:.0f} s was reached")]
+            status = "timeout"
+            continue
+        count += 1
+        began = time.monotonic()
+        cell.outputs = kernel.run(cell.source, timeout=min(cell_timeout, remaining))
+        cell.execution_count = count
+        timings.append([_label(cell, index), round(time.monotonic() - began, 3),
+                        "graded" if is_test(cell) or is_answer(cell) else "ungraded"])
+        for out in cell.outputs:
+            if out.get("output_type") != "error" or out.get("ename") in (
+                    "CellNotRun", "NotImplementedError"):  # not run / not answered yet
                 continue
-            if guard is not None and is_test(cell) and not kernel.dead:
-                for found in read_guard_reply(guard, kernel.evaluate(GUARD_EXPRESSION),
-                                              _label(cell, index)):
-                    if (found.kind, found.detail) not in {(e.kind, e.detail) for e in evidence}:
-                        evidence.append(found)
-            remaining = total_timeout - (time.monotonic() - start)
-            if remaining <= 0:
-                cell.outputs = [_error("CellNotRun", f"not run: the total time limit of "
-                                                     f"{total_timeout:.0f} s was reached")]
+            text = f"{out.get('ename')}: {str(out.get('evalue') or '')[:160]}"
+            if stopped and not is_test(cell):
+                follow_on += 1          # a consequence of the stopped cell, not a new fault
+                continue
+            before = status
+            if out.get("ename") == "CellTimeoutError":
                 status = "timeout"
-                continue
-            count += 1
-            cell.outputs = kernel.run(cell.source, timeout=min(cell_timeout, remaining))
-            cell.execution_count = count
-            for out in cell.outputs:
-                if out.get("output_type") != "error" or out.get("ename") in (
-                        "CellNotRun", "NotImplementedError"):  # not run / not answered yet
-                    continue
-                text = f"{out.get('ename')}: {str(out.get('evalue') or '')[:160]}"
-                if stopped and not is_test(cell):
-                    follow_on += 1          # a consequence of the stopped cell, not a new fault
-                    continue
-                before = status
-                if out.get("ename") == "CellTimeoutError":
-                    status = "timeout"
-                elif out.get("ename") == "DeadKernelError":
-                    status = "crashed"
-                elif out.get("ename") == "MemoryError" and status == "graded":
-                    status = "memory-limit"
-                elif any(h in text for h in BLOCKED_HINTS) and status == "graded":
-                    status = "blocked"
-                grader_stop = out.get("ename") in ("CellTimeoutError", "DeadKernelError",
-                                                   "MemoryError")
-                if status != before and grader_stop and not is_test(cell) \
-                        and not is_answer(cell):
-                    stopped = _label(cell, index)
-                    problems.append(f"{stopped} (not a graded cell) was stopped by the grader: "
-                                    f"{text}")
-                elif status != before or status != "graded":
-                    problems.append(f"{_label(cell, index)}: {text}")
-                elif not is_test(cell):     # an error outside the tests: not why it scored
-                    warnings.append(f"{_label(cell, index)}: {text}")
-        if kernel.dead and status == "graded":
-            status = "crashed"
+            elif out.get("ename") == "DeadKernelError":
+                status = "crashed"
+            elif out.get("ename") == "MemoryError" and status == "graded":
+                status = "memory-limit"
+            elif any(h in text for h in BLOCKED_HINTS) and status == "graded":
+                status = "blocked"
+            grader_stop = out.get("ename") in ("CellTimeoutError", "DeadKernelError",
+                                               "MemoryError")
+            if status != before and grader_stop and not is_test(cell) \
+                    and not is_answer(cell):
+                stopped = _label(cell, index)
+                problems.append(f"{stopped} (not a graded cell) was stopped by the grader: "
+                                f"{text}")
+            elif status != before or status != "graded":
+                problems.append(f"{_label(cell, index)}: {text}")
+            elif not is_test(cell):     # an error outside the tests: not why it scored
+                warnings.append(f"{_label(cell, index)}: {text}")
+    if kernel.dead and status == "graded":
+        status = "crashed"
     if follow_on:
         problems.append(f"{follow_on} later ungraded cell{'s' if follow_on > 1 else ''} failed "
                         f"after {stopped} was stopped (follow-on errors, folded into it)")
@@ -126,7 +136,8 @@ def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: floa
     reason = "; ".join(dict.fromkeys(problems))  # distinct, in order
     return {"status": status, "reason": reason[:1000],
             "warnings": "; ".join(dict.fromkeys(warnings))[:1000],
-            "evidence": [dataclasses.asdict(e) for e in evidence], "stopped_cell": stopped}
+            "evidence": [dataclasses.asdict(e) for e in evidence], "stopped_cell": stopped,
+            "cell_seconds": timings}
 
 
 class SandboxExecute(NbGraderPreprocessor):
@@ -143,20 +154,25 @@ class SandboxExecute(NbGraderPreprocessor):
     guard = Unicode("", help="integrity guard spec (GuardSpec JSON); empty: no guard").tag(
         config=True)
 
+    #: Where this student's kernel comes from: set by a serving worker (autograder/worker.py) on
+    #: a subclass, for its whole life; None: a kernel is started for the student on the spot.
+    kernels: KernelSupply | None = None
+
+    def recipe(self) -> KernelRecipe:
+        return KernelRecipe(Path(self.files_dir) if self.files_dir else None,
+                            self.cell_timeout, self.memory_bytes, self.sandbox)
+
     def preprocess(self, nb, resources):
-        with tempfile.TemporaryDirectory(prefix="tinygpt-grade-") as tmp:
-            scratch = Path(tmp) / "work"
-            scratch.mkdir()
-            if self.files_dir:
-                for item in Path(self.files_dir).iterdir():
-                    if item.suffix != ".ipynb" and item.name != ".ipynb_checkpoints":
-                        copy = shutil.copytree if item.is_dir() else shutil.copy
-                        copy(item, scratch / item.name)
-            report = execute_cells(nb, scratch, cell_timeout=self.cell_timeout,
+        kernel = self.kernels.take() if self.kernels is not None else StudentKernel(self.recipe())
+        try:
+            report = execute_cells(nb, kernel.scratch, cell_timeout=self.cell_timeout,
                                    total_timeout=self.total_timeout,
-                                   memory_bytes=self.memory_bytes, sandbox=self.sandbox,
                                    guard=GuardSpec.from_json(self.guard) if self.guard
-                                   else None)
+                                   else None, kernel=kernel.kernel)
+        finally:
+            kernel.close()
+        report["kernel_cpu_s"] = round(kernel.cpu_seconds, 3)
+        report["warm_kernel"] = kernel.warmed
         if self.report_path:
             Path(self.report_path).write_text(json.dumps(report))
         return nb, resources

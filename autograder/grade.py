@@ -4,10 +4,15 @@ Three steps, so that untrusted code runs in parallel while the gradebook stays c
 
 1. stage (trusted, here): repair each submission against the released notebook
    (autograder/staging.py); a missing or unreadable submission gets a zero notebook at once;
-2. execute (untrusted, in parallel): one `python -m autograder.worker` process per student, in a
-   private scratch course with a private copy of the assignment's gradebook; nbgrader restores
-   the test cells (hidden tests included) and SandboxExecute runs the notebook in bubblewrap
-   with per-cell and total time limits and a memory limit. A worker that overruns is killed;
+2. execute (untrusted, in parallel): per student, a private scratch course with a private copy
+   of the assignment's gradebook; nbgrader restores the test cells (hidden tests included) and
+   SandboxExecute runs the notebook in bubblewrap with per-cell and total time limits and a
+   memory limit, in a kernel of the student's own. `--workers` serving worker processes
+   (`python -m autograder.worker serve`) take the students in turn; each imports nbgrader once
+   and starts the next student's kernel while the current one runs (autograder/warm.py), so a
+   submission costs about its own cells' time. A worker that overruns is killed, with its
+   kernels, and replaced. `--cold`: one worker process per student instead, each starting its
+   kernel on demand (the plain path the default is tested against);
 3. record (trusted, here, one student at a time): nbgrader's own SaveAutoGrades scores the
    executed notebooks into the instructor's gradebook (SQLite by default, or --db).
 
@@ -23,10 +28,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
@@ -38,13 +45,17 @@ from autograder.grading import GradingError, _api, _check, generate_release
 from autograder.integrity import FLAGGED, Evidence, guard_spec, scan_submission, summarize
 from autograder.kernel import _error
 from autograder.notebooks import is_test, read, solution_path
-from autograder.preflight import check_imports
+from autograder.preflight import check_imports, import_statements
 from autograder.preprocessors import StderrToStdout
 from autograder.sandbox import DEFAULT_MEMORY_BYTES
 from autograder.settings import RELEASE_DIR, REPO_ROOT, ensure_venv_on_path
 from autograder.staging import stage
+from autograder.worker import ServingWorker, WorkerDied
 
 RECORD_FILE = ".tinygpt-grading.json"  # in autograded/<student>/<day>/: what was graded, how
+# A student's execution step may take this long past the notebook's total time limit (nbgrader's
+# own steps, a kernel that ignores its interrupt) before its worker process is killed.
+WORKER_GRACE_S = 120.0
 
 
 @dataclass
@@ -57,8 +68,9 @@ class Result:
     evidence: str = ""  # signs of tampering found (autograder/integrity.py), for review
     warnings: str = ""  # errors in ungraded cells: worth a look, but not why the status is what
     #                     it is (a failing test cell is just a failing test)
-    seconds: float = 0.0  # wall time of this submission's execution step (its worker process)
-    cpu_seconds: float = 0.0  # CPU time (user + system) of that worker and its kernel
+    seconds: float = 0.0  # wall time of this submission's execution step (its job in a worker)
+    cpu_seconds: float = 0.0  # CPU time (user + system) the worker spent on it, plus its
+    #                           kernel's processes over their whole life (warm-up included)
 
 
 @dataclass
@@ -68,6 +80,8 @@ class Limits:
     memory_bytes: int = DEFAULT_MEMORY_BYTES
     sandbox: bool = True
     integrity: bool = True  # the guard and the static scan (off only to measure their cost)
+    warm: bool = True  # serving workers with kernels started ahead (autograder/warm.py); off:
+    #                    a process per student starting its kernel on demand (`grade --cold`)
 
 
 def fingerprint(folder: Path) -> str:
@@ -101,7 +115,7 @@ def students_for(day: str, root: Path, api) -> list[str]:
 
 def _wait_with_usage(proc: subprocess.Popen, timeout: float) -> float | None:
     """Wait for `proc` (at most `timeout` s); return the CPU seconds (user + system) it and the
-    children it waited for (the kernel) used, or None when it is still running."""
+    children it waited for used, or None when it is still running."""
     deadline = time.monotonic() + timeout
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -113,40 +127,82 @@ def _wait_with_usage(proc: subprocess.Popen, timeout: float) -> float | None:
         time.sleep(0.05)
 
 
-def _run_worker(work: Path, day: str, student: str, limits: Limits, files: Path,
-                guard: Path | None = None) -> tuple:
-    """Execute one student's notebook in its own process: (notebook or None, status, reason,
-    runtime evidence as a list of Evidence, warnings, (wall seconds, CPU seconds) of the worker
-    and its kernel)."""
-    cmd = [sys.executable, "-m", "autograder.worker", str(work), day, student,
-           "--cell-timeout", str(limits.cell_timeout), "--total-timeout",
-           str(limits.total_timeout), "--memory", str(limits.memory_bytes), "--files", str(files)]
+def _worker_options(limits: Limits, files: Path, guard: Path | None) -> list[str]:
+    """The options both forms of `python -m autograder.worker` take."""
+    options = ["--cell-timeout", str(limits.cell_timeout), "--total-timeout",
+               str(limits.total_timeout), "--memory", str(limits.memory_bytes), "--files",
+               str(files)]
     if guard is not None:
-        cmd += ["--guard", str(guard)]
+        options += ["--guard", str(guard)]
     if not limits.sandbox:
-        cmd.append("--no-sandbox")
-    started = time.monotonic()
-    with open(work / "worker.log", "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        cpu = _wait_with_usage(proc, limits.total_timeout + 120)
-        if cpu is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return (None, "timeout",
-                    f"killed after the time limit ({limits.total_timeout:.0f} s)", [], "",
-                    (time.monotonic() - started, 0.0))
-    seconds = (time.monotonic() - started, cpu)
+        options.append("--no-sandbox")
+    return options
+
+
+def _outcome(work: Path, day: str, student: str, ok: bool, seconds: tuple[float, float],
+             log: Path) -> tuple:
+    """What one student's execution step left in `work`: (notebook or None, status, reason,
+    runtime evidence as a list of Evidence, warnings, (wall seconds, CPU seconds)); the CPU
+    seconds of the worker are `seconds[1]`, its kernel's are added from the report."""
     executed = work / "autograded" / student / day / f"{day}.ipynb"
     report_path = work / "report.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    seconds = (seconds[0], seconds[1] + float(report.get("kernel_cpu_s", 0.0)))
     evidence = [Evidence(**e) for e in report.get("evidence", [])]
-    if proc.returncode != 0 or not executed.exists():
-        tail = (work / "worker.log").read_text(errors="replace").strip().splitlines()[-1:]
+    if not ok or not executed.exists():
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
         return (None, "error", report.get("reason") or f"grader error: {' '.join(tail)[:300]}",
                 evidence, report.get("warnings", ""), seconds)
     return (read(executed), report.get("status", "graded"), report.get("reason", ""), evidence,
             report.get("warnings", ""), seconds)
+
+
+def _killed(limits: Limits, seconds: float) -> tuple:
+    return (None, "timeout", f"killed after the time limit ({limits.total_timeout:.0f} s)", [],
+            "", (seconds, 0.0))
+
+
+def _run_worker(work: Path, day: str, student: str, limits: Limits, files: Path,
+                guard: Path | None = None) -> tuple:
+    """The plain path (`grade --cold`): execute one student's notebook in a process of its own
+    that starts a kernel on demand; returns what _outcome does."""
+    cmd = [sys.executable, "-m", "autograder.worker", str(work), day, student,
+           *_worker_options(limits, files, guard)]
+    started = time.monotonic()
+    log_path = work / "worker.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        cpu = _wait_with_usage(proc, limits.total_timeout + WORKER_GRACE_S)
+        if cpu is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return _killed(limits, time.monotonic() - started)
+    return _outcome(work, day, student, proc.returncode == 0,
+                    (time.monotonic() - started, cpu), log_path)
+
+
+def _run_served(worker: ServingWorker, work: Path, day: str, student: str, limits: Limits,
+                more: bool) -> tuple:
+    """Execute one student's notebook in a serving worker (autograder/worker.py), whose kernel
+    for this student was started while the previous one ran; returns what _outcome does. A job
+    past the time limit kills the worker (the next student gets a new one). The seconds count
+    from the moment the worker takes the job (not its own start: one per run, not per student).
+    """
+    started = time.monotonic()
+    try:
+        worker.wait_ready()
+        started = time.monotonic()
+        reply = worker.grade(work, student, more, limits.total_timeout + WORKER_GRACE_S)
+    except WorkerDied as err:
+        tail = worker.log.read_text(errors="replace").strip().splitlines()[-1:] \
+            if worker.log.exists() else []
+        return (None, "error", f"grader error: {err}: {' '.join(tail)[:300]}", [], "",
+                (time.monotonic() - started, 0.0))
+    if reply is None:
+        return _killed(limits, time.monotonic() - started)
+    return _outcome(work, day, student, bool(reply.get("ok")),
+                    (time.monotonic() - started, float(reply.get("cpu_s", 0.0))), worker.log)
 
 
 def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
@@ -174,13 +230,10 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
     release_nb = read(template)
     source_nb = read(solution_path(day, root))
     files = root / RELEASE_DIR / day
-    # Before anyone is graded: the kernel must import what the notebook imports (a broken
-    # environment would score the whole class 0 with status `graded`). Raises PreflightError.
-    check_imports(release_nb, files=files, sandbox=limits.sandbox,
-                  memory_bytes=limits.memory_bytes)
-    guard = work / "guard.json" if limits.integrity else None   # autograder/integrity.py
+    spec = guard_spec(release_nb) if limits.integrity else None   # autograder/integrity.py
+    guard = work / "guard.json" if spec is not None else None
     if guard is not None:
-        guard.write_text(guard_spec(release_nb).to_json())
+        guard.write_text(spec.to_json())
 
     results: dict[str, Result] = {}
     outcomes: dict[str, tuple] = {}  # student -> (notebook, status, reason, evidence, warnings,
@@ -212,10 +265,57 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
         jobs[student] = (wroot, staged, notes, scan_submission(
             release_nb, staged.notebook, source_nb) if limits.integrity else [])
 
-    workers = max(1, workers or os.cpu_count() or 1)
+    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
+    serving: queue.Queue[ServingWorker] = queue.Queue()
+    if limits.warm and jobs:
+        # One serving worker per slot, started now: it imports nbgrader and warms its first
+        # kernel (imports only, no student code) while the preflight below runs.
+        preload = work / "preload.json"
+        preload.write_text(json.dumps(import_statements(release_nb) + [
+            f"import {m}" for m in (spec.modules if spec is not None else ())]))
+        cmd = [sys.executable, "-m", "autograder.worker", "serve", day,
+               *_worker_options(limits, files, guard), "--preload", str(preload)]
+        for slot in range(workers):
+            worker = ServingWorker(cmd, work / f"worker-{slot}.log")
+            worker.start()
+            serving.put(worker)
+    try:
+        # Before anyone is graded: the kernel must import what the notebook imports (a broken
+        # environment would score the whole class 0 with status `graded`). Raises
+        # PreflightError.
+        check_imports(release_nb, files=files, sandbox=limits.sandbox,
+                      memory_bytes=limits.memory_bytes)
+        _execute(jobs, day, limits, files, guard, serving, workers, progress, outcomes)
+    finally:
+        while not serving.empty():
+            serving.get().close()
+
+    record_grades(day, root, db_url, work, outcomes, results)
+    return [results[s] for s in students]
+
+
+def _execute(jobs: dict, day: str, limits: Limits, files: Path, guard: Path | None,
+             serving: queue.Queue, workers: int, progress: bool, outcomes: dict) -> None:
+    """Step 2 for every job, `workers` at a time: in a serving worker taken from `serving`
+    (each grades its students in turn), or with limits.warm off in a process per student."""
+    left = [len(jobs)]
+    lock = threading.Lock()
+
+    def run(student: str) -> tuple:
+        wroot = jobs[student][0]
+        if not limits.warm:
+            return _run_worker(wroot, day, student, limits, files, guard)
+        worker = serving.get()
+        try:
+            with lock:
+                left[0] -= 1
+                more = left[0] > 0     # another student is waiting: warm a kernel for them
+            return _run_served(worker, wroot, day, student, limits, more)
+        finally:
+            serving.put(worker)
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_run_worker, wroot, day, student, limits, files, guard): student
-                   for student, (wroot, *_) in jobs.items()}
+        futures = {pool.submit(run, student): student for student in jobs}
         done = as_completed(futures)
         if progress and futures:
             from tqdm import tqdm
@@ -239,9 +339,6 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
             if evidence and status in ("graded", "repaired"):
                 status = FLAGGED
             outcomes[student] = (nb, status, reason, evidence, warnings, seconds)
-
-    record_grades(day, root, db_url, work, outcomes, results)
-    return [results[s] for s in students]
 
 
 def record_grades(day: str, root: Path, db_url: str | None, work: Path, outcomes: dict,

@@ -353,9 +353,10 @@ def test_cli_writes_json_and_plot(micro_report, monkeypatch, tmp_path, capsys):
 
 def test_bench_cli_sets_the_openmp_wait_policy_only_before_torch_loads(monkeypatch):
     probe = ("import os; from tinygpt.__main__ import main; main(['bench', '--help']); "
-             "print('policy', os.environ.get('OMP_WAIT_POLICY'))")
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    for preset, expected in ((None, "ACTIVE"), ("PASSIVE", "PASSIVE")):
+             "print('policy', os.environ.get('OMP_WAIT_POLICY'), "
+             "os.environ.get('GOMP_SPINCOUNT'))")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    for preset, expected in ((None, "ACTIVE 200000"), ("PASSIVE", "PASSIVE 200000")):
         run_env = env if preset is None else {**env, "OMP_WAIT_POLICY": preset}
         out = subprocess.run([sys.executable, "-c", probe], env=run_env, capture_output=True,
                              text=True, check=True).stdout

@@ -48,27 +48,81 @@ def test_tiled_bfloat16_product_is_f_linear_on_rounded_weights(threads):
     assert tiled.nbytes == w.nbytes // 2
 
 
+def rounding_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """How far x @ w^T can move when x is rounded to 8 bits per block of 32: each value by at
+    most half its block's step d, so row r's output i by sum_j |w_ij| * d_r(j) / 2."""
+    _, d = ck.quantize_activation(x)
+    step = d.repeat_interleave(ck.Q_BLOCK, -1)                             # (M, K)
+    return (step / 2) @ w.abs().T
+
+
+def check_integer_product(tiled: ck.TiledLinear, x: torch.Tensor, w: torch.Tensor) -> None:
+    """The Q8_0 / Q4_1 kernel's output on x against its oracles: F.linear on the dequantized
+    weights and the 8-bit-rounded x (summation order only), and the float x within the bound
+    the rounding allows; the AVX-512 VNNI and portable loops agree."""
+    (got,) = tiled(x)
+    xq = ck.kernel_input(x, tiled.fmt)
+    torch.testing.assert_close(got, nnf.linear(xq, w), rtol=1e-5, atol=1e-5)
+    assert ((got - nnf.linear(x, w)).abs() <= rounding_bound(x, w) * 1.001 + 1e-6).all()
+    before = ck.use_portable(True)
+    try:
+        torch.testing.assert_close(tiled(x)[0], got, rtol=1e-6, atol=1e-6)
+    finally:
+        ck.use_portable(before)
+
+
+def test_activation_rounding_is_eight_bits_per_block():
+    x = weights(3, 96, seed=1) * torch.linspace(0.1, 10, 96)
+    x[1, 32:64] = 0                                                     # a block of zeros
+    q, d = ck.quantize_activation(x)
+    assert q.dtype == torch.int8 and d.shape == (3, 3) and q.abs().max() == 127
+    deq = ck.dequantize_activation(q, d)
+    assert ((deq - x).abs() <= d.repeat_interleave(32, -1) / 2 * 1.0001).all()
+    assert d[1, 1] == 0 and (q[1, 32:64] == 0).all()
+    assert ck.kernel_input(x, "fp32") is x and torch.equal(ck.kernel_input(x, "q4_1"), deq)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        ck.quantize_activation(x[:, :40])
+
+
 def test_q8_0_matches_the_gguf_package_and_the_kernel_multiplies_its_values(threads):
     """Our Q8_0 rounding equals llama.cpp's (the gguf package's reference quantizer), and the
-    kernel on Q8_0 tiles equals F.linear on the dequantized weights (summation order only)."""
+    kernel on Q8_0 tiles equals F.linear on the dequantized weights and the 8-bit x."""
     gguf = pytest.importorskip("gguf")
-    w, x = weights(80, 96) + weights(80, 96, seed=5) ** 3, weights(3, 96, seed=1)
+    w = weights(80, 96) + weights(80, 96, seed=5) ** 3
     q, d = ck.quantize_q8_0(w)
     ours = ck.dequantize_q8_0(q, d)
     kind = gguf.GGMLQuantizationType.Q8_0
     reference = gguf.quants.dequantize(gguf.quants.quantize(w.numpy(), kind), kind)
     assert torch.equal(ours, torch.from_numpy(reference))
     tiled = ck.TiledLinear(w, fmt="q8_0")
-    torch.testing.assert_close(tiled(x)[0], nnf.linear(x, ours), rtol=1e-5, atol=1e-5)
+    for rows in (1, 2, 3, 4):
+        check_integer_product(tiled, weights(rows, 96, seed=rows), ours)
     assert tiled.nbytes == 80 * 96 + 80 * 3 * 2           # 8 bits + a float16 per 32
     assert torch.equal(ck.dequantize_q8_0(*ck.quantize_q8_0(ours)), ours)   # idempotent
     assert "multiple of 32" in ck.TiledLinear.refusal(weights(16, 40), fmt="q8_0")
 
 
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
+def test_integer_products_on_extreme_values_and_model_widths(threads, fmt):
+    """Weights at the ends of their range (+-127, the nibbles 0 and 15), x with a block of
+    zeros and blocks whose largest value sits at either end, at SmolLM2's widths (576 and
+    1536 columns, a padded last tile): the integer sums cannot overflow or lose a sign."""
+    for n, k in ((72, 576), (40, 1536)):
+        w = weights(n, k, seed=2)
+        w[0] = 1.0
+        w[1, ::2], w[1, 1::2] = -1.0, 1.0
+        w[2, :32] = torch.linspace(-1, 1, 32)
+        x = weights(2, k, seed=3)
+        x[0, :32], x[1, 32:64], x[1, 64] = 0, -1, 5
+        quant = ck.quantize_q8_0 if fmt == "q8_0" else ck.quantize_q4_1
+        deq = ck.dequantize_q8_0 if fmt == "q8_0" else ck.dequantize_q4_1
+        check_integer_product(ck.TiledLinear(w, fmt=fmt), x, deq(*quant(w)))
+
+
 def test_q4_1_blocks_run_as_shipped(threads):
     """Q4_1 blocks as a GGUF file stores them (the gguf package's quantizer writes them) are
     read without changing a value, equal our own Q4_1 rounding, and the kernel on them equals
-    F.linear on their dequantized weights."""
+    F.linear on their dequantized weights and the 8-bit x."""
     gguf = pytest.importorskip("gguf")
     w, x = weights(80, 96) + weights(80, 96, seed=5) ** 3, weights(3, 96, seed=1)
     kind = gguf.GGMLQuantizationType.Q4_1
@@ -78,7 +132,7 @@ def test_q4_1_blocks_run_as_shipped(threads):
     assert torch.equal(ck.dequantize_q4_1(*parts), reference)
     assert all(torch.equal(a, b) for a, b in zip(parts, ck.quantize_q4_1(w), strict=True))
     tiled = ck.TiledLinear(w, fmt="q4_1", blocks=[parts])
-    torch.testing.assert_close(tiled(x)[0], nnf.linear(x, reference), rtol=1e-5, atol=1e-5)
+    check_integer_product(tiled, x, reference)
     assert tiled.nbytes == 80 * 96 // 2 + 80 * 3 * 4      # 4 bits + two float16 per 32
     with pytest.raises(ValueError, match="Q4_1 blocks"):
         ck.q4_1_from_gguf(torch.from_numpy(raw).reshape(-1)[:-1], (80, 96))
@@ -218,9 +272,34 @@ def test_a_bfloat16_model_on_tiled_products_tracks_its_own_forward():
     assert sum(same) >= 0.9 * len(same)
 
 
-def test_a_q8_0_model_decodes_its_own_greedy_tokens_from_q8_0_tiles():
-    """q8_0_model: every linear (the tied head too) holds its Q8_0 values; generate() streams
-    them as Q8_0 tiles and picks the greedy tokens of the copy's own forward."""
+def teacher_forced(model: TinyGPT, text_ids: torch.Tensor, start: int = 4
+                   ) -> tuple[float, float]:
+    """The tiled step against the plain step (tiled=False) of the same model, fed the same
+    tokens: (fraction of positions whose greedy token agrees, largest logit difference over
+    the largest logit)."""
+    plain, fast = KVCache.for_model(model), KVCache.for_model(model)
+    prefill(model, plain, text_ids[:, :start])
+    prefill(model, fast, text_ids[:, :start])
+    oracle, step = DecodeStep(model, plain, tiled=False), DecodeStep(model, fast)
+    assert step.tiled and not oracle.tiled
+    same, worst = [], 0.0
+    for t in range(start, text_ids.shape[1]):
+        want, got = oracle(text_ids[:, t:t + 1]), step(text_ids[:, t:t + 1])
+        worst = max(worst, ((got - want).abs().max() / want.abs().max()).item())
+        same.append(bool(got.argmax() == want.argmax()))
+    return sum(same) / len(same), worst
+
+
+STORY = ("Once upon a time there was a little girl named Lily. She liked to play in the park "
+         "with her dog. One day the dog ran after a red ball and Lily ran after the dog.")
+
+
+def test_a_q8_0_model_decodes_from_q8_0_tiles_and_tracks_its_own_forward():
+    """q8_0_model: every linear (the tied head too) holds its Q8_0 values; the decode step
+    streams them as Q8_0 tiles and rounds each product's input to 8 bits per block of 32, so
+    it tracks the plain step on the same values closely, not exactly: teacher-forced over a
+    story the greedy token agrees at 90% of the positions or more and no logit moves by more
+    than 6% of the largest (3.0% measured; a wrong block or scale moves them by far more)."""
     model, tokenizer = load_pretrained()
     q8 = ck.q8_0_model(model)
     step = DecodeStep(q8, KVCache.for_model(q8))
@@ -228,22 +307,15 @@ def test_a_q8_0_model_decodes_its_own_greedy_tokens_from_q8_0_tiles():
     w = model.layers[0].attention.wq.weight
     assert torch.equal(q8.layers[0].attention.wq.weight,
                        ck.dequantize_q8_0(*ck.quantize_q8_0(w)))
-    new = 24
-    prompt = tokenizer.encode("Once upon a time")
-    cache = KVCache.for_model(q8, 1, len(prompt) + new)
-    logits, want = prefill(q8, cache, torch.tensor([prompt])), []
-    for _ in range(new):
-        token = logits.argmax(-1, keepdim=True)
-        want.append(int(token))
-        logits = decode_step(q8, cache, token)
-    assert generate(q8, prompt, SamplingParams(temperature=0.0, max_new_tokens=new)
-                    ).token_ids == want
+    agreement, worst = teacher_forced(q8, torch.tensor([tokenizer.encode(STORY)]))
+    assert agreement >= 0.9 and worst <= 0.06
 
 
-def test_a_q4_1_model_decodes_its_own_greedy_tokens_from_its_blocks():
-    """q4_1_model with blocks handed in (as a GGUF loader would) keeps them as they are;
-    generate() streams them through the Q4_1 kernel and picks the greedy tokens of the copy's
-    own forward on the same values."""
+def test_a_q4_1_model_decodes_from_its_blocks_and_tracks_its_own_forward():
+    """q4_1_model with blocks handed in (as a GGUF loader would) keeps them as they are; the
+    decode step streams them through the Q4_1 kernel (the input rounded to 8 bits per block)
+    and tracks the plain step on the same values: agreement at 90% or more, logits within 15%
+    of the largest (8.9% measured: the scaled blocks make that layer's outputs larger)."""
     model, tokenizer = load_pretrained()
     wq = model.layers[1].attention.wq.weight
     given = ck.quantize_q4_1(wq * 1.5)          # blocks that are NOT the weight's own rounding
@@ -251,15 +323,50 @@ def test_a_q4_1_model_decodes_its_own_greedy_tokens_from_its_blocks():
     assert torch.equal(q4.layers[1].attention.wq.weight, ck.dequantize_q4_1(*given))
     step = DecodeStep(q4, KVCache.for_model(q4))
     assert step.tiled and step._weights[0][1].tiled.fmt == "q4_1"
-    new = 24
-    prompt = tokenizer.encode("Once upon a time")
-    cache = KVCache.for_model(q4, 1, len(prompt) + new)
-    logits, want = prefill(q4, cache, torch.tensor([prompt])), []
-    for _ in range(new):
-        token = logits.argmax(-1, keepdim=True)
-        want.append(int(token))
-        logits = decode_step(q4, cache, token)
-    assert generate(q4, prompt, SamplingParams(temperature=0.0, max_new_tokens=new)
-                    ).token_ids == want
+    agreement, worst = teacher_forced(q4, torch.tensor([tokenizer.encode(STORY)]))
+    assert agreement >= 0.9 and worst <= 0.15
     with pytest.raises(ValueError, match="no linear"):
         ck.q4_1_model(model, {"nope.weight": given})
+
+
+def test_decode_agreement_measures_the_decode_path():
+    """The bench's agreement (tinygpt.bench.smollm2.decode_agreement) runs the decode step
+    generate() runs: the float32 model agrees with its own forward everywhere, a model with a
+    different head does not."""
+    from tinygpt.bench.smollm2 import decode_agreement
+
+    model, tokenizer = load_pretrained()
+    prompts = torch.tensor([tokenizer.encode(STORY)[:8], tokenizer.encode(STORY)[20:28]])
+    assert decode_agreement(model, model, prompts, 6) == 1.0
+    other = ck.q8_0_model(model)
+    with torch.no_grad():
+        other.output.weight.copy_(other.output.weight.roll(1, 0))
+    assert decode_agreement(model, other, prompts, 6) < 0.5
+
+
+@pytest.mark.parametrize("batch,cache_batch", [(1, 1), (3, 4)])
+def test_layers_in_c_compute_the_plain_step(batch, cache_batch):
+    """A float32 step runs each layer as one C call (cpu_kernels.DecodeLayers: norms, RoPE,
+    the cache write, grouped-query attention, SiLU and the residuals between the products);
+    over 12 positions its logits and its cache equal the plain step's (tiled=False) to float
+    rounding, for a batch smaller than the cache's too."""
+    model = small_model()
+    ids = torch.randint(0, 96, (batch, 14), generator=torch.Generator().manual_seed(0))
+    plain = KVCache.for_model(model, cache_batch, 16)
+    fast = KVCache.for_model(model, cache_batch, 16)
+    first = 2 if batch == cache_batch else 0         # otherwise decode from position 0
+    if first:
+        prefill(model, plain, ids[:, :first])
+        prefill(model, fast, ids[:, :first])
+    oracle, step = DecodeStep(model, plain, tiled=False), DecodeStep(model, fast)
+    assert step._layers is not None and oracle._layers is None
+    for t in range(first, 14):
+        want, got = oracle(ids[:, t:t + 1]), step(ids[:, t:t + 1])
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for a, b in zip(plain.layers, fast.layers, strict=True):
+        torch.testing.assert_close(b.k, a.k, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(b.v, a.v, rtol=1e-4, atol=1e-5)
+    bf16 = small_model().to(torch.bfloat16)        # (its agreement: the bfloat16 test above)
+    assert DecodeStep(bf16, KVCache.for_model(bf16))._layers.cache_bf16 == 1
+    with pytest.raises(ValueError, match="pos must be"):
+        step._layers(torch.zeros(1, 64), 16)

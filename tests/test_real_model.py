@@ -261,8 +261,10 @@ def test_chat_streams_keeps_and_resets_the_conversation(greedy_answer):
     assert f"you> {question}\n{SMOLLM2_ID}> {greedy_answer}\n" in transcript
 
 
-def test_serve_smollm2_answers_through_the_openai_client(greedy_answer):
+def test_serve_smollm2_answers_through_the_openai_client(greedy_answer, ours):
     openai = pytest.importorskip("openai")
+    import httpx
+
     from tinygpt.bench.load import running_server
 
     with running_server("--model", "smollm2", "--threads", "1", "--max-running", "4") \
@@ -273,6 +275,16 @@ def test_serve_smollm2_answers_through_the_openai_client(greedy_answer):
                                                max_tokens=12, temperature=0)
         with pytest.raises(openai.NotFoundError):
             client.chat.completions.create(model="tinygpt", messages=QUESTION, max_tokens=1)
+        # what lm-evaluation-harness's remote tokenizer reads: the file's BOS (which the file
+        # says is not put before a text), its end of sequence, pad and chat template
+        info = httpx.get(f"{url}/tokenizer_info").json()
+        tok = ours[1]
+        assert (info["bos_token"], info["bos_token_id"], info["add_bos_token"]) == \
+            ("<|im_start|>", 1, False)
+        assert info["eos_token"] == info["pad_token"] == "<|im_end|>"      # ids 2, as the file
+        assert info["chat_template"] == tok.chat_template and tok.add_bos is False
+        ids = httpx.post(f"{url}/tokenize", json={"prompt": "The cat sat"}).json()["tokens"]
+        assert ids == tok.encode("The cat sat")
     assert reply.choices[0].message.content == greedy_answer
     assert reply.choices[0].finish_reason == "stop"              # at <|im_end|>, not the limit
     assert reply.model == SMOLLM2_ID

@@ -101,6 +101,11 @@ def test_the_openai_client_gets_n_choices_logprobs_and_echo(served):
     assert echoed.choices[0].text.startswith("The cat sat")
     assert logprobs.token_logprobs[0] is None and len(logprobs.tokens) == len(
         logprobs.token_logprobs) == len(logprobs.top_logprobs) == len(logprobs.text_offset)
+    scored = c.completions.create(model="tinygpt", prompt="The cat sat", max_tokens=0,
+                                  echo=True, logprobs=2)                 # the prompt alone
+    assert scored.choices[0].text == "The cat sat" and scored.usage.completion_tokens == 0
+    assert scored.choices[0].logprobs.token_logprobs[1:] == logprobs.token_logprobs[
+        1:len(scored.choices[0].logprobs.tokens)]
     chat = c.chat.completions.create(
         model="tinygpt", messages=[{"role": "developer", "content": "Be kind."},
                                    {"role": "user", "content": [{"type": "text",

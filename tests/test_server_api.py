@@ -388,3 +388,72 @@ def test_streamed_logprobs_and_echo_add_up_to_the_whole_answer(real):
             for choice in json.loads(line[6:])["choices"]:
                 entries += (choice["logprobs"] or {}).get("content", [])
     assert entries == whole["logprobs"]["content"]
+
+
+def test_max_tokens_zero_with_echo_scores_the_prompt_alone(real, shipped):
+    """The OpenAI legacy scoring request: the prompt and its log-probabilities, nothing
+    generated (equal to the plain forward pass within 1e-5), streamed and whole alike."""
+    model, tokenizer = shipped
+    text = "Once upon a time, a little dog"
+    body = {"model": "tinygpt", "prompt": text, "max_tokens": 0, "echo": True, "logprobs": 1}
+    out = real.post("/v1/completions", body).json()
+    choice = out["choices"][0]
+    assert choice["text"] == text and choice["finish_reason"] == "length"
+    ids = tokenizer.encode(text)
+    assert out["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 0,
+                            "total_tokens": len(ids)}
+    with torch.inference_mode():
+        want = torch.log_softmax(model(torch.tensor([ids]))[0].float(), dim=-1)
+    got = choice["logprobs"]["token_logprobs"]
+    assert len(got) == len(ids) and got[0] is None
+    for p in range(1, len(ids)):
+        assert abs(got[p] - want[p - 1, ids[p]].item()) < 1e-5, p
+    streamed, finishes = "", []
+    lines = real.post("/v1/completions", {**body, "stream": True}).text.splitlines()
+    for line in lines:
+        if line.startswith("data: {"):
+            part = json.loads(line[6:])["choices"][0]
+            streamed += part["text"]
+            finishes.append(part["finish_reason"])
+    assert streamed == text and finishes[-1] == "length"
+    assert [line for line in lines if line][-1] == "data: [DONE]"
+    alone = real.post("/v1/completions", {**body, "echo": False})
+    assert alone.status_code == 400 and alone.json()["error"]["param"] == "max_tokens"
+    assert "echo" in alone.json()["error"]["message"]
+
+
+def test_tokenize_puts_the_bos_first_only_where_the_tokenizer_adds_one(shipped):
+    import copy
+
+    model, tokenizer = shipped
+    plain = Served(model, tokenizer, max_waiting=4)
+    try:
+        for flag in (None, True, False):
+            body = {"prompt": "The cat", **({} if flag is None else {"add_special_tokens": flag})}
+            assert plain.post("/tokenize", body).json()["tokens"] == tokenizer.encode("The cat")
+        info = plain.get("/tokenizer_info").json()
+        assert info["bos_token"] is None and info["add_bos_token"] is False
+    finally:
+        plain.close()
+    with_bos = copy.copy(tokenizer)
+    with_bos.bos_id, with_bos.add_bos = tokenizer.special_tokens["<|endoftext|>"], True
+    served = Served(model, with_bos, max_waiting=4)
+    try:
+        bos, ids = with_bos.bos_id, tokenizer.encode("The cat")
+        assert served.post("/tokenize", {"prompt": "The cat"}).json()["tokens"] == [bos] + ids
+        assert served.post("/tokenize", {"prompt": "The cat", "add_special_tokens": False}
+                           ).json()["tokens"] == ids
+        chat = [{"role": "user", "content": "hi"}]
+        assert served.post("/tokenize", {"messages": chat}).json()["tokens"] == \
+            tokenizer.encode_chat(chat)
+        assert served.post("/tokenize", {"messages": chat, "add_special_tokens": True}
+                           ).json()["tokens"] == [bos] + tokenizer.encode_chat(chat)
+        info = served.get("/tokenizer_info").json()
+        assert info["bos_token"] == "<|endoftext|>" and info["bos_token_id"] == bos
+        assert info["add_bos_token"] is True
+        # a text prompt is generated from with its BOS: the echo shows it was counted
+        out = served.post("/v1/completions", {"prompt": "The cat", "max_tokens": 1,
+                                              "temperature": 0}).json()
+        assert out["usage"]["prompt_tokens"] == len(ids) + 1
+    finally:
+        served.close()

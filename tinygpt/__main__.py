@@ -21,8 +21,13 @@ COMMANDS = {
 # its library loads). bench: OpenMP's worker threads spin between parallel regions instead of
 # sleeping. A decode step runs about 50 short multi-threaded products one after another; waking
 # sleeping workers for each one cost 13% of the products' time on the 2-core development
-# machine. llama.cpp's thread pool spins in the same way. An explicit setting is never changed.
-ENV_DEFAULTS = {"bench": {"OMP_WAIT_POLICY": "ACTIVE"}}
+# machine. llama.cpp's thread pool spins in the same way. GOMP_SPINCOUNT bounds the spinning
+# (about 200,000 pauses, a few milliseconds): unbounded, as ACTIVE alone makes it, a worker
+# that ran one parallel region (a prefill, an argmax over the vocabulary) kept spinning through
+# the whole decode that followed, half a core taken from tinygpt.cpu_kernels' product threads
+# (measured per thread: 0.53-0.64 of a core against 0.18 bounded). An explicit setting is never
+# changed.
+ENV_DEFAULTS = {"bench": {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "200000"}}
 
 
 def usage() -> str:

@@ -16,15 +16,23 @@ The kernels here (C, in tinygpt/csrc/cpu_gemv.c, compiled on first use) fix both
                    calling thread takes chunks too and never waits for a helper that took none
     weights        float32 (exact products up to summation order) or bfloat16 (half the
                    bytes; each weight rounded once to 8 significant bits, the sums in float32)
+                   or llama.cpp's Q8_0 / Q4_1 blocks (8.5 / 5 bits per weight), whose kernels
+                   round x to 8 bits per block of 32 (quantize_activation) and sum in
+                   integers with AVX-512 VNNI (a portable C loop elsewhere): the only error
+                   beyond the weights' own is x's rounding, at most half a step per value
 
     TiledLinear        the products of one or more weights that share their input (q, k, v;
                        gate and up), stacked and tiled: x (M, K) -> a tuple of (M, N_i)
     available()        None when the kernels can run here, else the reason they cannot
     load()             the compiled library (compiles it once per machine and source)
+    kernel_input()     x as the kernel for a format multiplies it (the oracle's input)
+    DecodeLayers       a float32 decode step's layers, one C call each (the small operations
+                       between the products in C, on the calling thread)
 
 The compiled library is cached under $TINYGPT_CACHE (default ~/.cache/tinygpt), named by a
-hash of the source, the compiler and its flags. The plain products (F.linear) stay the oracle:
-tinygpt.kv_cache.DecodeStep checks the kernels against them when it builds a step.
+hash of the source, the compiler and its flags. The plain products (F.linear on the dequantized
+weights and kernel_input(x)) stay the oracle: tinygpt.kv_cache.DecodeStep checks the kernels
+against them when it builds a step.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ import torch
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_gemv.c"
 FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp-simd", "-shared",
-         "-fPIC", "-pthread")
+         "-fPIC", "-pthread", "-lm")
 TILE = 16
 Q_BLOCK = 32            # Q8_0: one scale per row and block of 32 columns
 MAX_ROWS = 4            # x rows (sequences) per product; larger batches are compute-bound
@@ -81,7 +89,14 @@ def _build() -> ctypes.CDLL:
             os.replace(out, target)       # atomic: a concurrent build never sees half a file
     lib = ctypes.CDLL(str(target))
     lib.tg_gemv.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
-    lib.tg_gemv.restype = None
+    lib.tg_gemv.restype = ctypes.c_int
+    lib.tg_use_portable.argtypes = [ctypes.c_int]
+    lib.tg_use_portable.restype = ctypes.c_int
+    lib.tg_has_vnni.restype = ctypes.c_int
+    P, L, F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
+    lib.tg_layer.argtypes = [ctypes.c_int, P, L, L, P, P, F, P, L, P, L, P, L, P, L, P, P,
+                             ctypes.c_int, L, P, P, L, L, L, L, L]
+    lib.tg_layer.restype = ctypes.c_int
     lib.tg_start.argtypes = [ctypes.c_int]
     lib.tg_start.restype = ctypes.c_int
     lib.tg_stop.restype = None
@@ -158,18 +173,21 @@ def dequantize_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 
 def tile_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """Q8_0 blocks in the kernel's layout: per tile of 16 rows (the last padded with zero rows)
-    and block b, 16 float16 scales then the 32 x 16 int8 weights column by column; a uint8
-    tensor (tiles, K / 32, 32 + 512). d must hold float16 values (quantize_q8_0's do)."""
+    and block b, 16 float16 scales, then the block's 32 columns in 8 groups of 4, each group
+    the 16 rows' 4 weights side by side (row i, column 4g + c at byte 64g + 4i + c), stored
+    as q + 128 (0..254: the integer product's unsigned operand); a uint8 tensor
+    (tiles, K / 32, 32 + 512). d must hold float16 values (quantize_q8_0's do)."""
     n, k = q.shape
     pad = -n % TILE
     if pad:
         q = torch.cat([q, q.new_zeros(pad, k)])
         d = torch.cat([d, d.new_zeros(pad, d.shape[1])])
     tiles, blocks = q.shape[0] // TILE, k // Q_BLOCK
-    values = q.reshape(tiles, TILE, blocks, Q_BLOCK).permute(0, 2, 3, 1)   # (t, b, 32, 16)
+    values = q.reshape(tiles, TILE, blocks, Q_BLOCK // 4, 4).permute(0, 2, 3, 1, 4)
+    unsigned = (values.to(torch.int16) + 128).to(torch.uint8)             # (t, b, 8, 16, 4)
     scales = d.half().reshape(tiles, TILE, blocks).permute(0, 2, 1)        # (t, b, 16)
     return torch.cat([scales.contiguous().view(torch.uint8).reshape(tiles, blocks, -1),
-                      values.contiguous().view(torch.uint8).reshape(tiles, blocks, -1)], -1)
+                      unsigned.contiguous().reshape(tiles, blocks, -1)], -1)
 
 
 def quantize_q4_1(weight: torch.Tensor
@@ -218,16 +236,17 @@ def dequantize_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.
 
 def tile_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """Q4_1 blocks in the kernel's layout: per tile of 16 rows (the last padded with zero rows)
-    and block, 16 float16 scales, 16 float16 minimums, then 16 x 16 bytes, byte (p, i) holding
-    column 2p of row i in its low nibble and 2p + 1 in its high one; uint8 (tiles, K/32, 320).
-    d and m must hold float16 values (a GGUF file's and quantize_q4_1's do)."""
+    and block, 16 float16 scales, 16 float16 minimums, then 4 x 64 bytes: byte 64g + 4i + c
+    holds row i's column 4g + c in its low nibble and column 16 + 4g + c in its high one;
+    uint8 (tiles, K / 32, 320). d and m must hold float16 values (a GGUF file's and
+    quantize_q4_1's do)."""
     n, k = q.shape
     pad = -n % TILE
     if pad:
         q, d, m = (torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (q, d, m))
     tiles, blocks = q.shape[0] // TILE, k // Q_BLOCK
-    values = q.reshape(tiles, TILE, blocks, Q_BLOCK).permute(0, 2, 3, 1)   # (t, b, 32, 16)
-    packed = values[:, :, 0::2] | (values[:, :, 1::2] << 4)               # (t, b, 16, 16)
+    values = q.reshape(tiles, TILE, blocks, 2, 4, 4).permute(0, 2, 3, 4, 1, 5)  # (t,b,2,4,16,4)
+    packed = values[:, :, 0] | (values[:, :, 1] << 4)                       # (t, b, 4, 16, 4)
 
     def per_row(x: torch.Tensor) -> torch.Tensor:                          # (t, b, 16 * 2)
         return x.half().reshape(tiles, TILE, blocks).permute(0, 2, 1).contiguous() \
@@ -235,6 +254,58 @@ def tile_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor
 
     return torch.cat([per_row(d), per_row(m),
                       packed.contiguous().reshape(tiles, blocks, -1)], -1)
+
+
+def quantize_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) float32, K a multiple of 32 -> (q int8 (M, K), d float32 (M, K / 32)): per row
+    and block of 32 values d = max |x| / 127 and q = round(x * (1 / d)), half to even (0 where
+    d is 0), as the Q8_0 and Q4_1 kernels quantize their input before the integer products.
+    dequantize_activation(q, d) differs from x by at most d / 2 per value."""
+    m, k = x.shape
+    if k % Q_BLOCK:
+        raise ValueError(f"x must have a multiple of {Q_BLOCK} columns, got {k}")
+    blocks = x.detach().float().reshape(m, k // Q_BLOCK, Q_BLOCK)
+    d = blocks.abs().amax(-1) / 127
+    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    return torch.round(blocks * inverse[..., None]).to(torch.int8).reshape(m, k), d
+
+
+def dequantize_activation(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """q int8 (M, K), d (M, K / 32) -> float32 (M, K): q * d of its block."""
+    m, k = q.shape
+    return (q.float().reshape(m, k // Q_BLOCK, Q_BLOCK) * d[..., None]).reshape(m, k)
+
+
+def kernel_input(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """What the kernel for weights in `fmt` multiplies x (..., K) by: x itself for fp32 and
+    bf16, x rounded to 8 bits per block of 32 (quantize_activation) for q8_0 and q4_1. The
+    kernel's output equals F.linear(kernel_input(x, fmt), dequantized weights) up to float
+    summation order; this is the oracle the tests and DecodeStep's probe use."""
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt!r}")
+    if fmt in ("fp32", "bf16"):
+        return x
+    rows = x.reshape(-1, x.shape[-1])
+    return dequantize_activation(*quantize_activation(rows)).reshape(x.shape)
+
+
+def use_portable(on: bool) -> bool:
+    """Run the Q8_0 / Q4_1 products on the portable C loops (True) or AVX-512 VNNI where it was
+    compiled in (False, the default); returns the previous setting. Both give the same integer
+    sums; the tests compare them."""
+    if not isinstance(on, bool):
+        raise TypeError(f"on must be True or False, got {on!r}")
+    lib = load()
+    if lib is None:
+        raise RuntimeError(available())
+    with _lock:
+        return bool(lib.tg_use_portable(int(on)))
+
+
+def has_vnni() -> bool:
+    """Whether the compiled kernels use AVX-512 VNNI for the integer products."""
+    lib = load()
+    return lib is not None and bool(lib.tg_has_vnni())
 
 
 def tile(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -256,9 +327,9 @@ class TiledLinear:
     `blocks`, one (q, d, m) per weight, else quantize_q4_1; K a multiple of 32 for both),
     tiles them and keeps the copy (later changes to the weights do not reach it). Call it
     with x (M, K) or (B, 1, K) float32, M <= MAX_ROWS: it returns one float32 output per
-    weight, shapes
-    (..., N_i). The stacked rows are padded to a multiple of 16 with zeros, whose outputs are
-    dropped.
+    weight, shapes (..., N_i), equal to F.linear(kernel_input(x, fmt), W_i dequantized) up to
+    summation order. The stacked rows are padded to a multiple of 16 with zeros, whose
+    outputs are dropped.
     """
 
     def __init__(self, *weights: torch.Tensor, fmt: str = "fp32",
@@ -314,28 +385,121 @@ class TiledLinear:
         return self.tiled.nbytes
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        lead = x.shape[:-1]
-        rows = x.reshape(-1, self.k)
-        if rows.dtype != torch.float32 or rows.shape[0] > MAX_ROWS:
-            raise ValueError(f"TiledLinear takes float32 x with at most {MAX_ROWS} rows, got "
-                             f"{rows.dtype} {tuple(x.shape)}")
-        rows = rows.contiguous()
-        y = torch.empty(rows.shape[0], self.n_pad)
+        # A decode step makes ~120 of these calls per token, so the wrapper does as little
+        # tensor bookkeeping as it can (each view or split costs about a microsecond).
+        rows = x.numel() // self.k if x.shape[-1] == self.k else -1
+        if x.dtype != torch.float32 or not 0 < rows <= MAX_ROWS:
+            raise ValueError(f"TiledLinear takes float32 x (..., {self.k}) with at most "
+                             f"{MAX_ROWS} rows, got {x.dtype} {tuple(x.shape)}")
+        if not x.is_contiguous():
+            x = x.contiguous()
+        y = torch.empty((*x.shape[:-1], self.n_pad))
         with _lock:
-            self.lib.tg_gemv(self.code, self.tiled.data_ptr(), rows.data_ptr(), y.data_ptr(),
-                             rows.shape[0], self.n_pad, self.k)
+            status = self.lib.tg_gemv(self.code, self.tiled.data_ptr(), x.data_ptr(),
+                                      y.data_ptr(), rows, self.n_pad, self.k)
+        if status:
+            raise MemoryError("the kernel could not allocate the quantized activation")
         if self.n_pad != self.n:
-            y = y[:, :self.n]
-        return y.view(*lead, self.n).split(self.sizes, -1)
+            y = y[..., :self.n]                # the padding rows' outputs
+        return (y,) if len(self.sizes) == 1 else y.split(self.sizes, -1)
+
+
+class DecodeLayers:
+    """A decode step's layers, each one C call (tg_layer in cpu_gemv.c): the four tiled
+    products on the pool and everything between them (the RMS norms, RoPE, the cache write,
+    attention over the cached positions, SiLU(gate) * up, the residual adds) on the calling
+    thread, computed as the model's forward computes them, in float32 (bfloat16 weights are
+    widened by the kernels; a bfloat16 cache is read and written in bfloat16).
+
+    layers: per layer (attention_norm weight (D,), qkv, wo, ffn_norm weight (D,), gate_up,
+    w2), the products TiledLinear of one format (q, k, v stacked in that order; gate then up);
+    cache_layers: objects with .k and .v (cache_batch, kv_heads, max_len, head_dim), float32
+    or bfloat16; cos, sin_signed: (max_seq_len, head_dim) rotation tables. The norm weights
+    and tables are copied to float32 (a float32 one is used as it is). Call it with x (B, D)
+    float32 contiguous, B <= MAX_ROWS, and the position: x becomes the last layer's output
+    and every layer's cache holds the new keys and values at the position.
+    refusal(...) says why a model's step cannot run this way (None when it can).
+    """
+
+    def __init__(self, layers: list[tuple], cache_layers: list, cos: torch.Tensor,
+                 sin_signed: torch.Tensor, heads: int, kv_heads: int, eps: float) -> None:
+        reason = self.refusal(layers, cache_layers, cos, sin_signed)
+        if reason is not None:
+            raise ValueError(reason)
+        self.lib = load()
+        self.cos, self.sin_signed = cos.float().contiguous(), sin_signed.float().contiguous()
+        self.cache_bf16 = int(cache_layers[0].k.dtype == torch.bfloat16)
+        layers = [(n1.float().contiguous(), qkv, wo, n2.float().contiguous(), gate_up, w2)
+                  for n1, qkv, wo, n2, gate_up, w2 in layers]
+        self.head_dim = cos.shape[-1]
+        self.heads, self.kv_heads, self.eps = heads, kv_heads, float(eps)
+        self.d_ff = layers[0][4].sizes[0]
+        self.max_len = cache_layers[0].k.shape[2]
+        self.keep = (layers, cache_layers)       # what the pointers below point into
+        self.calls = [(qkv.code, norm1.data_ptr(), norm2.data_ptr(), self.eps,
+                       qkv.tiled.data_ptr(), qkv.n_pad, wo.tiled.data_ptr(), wo.n_pad,
+                       gate_up.tiled.data_ptr(), gate_up.n_pad, w2.tiled.data_ptr(), w2.n_pad,
+                       cache.k.data_ptr(), cache.v.data_ptr())
+                      for (norm1, qkv, wo, norm2, gate_up, w2), cache in zip(
+                          layers, cache_layers, strict=True)]
+
+    @staticmethod
+    def refusal(layers: list[tuple], cache_layers: list, cos: torch.Tensor,
+                sin_signed: torch.Tensor) -> str | None:
+        """Why these layers cannot run as DecodeLayers, or None when they can."""
+        if available() is not None:
+            return available()
+        if not layers or len(layers) != len(cache_layers):
+            return "DecodeLayers needs one cache layer per layer"
+        fmts = set()
+        for norm1, qkv, wo, norm2, gate_up, w2 in layers:
+            products = (qkv, wo, gate_up, w2)
+            if not all(isinstance(p, TiledLinear) for p in products):
+                return "every product must be a TiledLinear"
+            fmts.update(p.fmt for p in products)
+            if len(qkv.sizes) != 3 or len(gate_up.sizes) != 2 or \
+                    gate_up.sizes[0] != gate_up.sizes[1] or w2.k != gate_up.sizes[0]:
+                return "qkv must stack q, k, v and gate_up gate and up"
+            if any(t.dtype not in WEIGHT_DTYPES or t.ndim != 1 for t in (norm1, norm2)):
+                return "the norm weights must be float32 or bfloat16 vectors"
+        if len(fmts) != 1:
+            return f"the products must share one format, got {sorted(fmts)}"
+        tensors = [cos, sin_signed] + [t for c in cache_layers for t in (c.k, c.v)]
+        if any(t.dtype not in WEIGHT_DTYPES or not t.is_contiguous() or t.device.type != "cpu"
+               for t in tensors) or len({t.dtype for t in tensors[2:]}) != 1:
+            return ("the cache (one dtype) and rotation tables must be contiguous float32 or "
+                    "bfloat16 CPU tensors")
+        return None
+
+    def __call__(self, x: torch.Tensor, pos: int) -> None:
+        rows, d = x.shape
+        if x.dtype != torch.float32 or not x.is_contiguous() or not 0 < rows <= MAX_ROWS:
+            raise ValueError(f"x must be contiguous float32 (B, D), B <= {MAX_ROWS}, got "
+                             f"{x.dtype} {tuple(x.shape)}")
+        if not 0 <= pos < min(self.max_len, self.cos.shape[0]):
+            raise ValueError(f"pos must be in [0, {min(self.max_len, self.cos.shape[0])}), "
+                             f"got {pos}")
+        hd = self.head_dim
+        cos = self.cos.data_ptr() + pos * hd * 4
+        sin = self.sin_signed.data_ptr() + pos * hd * 4
+        xp, layer = x.data_ptr(), self.lib.tg_layer
+        with _lock:
+            for (code, n1, n2, eps, wqkv, nqkv, wo, no, wgu, ngu, w2, n2_, kc, vc) \
+                    in self.calls:
+                if layer(code, xp, rows, d, n1, n2, eps, wqkv, nqkv, wo, no, wgu, ngu, w2, n2_,
+                         kc, vc, self.cache_bf16, self.max_len, cos, sin, pos, self.heads,
+                         self.kv_heads, hd, self.d_ff):
+                    raise MemoryError("the kernel could not allocate its buffers")
 
 
 def q8_0_model(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of `model` whose every linear weight (the LM head too, and with it a tied
     embedding) holds its Q8_0 values, dequantize_q8_0(*quantize_q8_0(W)), and that is marked
     `decode_weights = "q8_0"`: tinygpt.kv_cache.DecodeStep then streams those weights as Q8_0
-    blocks (8.5 bits per weight) instead of float32. Everything else (prefill, the engine, the
-    plain step) computes with the same values in float32, so the fast step's oracle is exact
-    up to summation order: re-quantizing a Q8_0 block's values gives back the same block.
+    blocks (8.5 bits per weight) instead of float32, each product's input rounded to 8 bits
+    per block of 32 for the integer kernel. Everything else (prefill, the engine, the plain
+    step) computes with the same weight values in float32 (re-quantizing a Q8_0 block's values
+    gives back the same block), so the fast step differs from it only by the input rounding.
     Weights whose in_features is not a multiple of 32 stay as they are."""
     out = copy.deepcopy(model)
     with torch.no_grad():
@@ -350,8 +514,9 @@ def q4_1_model(model: torch.nn.Module, blocks: dict[str, tuple] | None = None
                ) -> torch.nn.Module:
     """A copy of `model` whose linear weights (the LM head too, and with it a tied embedding)
     hold Q4_1 values, marked `decode_weights = "q4_1"`: DecodeStep streams the Q4_1 blocks
-    (5 bits per weight with the scales and minimums) through the tiled kernel, the rest
-    computes with the same values in float32 (the oracle, exact up to summation order).
+    (5 bits per weight with the scales and minimums) through the tiled integer kernel (the
+    input rounded to 8 bits per block of 32), the rest computes with the same weight values in
+    float32 (the oracle, which differs from the fast step only by that rounding).
 
     blocks: {name of a linear module's weight ("layers.0.attention.wq.weight"): (q, d, m)},
     e.g. a GGUF file's Q4_1 tensors, used as they are; weights without blocks are quantized

@@ -112,15 +112,17 @@ class GGUFTokenizer:
 
     Attributes: tokens (the token strings, by id), token_bytes_table (each id's bytes),
     merges {(left_id, right_id): (rank, new_id)}, special_tokens {text: id} (control and
-    user-defined tokens), bos_id / eos_id / pad_id (None when the file has none),
-    chat_template (a Jinja2 string or None), pre (the split rule's name).
+    user-defined tokens), bos_id / eos_id / pad_id (None when the file has none), add_bos
+    (whether a text's ids start with bos_id: tokenizer.ggml.add_bos_token; `encode` itself
+    never adds it, callers such as the server do), chat_template (a Jinja2 string or None),
+    pre (the split rule's name).
     Build one with `GGUFTokenizer.from_gguf(path)`.
     """
 
     def __init__(self, tokens: Sequence[str], token_types: Sequence[int],
                  merges: Sequence[str], pre: str, *, bos_id: int | None = None,
                  eos_id: int | None = None, pad_id: int | None = None,
-                 chat_template: str | None = None) -> None:
+                 chat_template: str | None = None, add_bos: bool = False) -> None:
         if len(token_types) != len(tokens):
             raise ValueError(f"token_types has {len(token_types)} entries but tokens has "
                              f"{len(tokens)}")
@@ -157,6 +159,10 @@ class GGUFTokenizer:
             if value is not None and not 0 <= value < len(tokens):
                 raise ValueError(f"{name} {value} is not a token id (0..{len(tokens) - 1})")
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
+        if not isinstance(add_bos, bool) or (add_bos and bos_id is None):
+            raise ValueError(f"add_bos must be a bool, and True only with a bos_id; got "
+                             f"add_bos={add_bos!r}, bos_id={bos_id!r}")
+        self.add_bos = add_bos
         self.pre = pre
         self.patterns = SPLIT_RULES[pre]
         self.chat_template = chat_template
@@ -182,7 +188,8 @@ class GGUFTokenizer:
                    bos_id=metadata(reader, "tokenizer.ggml.bos_token_id", None),
                    eos_id=metadata(reader, "tokenizer.ggml.eos_token_id", None),
                    pad_id=metadata(reader, "tokenizer.ggml.padding_token_id", None),
-                   chat_template=metadata(reader, "tokenizer.chat_template", None))
+                   chat_template=metadata(reader, "tokenizer.chat_template", None),
+                   add_bos=bool(metadata(reader, "tokenizer.ggml.add_bos_token", False)))
 
     def __repr__(self) -> str:
         return (f"GGUFTokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "

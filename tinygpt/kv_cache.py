@@ -414,7 +414,12 @@ class DecodeStep:
     The tiles are built once per model (cached; rebuilt when a weight changes) and checked
     against F.linear on a probe; `tiled` tells whether they run and `tiled_reason` why not
     (other devices, dtypes, a static cache, tiled=False: the plain products, the oracle).
-    Batches of more than cpu_kernels.MAX_ROWS sequences run the plain products.
+    Batches of more than cpu_kernels.MAX_ROWS sequences run the plain products. On a plain
+    cache each layer then runs as one C call (cpu_kernels.DecodeLayers: the norms, RoPE, the
+    cache write, attention and SiLU between the products, which cost a fifth of a
+    SmolLM2-sized step as torch operations; activations in float32, also for a bfloat16
+    model, whose plain step rounds them to bfloat16 after every operation), and torch's own
+    operations in the step run on one thread, leaving the cores to the products' threads.
 
     pack_weights=True (opt-in, CPU, float32) is the older CPU option for larger models. At
     batch 1 every product is a matrix times one vector, so the step should stream the weights
@@ -460,6 +465,18 @@ class DecodeStep:
             sin = model.rope_sin
             # rotate_half(x) * sin == roll(x, half) * sin_signed: one kernel instead of four
             self._sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+        self._layers = None
+        if self.tiled and all(type(layer) is LayerKVCache for layer in cache.layers):
+            from tinygpt.cpu_kernels import DecodeLayers
+
+            layers = [(n1, getattr(qkv, "tiled", None), getattr(wo, "tiled", None), n2,
+                       getattr(gu, "tiled", None), getattr(w2, "tiled", None))
+                      for n1, qkv, wo, n2, gu, w2 in self._weights]
+            args = (layers, cache.layers, model.rope_cos, self._sin_signed)
+            if DecodeLayers.refusal(*args) is None:
+                self._layers = DecodeLayers(*args, model.cfg.n_heads, model.cfg.n_kv_heads,
+                                            model.cfg.norm_eps)
+                self._final_norm = model.norm.weight.float()
         if compile:
             self._try_compile()
 
@@ -473,7 +490,7 @@ class DecodeStep:
             entry = _TILED.get(model)
             if entry is None or entry[0] != key:
                 with torch.inference_mode():
-                    from tinygpt.cpu_kernels import WEIGHT_DTYPES
+                    from tinygpt.cpu_kernels import WEIGHT_DTYPES, kernel_input
 
                     fmt = getattr(model, "decode_weights", None) or \
                         WEIGHT_DTYPES[model.output.weight.dtype]
@@ -489,7 +506,9 @@ class DecodeStep:
                         weight = torch.cat(product.weights)
                         probe = torch.randn(1, weight.shape[1],
                                             generator=torch.Generator().manual_seed(0))
-                        want = nnf.linear(probe, weight.float())
+                        # q8_0 / q4_1 round their input to 8 bits first: the oracle does too
+                        want = nnf.linear(kernel_input(probe, product.tiled.fmt),
+                                          weight.float())
                         got = torch.cat(product.tiled(probe), -1)
                         if not torch.allclose(got, want, rtol=1e-4,
                                               atol=1e-4 * want.abs().max().item()):
@@ -500,6 +519,9 @@ class DecodeStep:
             self.tiled_reason = reason
             return
         self._weights, self._head, self.tiled = entry[1], entry[2], True
+        from tinygpt.cpu_kernels import MAX_ROWS
+
+        self._max_rows = MAX_ROWS       # larger batches run the plain products
 
     def _try_pack(self) -> None:
         model = self.model
@@ -559,6 +581,13 @@ class DecodeStep:
             model._check_inputs(token, None)
         n_heads, n_kv, head_dim, dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, (cfg.d_model,)
         gqa, half, eps = n_heads != n_kv, head_dim // 2, cfg.norm_eps
+        if self._layers is not None and batch <= self._max_rows:
+            # the layers in C, one call each (cpu_kernels.DecodeLayers), x in float32
+            x = nnf.embedding(token[:, 0], embedding).float()                 # (B, D)
+            self._layers(x, start)
+            cache.advance(1)
+            x = nnf.rms_norm(x, dim, self._final_norm, eps)
+            return self._head(x)[0].float()
         cos, sin = model.rope_cos[start], self._sin_signed[start]             # (head_dim,)
         x = nnf.embedding(token, embedding)                                   # (B, 1, D)
         for (attention_norm, qkv, wo, ffn_norm, gate_up, w2), layer in zip(
@@ -585,6 +614,20 @@ class DecodeStep:
         return self._head(x)[0].float()
 
     def _eager(self, token: torch.Tensor) -> torch.Tensor:
+        if self._weights is not None and self.tiled and torch.get_num_threads() > 1 and \
+                token.shape[0] <= self._max_rows:
+            # The tiled products split themselves over the cores with their own threads;
+            # torch's operations in the step would otherwise start OpenMP teams of their own
+            # between them, whose workers then compete with the product threads for the same
+            # cores (with torch's attention over 9 heads in the step, before the layers ran
+            # in C, a step on a busy machine took 5x longer). At batch 1 these operations
+            # are far too small to gain from a split.
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                return self._fused(token)
+            finally:
+                torch.set_num_threads(threads)
         if self._weights is not None:
             return self._fused(token)
         if not self.cache.static:

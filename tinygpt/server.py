@@ -9,9 +9,12 @@
                                "SmolLM2-135M-Instruct"); /v1/models/{id} alone
     POST /tokenize             vLLM's: {"prompt"} or {"messages"} -> {"count", "max_model_len",
                                "tokens", "token_strs"}; as vLLM's, it reads the names of
-                               special tokens ("<|endoftext|>") as their ids
+                               special tokens ("<|endoftext|>") as their ids, and
+                               add_special_tokens (default true for a prompt, false for
+                               messages) puts the BOS first where the tokenizer adds one
     POST /detokenize           vLLM's: {"tokens"} -> {"prompt"}
-    GET  /tokenizer_info       the tokenizer's special tokens, vocabulary size and context
+    GET  /tokenizer_info       the tokenizer's special tokens (eos, bos, pad), vocabulary size,
+                               context and chat template (a Jinja2 string, when it has one)
     GET  /health               {"status": "ok", ...engine counts}
     GET  /metrics              Prometheus text: requests, tokens, running / waiting, TTFT, ITL,
                                the KV pool and the prefix cache
@@ -21,7 +24,8 @@ max_completion_tokens), temperature, top_p, seed, stop, presence_penalty, freque
 n, stream, stream_options.include_usage, and vLLM's top_k, min_p and ignore_eos.
 /v1/completions also takes echo (the prompt is returned before the completion) and logprobs
 (an int k: each token's log-probability and its k most likely alternatives; with echo, the
-prompt's tokens too); /v1/chat/completions takes logprobs (true / false) and top_logprobs.
+prompt's tokens too; max_tokens 0 with echo scores the prompt alone, generating nothing);
+/v1/chat/completions takes logprobs (true / false) and top_logprobs.
 Log-probabilities are the log-softmax of the model's raw logits, before temperature,
 penalties and filters (vLLM's default), so they do not depend on the sampling knobs. A list
 of prompts gives a choice per prompt; n > 1 gives n choices per prompt, choice i of a seeded
@@ -392,6 +396,7 @@ class Job:
     stream: bool
     include_usage: bool
     continuous_usage: bool            # usage so far in every chunk (vLLM's extension)
+    score_only: bool = False          # max_tokens 0 with echo: the prompt and its logprobs only
 
 
 # ----------------------------------------------------------------------------------------------
@@ -473,6 +478,10 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
     end_of_turn = ([specials[t] for t in ("<|end|>",) if t in specials] + eos
                    if end_of_turn_ids is None else list(end_of_turn_ids))
     vocab = getattr(getattr(engine.model, "cfg", None), "vocab_size", 1 << 31)
+    bos_id = getattr(tokenizer, "bos_id", None)
+    # a BOS the tokenizer puts before a text (GGUF's tokenizer.ggml.add_bos_token); the chat
+    # template writes its own markers, and token-id prompts are taken as they are
+    bos_prefix = [bos_id] if bos_id is not None and getattr(tokenizer, "add_bos", False) else []
     chars_per_token = max_token_chars(tokenizer, vocab)
     pool = ThreadPoolExecutor(workers, thread_name_prefix="tinygpt-parse")
     paths = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
@@ -650,8 +659,12 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
                 raise APIError(400, "add_generation_prompt: false is not implemented",
                                param="add_generation_prompt")
             ids, _ = chat_ids(body.messages)
+            if body.add_special_tokens:             # vLLM's default for messages: false
+                ids = bos_prefix + ids if ids[:1] != bos_prefix else ids
         else:
             ids = text_ids(body.prompt, specials=True)
+            if body.add_special_tokens is not False:   # vLLM's default for a prompt: true
+                ids = bos_prefix + ids
         return {"count": len(ids), "max_model_len": context, "tokens": ids,
                 "token_strs": [token_text(i) for i in ids] if body.return_token_strs else None}
 
@@ -675,11 +688,17 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
     async def tokenizer_info():
         # the end-of-text token as its text (what /tokenize reads back as its id): clients
         # such as lm-evaluation-harness find its id by tokenizing it
+        pad_id = getattr(tokenizer, "pad_id", None)
+        template = getattr(tokenizer, "chat_template", None)
         return {"tokenizer_class": type(tokenizer).__name__, "vocab_size": vocab,
                 "model_max_length": context, "max_model_len": context,
                 "eos_token": token_text(eos[0]) if eos else None,
-                "eos_token_id": eos[0] if eos else None, "bos_token": None,
-                "pad_token": None, "special_tokens": dict(specials), "chat_template": None}
+                "eos_token_id": eos[0] if eos else None,
+                "bos_token": None if bos_id is None else token_text(bos_id),
+                "bos_token_id": bos_id, "add_bos_token": bool(bos_prefix),
+                "pad_token": None if pad_id is None else token_text(pad_id),
+                "special_tokens": dict(specials),
+                "chat_template": template if isinstance(template, str) else None}
 
     # -- generation ------------------------------------------------------------------------------
 
@@ -706,6 +725,7 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
         too_long(data)
         body = validate(ChatBody if chat else CompletionBody, data)
         _check_common(body, chat, model_id)
+        score_only = False
         if chat:
             ids, _ = chat_ids(body.messages)
             prompts, texts = [ids], [None]
@@ -723,6 +743,14 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
             asked, param = body.max_tokens, "max_tokens"
             logprobs, echo = body.logprobs, bool(body.echo)
             stop_ids = eos
+            if asked == 0:
+                if not echo:
+                    raise APIError(400, "max_tokens 0 returns nothing without echo: give "
+                                        "max_tokens >= 1, or echo: true to score the prompt",
+                                   param="max_tokens")
+                # scoring: the engine computes prompt logprobs while it generates one token,
+                # which is then dropped (the OpenAI legacy API's max_tokens 0 with echo)
+                asked, score_only = 1, True
         if len(prompts) * (body.n or 1) > MAX_CHOICES:
             raise APIError(400, f"{len(prompts)} prompts times n={body.n or 1} choices; at "
                                 f"most {MAX_CHOICES} choices per request", param="n")
@@ -736,7 +764,8 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
         options = body.stream_options or {}
         return Job(chat, prompts, texts, params, prompt_of, [] if body.ignore_eos else stop_ids,
                    logprobs, echo, bool(body.stream), bool(options.get("include_usage")),
-                   bool(options.get("include_usage") and options.get("continuous_usage_stats")))
+                   bool(options.get("include_usage") and options.get("continuous_usage_stats")),
+                   score_only)
 
     def completion_prompts(prompt) -> tuple[list[list[int]], list[str | None]]:
         if isinstance(prompt, str):
@@ -752,7 +781,7 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
         for i, item in enumerate(prompt):
             where = "prompt" if len(prompt) == 1 else f"prompt[{i}]"
             if isinstance(item, str):
-                ids.append(text_ids(item, where))
+                ids.append(bos_prefix + text_ids(item, where))
                 texts.append(item)
             else:
                 ids.append(check_ids(list(item), where))
@@ -843,6 +872,9 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
                     "text_offset": self._offsets(pieces)}
 
         def add(self, event) -> None:
+            if self.job.score_only:             # the token generated to score the prompt
+                self.finish = "length" if event.finish_reason is not None else None
+                return
             if event.token_id is not None:
                 self.count += 1
                 if event.logprob is not None:      # the end-of-text token's too (vLLM's)
@@ -874,7 +906,8 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
                     if problem is not None:
                         raise problem
                     choice.add(event)
-                    pieces.append(event.text)
+                    if not job.score_only:
+                        pieces.append(event.text)
                 text = "".join(pieces)
                 if job.chat:
                     item = {"index": choice.index, "message": {"role": "assistant",
@@ -947,10 +980,11 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
                                  "finish_reason": None})
                 choice.started = True
                 choice.add(event)
-                finish = event.finish_reason if event.finish_reason in ("stop", "length") \
-                    else None
-                if event.text or finish or choice.tokens:
-                    yield frame(piece(choice, event.text, finish))
+                text = "" if job.score_only else event.text
+                finish = choice.finish if job.score_only else (
+                    event.finish_reason if event.finish_reason in ("stop", "length") else None)
+                if text or finish or choice.tokens:
+                    yield frame(piece(choice, text, finish))
             if job.include_usage:
                 yield frame(None, usage=usage(job, choices))
             yield "data: [DONE]\n\n"

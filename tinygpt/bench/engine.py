@@ -15,7 +15,8 @@ continuous batching, and under Poisson load behind the HTTP server.
                        prefix cache over with it, identical replies required
     serve_overhead     information: 32 concurrent greedy streams (64 tokens each) through the
                        server over the same requests on the engine in process, tokens/s:
-                       what HTTP, JSON and the event loop cost (identical text required)
+                       what HTTP, JSON and the event loop cost (identical text required); on
+                       the shipped model, and on SmolLM2-135M-Instruct when it is installed
     serve_goodput      information: `python -m tinygpt serve` with the batching engine and with
                        the serial one, the same Poisson load at several rates; goodput (requests
                        per second meeting TTFT <= 1 s and TPOT <= 0.1 s) per rate, and the ratio
@@ -274,35 +275,55 @@ def serve_prefix_cache(ctx: BenchContext) -> list[Comparison]:
 @register("serve_overhead", day=17)
 def serve_overhead(ctx: BenchContext) -> list[Comparison]:
     """The HTTP layer's cost: 32 concurrent streams behind the server over the engine in
-    process, tokens/s."""
-    from tinygpt.bench.load import run_concurrent_streams, running_server
-    from tinygpt.train import load_pretrained
-
-    if ctx.quick:       # a server start for a figure with no target: the full plan only
+    process, tokens/s, on the shipped model and on SmolLM2-135M-Instruct (when installed)."""
+    if ctx.quick:       # server starts for figures with no target: the full plan only
         ctx.log("serve_overhead: skipped in the quick plan (information only)")
         return []
-    model, tokenizer = load_pretrained()            # the server runs it on the CPU too
+    rows = [_serve_overhead(ctx, "tinygpt")]
+    try:
+        from tinygpt.gguf import smollm2_path
+
+        smollm2_path()
+    except FileNotFoundError as err:
+        ctx.log(f"serve_overhead: the SmolLM2 row is skipped: {err}")
+    else:
+        rows.append(_serve_overhead(ctx, "smollm2"))
+    return rows
+
+
+def _serve_overhead(ctx: BenchContext, name: str) -> Comparison:
+    """One model: the same 32 greedy streams of 64 tokens (ignore_eos) in process and served,
+    both engines with the server's defaults (32 running, 256-token budget, no prefix cache)."""
+    from tinygpt.bench.load import run_concurrent_streams, running_server
+    from tinygpt.loading import load_model
+    from tinygpt.server import default_kv_blocks
+
+    model, tokenizer, info = load_model(name)        # the server runs it on the CPU too
     n, new_tokens = 32, 64
     prompts = serving_requests(tokenizer, n, ctx.seed)
     params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
-    ctx.log(f"serve_overhead: {n} streams x {new_tokens} tokens, in process and served ...")
-    engine = Engine(model.eval(), tokenizer, max_running=32, token_budget=256)
-    engine.generate(prompts[:2], params)                                   # warm-up
+    ctx.log(f"serve_overhead: {info.model_id}, {n} streams x {new_tokens} tokens, in process "
+            f"and served ...")
+    options = dict(max_running=32, token_budget=256, prefix_caching=False,
+                   num_blocks=default_kv_blocks(model.cfg, 32, info.model_id))
+    Engine(model, tokenizer, **options).generate(prompts[:2], params)       # warm-up
     start = time.perf_counter()
-    local = [r.text for r in Engine(model, tokenizer, max_running=32,
-                                    token_budget=256).generate(prompts, params)]
+    local = [r.text for r in Engine(model, tokenizer, **options).generate(prompts, params)]
     local_s = time.perf_counter() - start
-    with running_server("--threads", str(ctx.threads), "--no-prefix-caching") as (url, _):
-        run_concurrent_streams(url, prompts[:2], 4)                          # warm-up
-        served_s, served = run_concurrent_streams(url, prompts, new_tokens)
+    del model
+    with running_server("--model", name, "--threads", str(ctx.threads),
+                        "--no-prefix-caching", timeout=300.0) as (url, _):
+        run_concurrent_streams(url, prompts[:2], 4, model=info.model_id)   # warm-up
+        served_s, served = run_concurrent_streams(url, prompts, new_tokens, model=info.model_id)
     tokens = n * new_tokens
     ratio = (tokens / served_s) / (tokens / local_s)
     same = served == local
-    return [Comparison(
-        "serve_overhead", f"{n} concurrent streams through the HTTP server over the same "
-        f"requests on the engine in process, tokens/s (shipped model, CPU)", ratio, 1.0,
+    key = "serve_overhead" if name == "tinygpt" else f"serve_overhead_{name}"
+    return Comparison(
+        key, f"{n} concurrent streams through the HTTP server over the same requests on the "
+        f"engine in process, tokens/s ({info.model_id}, CPU)", ratio, 1.0,
         "<=", "x", same, None if same else "the served texts differ from the in-process ones",
-        {"summary": f"{tokens / local_s:.0f} tokens/s in process, {tokens / served_s:.0f} "
+        {"summary": f"{tokens / local_s:.1f} tokens/s in process, {tokens / served_s:.1f} "
                     f"served ({(1 - ratio) * 100:.0f}% lost to HTTP, JSON and the event loop)",
          "identical_text": same, "in_process_seconds": local_s, "served_seconds": served_s,
-         "tokens": tokens}, targeted=False)]
+         "tokens": tokens, "model": info.model_id}, targeted=False)

@@ -322,14 +322,15 @@ def run_chat_sessions(url: str, conversations: int = 4, turns: int = 4, *,
 
 
 def run_concurrent_streams(url: str, prompts: list[list[int]], max_tokens: int,
-                           timeout: float = 300.0) -> tuple[float, list[str]]:
+                           timeout: float = 300.0, model: str = "tinygpt"
+                           ) -> tuple[float, list[str]]:
     """Every prompt (token ids) as a greedy streaming completion at once (ignore_eos, so each
-    runs max_tokens); returns (seconds from the first send to the last token, the texts in
-    the prompts' order)."""
+    runs max_tokens) to the served `model`; returns (seconds from the first send to the last
+    token, the texts in the prompts' order)."""
     import httpx
 
     async def one(client, prompt):
-        body = {"model": "tinygpt", "prompt": prompt, "max_tokens": max_tokens,
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens,
                 "temperature": 0, "ignore_eos": True, "stream": True}
         pieces = []
         async with client.stream("POST", f"{url.rstrip('/')}/v1/completions", json=body,

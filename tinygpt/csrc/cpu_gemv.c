@@ -18,16 +18,21 @@
  *                When the caller keeps waiting for chunks a helper took and then lost its
  *                core, the pool runs alone for a while (STALL_NS, STRIKES, SOLO_PRODUCTS).
  *
- * Weights come as float32, bfloat16 (16-bit: the top half of a float32, widened by a shift)
- * 8-bit integers with one float32 scale per row and block of 32 columns (tiles_q8), or
- * 4-bit integers with a scale and a minimum per block (tiles_q4); x and y are float32, and
- * every sum is float32. The compiler vectorizes the 16-wide
- * loops (-O3 -march=native). Built and loaded by tinygpt/cpu_kernels.py.
+ * Weights come as float32, bfloat16 (16-bit: the top half of a float32, widened by a shift),
+ * llama.cpp's Q8_0 blocks (8-bit integers, one float16 scale per row and block of 32 columns)
+ * or its Q4_1 blocks (4-bit integers with a float16 scale and minimum per block). x and y are
+ * float32. fp32 and bf16 sum in float32 (the compiler vectorizes the 16-wide loops with
+ * -O3 -march=native); Q8_0 and Q4_1 quantize x to 8 bits per block of 32 and sum in integers
+ * (AVX-512 VNNI where the CPU has it; see "integer dot products" below). Built and loaded by
+ * tinygpt/cpu_kernels.py.
  */
+#define _GNU_SOURCE             /* pthread_setname_np */
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -112,12 +117,38 @@ static void tiles_bf16(const uint16_t *w, const float *x, float *y, long m_rows,
     }
 }
 
-/* 8-bit weights in blocks of 32 (llama.cpp's Q8_0): a tile of 16 rows is K / 32 blocks, each
- * 16 float16 scales (one per row) followed by 32 x 16 int8 weights, column by column:
- * W[16t + i, 32b + j] = scale[i] * q[j][i]. Per block the 16 sums run over the 32 columns,
- * then each is scaled once. */
+/* ---------------------------------------------------------------------------------------- */
+/* 8-bit and 4-bit weights: integer dot products                                             */
+/*
+ * For Q8_0 and Q4_1 weights the activation x is quantized too, once per product, to 8 bits
+ * per block of 32 values (one float scale per block, llama.cpp's Q8_0 / Q8_1 shape for the
+ * activation): xd = max |x| / 127, xq = round(x * (1 / xd)), half to even. A block of a row's
+ * product is then a sum of 32 products of small integers, exact in int32, and the float scales
+ * are applied once per block:
+ *
+ *   Q8_0   W = wd * wq            sum_j W_j x_j  ~  wd * xd * sum_j wq_j xq_j
+ *   Q4_1   W = wd * wq + wm       sum_j W_j x_j  ~  wd * xd * sum_j wq_j xq_j + wm * xd * sum_j xq_j
+ *
+ * which is exactly the float product of the dequantized weights with the dequantized
+ * activation xd * xq (up to float rounding): the only new error is x's 8-bit rounding, at most
+ * xd / 2 per value. AVX-512 VNNI's vpdpbusd multiplies 64 unsigned bytes by 64 signed bytes
+ * and adds each group of 4 products into one of 16 int32 lanes: one lane per row of a tile,
+ * so a tile's block stores, for each group of 4 columns, the 16 rows' 4 weights side by side
+ * (64 bytes), and x's 4 bytes of that group are broadcast to every lane. vpdpbusd needs one
+ * unsigned operand: Q4_1's 0..15 already is; Q8_0's weights are stored plus 128 (0..254) and
+ * 128 * sum_j xq_j is subtracted from the block's sum.
+ *
+ * Layouts (per tile of 16 rows and block of 32 columns; row i, column j of the block):
+ *   Q8_0  16 float16 wd, then 8 groups x 16 rows x 4 bytes: byte 64g + 4i + c = wq[i][4g+c] + 128
+ *   Q4_1  16 float16 wd, 16 float16 wm, then 4 x 16 x 4 bytes: byte 64g + 4i + c holds
+ *         wq[i][4g+c] in its low nibble and wq[i][16+4g+c] in its high one
+ * The portable loops below compute the same integer sums without VNNI (any x86-64 compiler);
+ * tg_use_portable(1) selects them at run time (the tests compare the two).
+ */
 #define QBLOCK 32
 #define Q8_BLOCK_BYTES (TILE * 2 + QBLOCK * TILE)
+#define Q4_BLOCK_BYTES (TILE * 4 + QBLOCK / 2 * TILE)
+#define MAX_ROWS 4
 
 static inline void halves_to_floats(const uint8_t *src, float *dst) {
     _Float16 h[TILE];
@@ -126,78 +157,222 @@ static inline void halves_to_floats(const uint8_t *src, float *dst) {
     for (int i = 0; i < TILE; i++) dst[i] = (float)h[i];
 }
 
-static void tiles_q8(const uint8_t *w, const float *x, float *y, long m_rows, long n, long k,
-                     long t0, long t1) {
+/* the activation of the current product, quantized by the calling thread before the helpers
+ * start: xq (m, k) int8, xd and xs (m, k / 32): each block's scale and sum of xq */
+static int8_t *xq_buf;
+static float *xd_buf;
+static int32_t *xs_buf;
+static long x_capacity;
+static int portable;
+
+int tg_use_portable(int on) {
+    int before = portable;
+    portable = on != 0;
+    return before;
+}
+
+/* 0 on success, -1 when the buffers could not grow */
+static int quantize_x(const float *x, long m, long k) {
+    if (m * k > x_capacity) {
+        long cap = m * k;
+        int8_t *q = realloc(xq_buf, cap);
+        if (q == NULL) return -1;
+        xq_buf = q;
+        float *d = realloc(xd_buf, cap / QBLOCK * sizeof(float));
+        if (d == NULL) return -1;
+        xd_buf = d;
+        int32_t *s = realloc(xs_buf, cap / QBLOCK * sizeof(int32_t));
+        if (s == NULL) return -1;
+        xs_buf = s;
+        x_capacity = cap;
+    }
+    for (long b = 0; b < m * k / QBLOCK; b++) {
+        const float *xb = x + b * QBLOCK;
+        float amax = 0;
+        for (int j = 0; j < QBLOCK; j++) {
+            float a = fabsf(xb[j]);
+            amax = a > amax ? a : amax;
+        }
+        float d = amax / 127.0f, inv = d > 0 ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
+        for (int j = 0; j < QBLOCK; j++) {
+            int32_t q = (int32_t)nearbyintf(xb[j] * inv);
+            xq_buf[b * QBLOCK + j] = (int8_t)q;
+            sum += q;
+        }
+        xd_buf[b] = d;
+        xs_buf[b] = sum;
+    }
+    return 0;
+}
+
+static void tiles_q8_portable(const uint8_t *w, float *y, long m_rows, long n, long k,
+                              long t0, long t1) {
     long blocks = k / QBLOCK;
     for (long t = t0; t < t1; t++) {
         const uint8_t *wt = w + t * blocks * Q8_BLOCK_BYTES;
-        for (long m = 0; m < m_rows; m++) {
-            const float *xm = x + m * k;
+        for (long r = 0; r < m_rows; r++) {
             float acc[TILE] = {0};
             for (long b = 0; b < blocks; b++) {
                 const uint8_t *blk = wt + b * Q8_BLOCK_BYTES;
+                const int8_t *xb = xq_buf + r * k + b * QBLOCK;
                 float scale[TILE];
                 halves_to_floats(blk, scale);
-                const int8_t *q = (const int8_t *)(blk + TILE * 2);
-                const float *xb = xm + b * QBLOCK;
-                float a0[TILE] = {0}, a1[TILE] = {0};
-                for (int j = 0; j < QBLOCK; j += 2) {
-                    float x0 = xb[j], x1 = xb[j + 1];
-                    const int8_t *q0 = q + j * TILE, *q1 = q0 + TILE;
-#pragma omp simd
-                    for (int i = 0; i < TILE; i++) {
-                        a0[i] += (float)q0[i] * x0;
-                        a1[i] += (float)q1[i] * x1;
-                    }
-                }
-#pragma omp simd
-                for (int i = 0; i < TILE; i++) acc[i] += scale[i] * (a0[i] + a1[i]);
-            }
-            float *ym = y + m * n + t * TILE;
-            memcpy(ym, acc, sizeof acc);
-        }
-    }
-}
-
-/* 4-bit weights in blocks of 32 with a scale and a minimum (llama.cpp's Q4_1): per tile and
- * block, 16 float16 scales d, 16 float16 minimums m, then 16 x 16 bytes, byte (p, i) holding
- * column 2p of row i in its low nibble and column 2p + 1 in its high one:
- * W[16t + i, 32b + j] = d[i] * q[j][i] + m[i]. A block's product is d * (q . x) + m * sum(x),
- * and sum(x) is shared by the 16 rows. */
-#define Q4_BLOCK_BYTES (TILE * 4 + QBLOCK / 2 * TILE)
-
-static void tiles_q4(const uint8_t *w, const float *x, float *y, long m_rows, long n, long k,
-                     long t0, long t1) {
-    long blocks = k / QBLOCK;
-    for (long t = t0; t < t1; t++) {
-        const uint8_t *wt = w + t * blocks * Q4_BLOCK_BYTES;
-        for (long r = 0; r < m_rows; r++) {
-            const float *xm = x + r * k;
-            float acc[TILE] = {0};
-            for (long b = 0; b < blocks; b++) {
-                const uint8_t *blk = wt + b * Q4_BLOCK_BYTES;
-                float d[TILE], mn[TILE];
-                halves_to_floats(blk, d);
-                halves_to_floats(blk + TILE * 2, mn);
-                const uint8_t *q = blk + TILE * 4;
-                const float *xb = xm + b * QBLOCK;
-                float sum = 0;
-                for (int j = 0; j < QBLOCK; j++) sum += xb[j];
-                float a[TILE] = {0};
-                for (int p = 0; p < QBLOCK / 2; p++) {
-                    float x0 = xb[2 * p], x1 = xb[2 * p + 1];
-                    const uint8_t *qp = q + p * TILE;
-#pragma omp simd
+                int32_t dot[TILE] = {0};
+                for (int g = 0; g < QBLOCK / 4; g++)
                     for (int i = 0; i < TILE; i++)
-                        a[i] += (float)(qp[i] & 15) * x0 + (float)(qp[i] >> 4) * x1;
-                }
-#pragma omp simd
-                for (int i = 0; i < TILE; i++) acc[i] += d[i] * a[i] + mn[i] * sum;
+                        for (int c = 0; c < 4; c++)
+                            dot[i] += (int32_t)blk[TILE * 2 + g * 64 + i * 4 + c]
+                                      * xb[4 * g + c];
+                float xd = xd_buf[r * blocks + b];
+                int32_t shift = 128 * xs_buf[r * blocks + b];
+                for (int i = 0; i < TILE; i++)
+                    acc[i] += (float)(dot[i] - shift) * (scale[i] * xd);
             }
             memcpy(y + r * n + t * TILE, acc, sizeof acc);
         }
     }
 }
+
+static void tiles_q4_portable(const uint8_t *w, float *y, long m_rows, long n, long k,
+                              long t0, long t1) {
+    long blocks = k / QBLOCK;
+    for (long t = t0; t < t1; t++) {
+        const uint8_t *wt = w + t * blocks * Q4_BLOCK_BYTES;
+        for (long r = 0; r < m_rows; r++) {
+            float acc[TILE] = {0};
+            for (long b = 0; b < blocks; b++) {
+                const uint8_t *blk = wt + b * Q4_BLOCK_BYTES;
+                const int8_t *xb = xq_buf + r * k + b * QBLOCK;
+                float d[TILE], mn[TILE];
+                halves_to_floats(blk, d);
+                halves_to_floats(blk + TILE * 2, mn);
+                int32_t dot[TILE] = {0};
+                for (int g = 0; g < QBLOCK / 8; g++)
+                    for (int i = 0; i < TILE; i++)
+                        for (int c = 0; c < 4; c++) {
+                            uint8_t v = blk[TILE * 4 + g * 64 + i * 4 + c];
+                            dot[i] += (v & 15) * xb[4 * g + c] + (v >> 4) * xb[16 + 4 * g + c];
+                        }
+                float xd = xd_buf[r * blocks + b];
+                float xsum = xd * (float)xs_buf[r * blocks + b];
+                for (int i = 0; i < TILE; i++)
+                    acc[i] += (float)dot[i] * (d[i] * xd) + mn[i] * xsum;
+            }
+            memcpy(y + r * n + t * TILE, acc, sizeof acc);
+        }
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define HAVE_VNNI 1
+
+/* rows is a constant in each caller (always inlined), so the accumulators stay registers */
+static inline __attribute__((always_inline)) void q8_vnni(
+        const uint8_t *w, float *y, long n, long k, long t0, long t1, const int rows) {
+    long blocks = k / QBLOCK;
+    for (long t = t0; t < t1; t++) {
+        const uint8_t *blk = w + t * blocks * Q8_BLOCK_BYTES;
+        __m512 acc[MAX_ROWS];
+        for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+        for (long b = 0; b < blocks; b++, blk += Q8_BLOCK_BYTES) {
+            __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+            __m512i dot[MAX_ROWS];
+            for (int r = 0; r < rows; r++) dot[r] = _mm512_setzero_si512();
+            for (int g = 0; g < QBLOCK / 4; g++) {
+                __m512i wv = _mm512_loadu_si512(blk + TILE * 2 + g * 64);
+                for (int r = 0; r < rows; r++) {
+                    int32_t x4;
+                    memcpy(&x4, xq_buf + r * k + b * QBLOCK + 4 * g, 4);
+                    dot[r] = _mm512_dpbusd_epi32(dot[r], wv, _mm512_set1_epi32(x4));
+                }
+            }
+            for (int r = 0; r < rows; r++) {
+                __m512i fixed = _mm512_sub_epi32(dot[r],
+                                                 _mm512_set1_epi32(128 * xs_buf[r * blocks + b]));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fixed),
+                                         _mm512_mul_ps(scale,
+                                                       _mm512_set1_ps(xd_buf[r * blocks + b])),
+                                         acc[r]);
+            }
+        }
+        for (int r = 0; r < rows; r++) _mm512_storeu_ps(y + r * n + t * TILE, acc[r]);
+    }
+}
+
+static inline __attribute__((always_inline)) void q4_vnni(
+        const uint8_t *w, float *y, long n, long k, long t0, long t1, const int rows) {
+    long blocks = k / QBLOCK;
+    const __m512i low = _mm512_set1_epi8(15);
+    for (long t = t0; t < t1; t++) {
+        const uint8_t *blk = w + t * blocks * Q4_BLOCK_BYTES;
+        __m512 acc[MAX_ROWS];
+        for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+        for (long b = 0; b < blocks; b++, blk += Q4_BLOCK_BYTES) {
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+            __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + TILE * 2)));
+            __m512i dot[MAX_ROWS];
+            for (int r = 0; r < rows; r++) dot[r] = _mm512_setzero_si512();
+            for (int g = 0; g < QBLOCK / 8; g++) {
+                __m512i v = _mm512_loadu_si512(blk + TILE * 4 + g * 64);
+                __m512i lo = _mm512_and_si512(v, low);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                for (int r = 0; r < rows; r++) {
+                    int32_t x_lo, x_hi;
+                    memcpy(&x_lo, xq_buf + r * k + b * QBLOCK + 4 * g, 4);
+                    memcpy(&x_hi, xq_buf + r * k + b * QBLOCK + 16 + 4 * g, 4);
+                    dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(x_lo));
+                    dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(x_hi));
+                }
+            }
+            for (int r = 0; r < rows; r++) {
+                float xd = xd_buf[r * blocks + b];
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]),
+                                         _mm512_mul_ps(d, _mm512_set1_ps(xd)), acc[r]);
+                acc[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xd * (float)xs_buf[r * blocks + b]),
+                                         acc[r]);
+            }
+        }
+        for (int r = 0; r < rows; r++) _mm512_storeu_ps(y + r * n + t * TILE, acc[r]);
+    }
+}
+
+#define ROWS_SWITCH(fn, ...)                                                                  \
+    switch (m_rows) {                                                                         \
+        case 1: fn(__VA_ARGS__, 1); break;                                                    \
+        case 2: fn(__VA_ARGS__, 2); break;                                                    \
+        case 3: fn(__VA_ARGS__, 3); break;                                                    \
+        default: fn(__VA_ARGS__, 4); break;                                                   \
+    }
+#else
+#define HAVE_VNNI 0
+#endif
+
+static void tiles_q8(const uint8_t *w, float *y, long m_rows, long n, long k, long t0,
+                     long t1) {
+#if HAVE_VNNI
+    if (!portable) {
+        ROWS_SWITCH(q8_vnni, w, y, n, k, t0, t1)
+        return;
+    }
+#endif
+    tiles_q8_portable(w, y, m_rows, n, k, t0, t1);
+}
+
+static void tiles_q4(const uint8_t *w, float *y, long m_rows, long n, long k, long t0,
+                     long t1) {
+#if HAVE_VNNI
+    if (!portable) {
+        ROWS_SWITCH(q4_vnni, w, y, n, k, t0, t1)
+        return;
+    }
+#endif
+    tiles_q4_portable(w, y, m_rows, n, k, t0, t1);
+}
+
+/* 1 when the integer kernels use AVX-512 VNNI (compiled for a CPU that has it), else 0 */
+int tg_has_vnni(void) { return HAVE_VNNI; }
 
 /* ---------------------------------------------------------------------------------------- */
 /* the pool: one job at a time, handed out in chunks of tiles by an atomic counter           */
@@ -237,9 +412,9 @@ static void run_chunk(long c) {
     else if (job.dtype == 1)
         tiles_bf16((const uint16_t *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
     else if (job.dtype == 2)
-        tiles_q8((const uint8_t *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
+        tiles_q8((const uint8_t *)job.w, job.y, job.m, job.n, job.k, t0, t1);
     else
-        tiles_q4((const uint8_t *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
+        tiles_q4((const uint8_t *)job.w, job.y, job.m, job.n, job.k, t0, t1);
 }
 
 /* take chunks of generation `gen` until none is left; returns how many were done */
@@ -297,6 +472,7 @@ int tg_start(int threads) {
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     for (int i = 0; i < threads - 1; i++) {
         if (pthread_create(&helpers[i], NULL, helper_main, NULL) != 0) break;
+        pthread_setname_np(helpers[i], "tinygpt-gemv");     /* as top -H and /proc name it */
         n_helpers++;
     }
     return n_helpers + 1;
@@ -324,10 +500,13 @@ void tg_stop(void) {
 }
 
 /* y (m, n) = x (m, k) @ W^T with W tiled (n / 16 tiles); n must be a multiple of 16 (and k of
- * 32 for dtypes 2 and 3).
+ * 32 for dtypes 2 and 3, whose x is quantized to 8 bits first), 1 <= m <= MAX_ROWS.
+ * Returns 0, -1 when memory for the quantized x ran out, -2 for m out of range.
  * Not reentrant: one product at a time (the Python side holds a lock). */
-void tg_gemv(int dtype, const void *w, const float *x, float *y, long m, long n, long k) {
+int tg_gemv(int dtype, const void *w, const float *x, float *y, long m, long n, long k) {
     long tiles = n / TILE;
+    if (m < 1 || m > MAX_ROWS) return -2;
+    if (dtype >= 2 && quantize_x(x, m, k) != 0) return -1;
     /* chunks of about 64 KB of weights, so that a free helper always finds some */
     long bytes_per_tile = dtype == 3 ? k / QBLOCK * Q4_BLOCK_BYTES
                           : dtype == 2 ? k / QBLOCK * Q8_BLOCK_BYTES
@@ -340,7 +519,7 @@ void tg_gemv(int dtype, const void *w, const float *x, float *y, long m, long n,
         job.dtype = dtype; job.w = w; job.x = x; job.y = y; job.m = m; job.n = n; job.k = k;
         job.tiles = tiles; job.chunk = tiles;
         run_chunk(0);
-        return;
+        return 0;
     }
     job.dtype = dtype; job.w = w; job.x = x; job.y = y; job.m = m; job.n = n; job.k = k;
     job.tiles = tiles; job.chunk = chunk;
@@ -367,4 +546,160 @@ void tg_gemv(int dtype, const void *w, const float *x, float *y, long m, long n,
     } else {
         strikes = 0;
     }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* one whole decoder layer of a float32 decode step                                          */
+/*
+ * Between its four products a layer does small things: two RMS norms, RoPE on q and k, the
+ * cache write, attention of each new query over the cached positions, SiLU(gate) * up and two
+ * residual adds. Run as torch operations from Python these cost a few microseconds each, a
+ * fifth of a SmolLM2-sized step; here they run on the calling thread (the products on the
+ * pool) and the layer is one call. Everything is float32 (a bfloat16 cache is read and written
+ * in bfloat16), computed as the model's forward
+ * does (tinygpt.model.TinyGPT): RMS norm x / sqrt(mean(x^2) + eps) * w, RoPE
+ * x * cos + roll(x, head_dim / 2) * sin_signed, attention softmax(q . K / sqrt(head_dim)) V
+ * with query head h reading kv head h / (heads / kv_heads), SiLU g / (1 + exp(-g)).
+ */
+static float *scratch;
+static long scratch_capacity;
+
+static void rms_norm_rows(const float *x, const float *w, float *out, long rows, long d,
+                          float eps) {
+    for (long r = 0; r < rows; r++) {
+        const float *xr = x + r * d;
+        float ss = 0;
+#pragma omp simd reduction(+ : ss)
+        for (long i = 0; i < d; i++) ss += xr[i] * xr[i];
+        float inv = 1.0f / sqrtf(ss / (float)d + eps);
+#pragma omp simd
+        for (long i = 0; i < d; i++) out[r * d + i] = xr[i] * inv * w[i];
+    }
+}
+
+static inline void rope(const float *x, const float *cos, const float *sin_signed, float *out,
+                        long hd) {
+    long half = hd / 2;
+#pragma omp simd
+    for (long i = 0; i < half; i++) out[i] = x[i] * cos[i] + x[i + half] * sin_signed[i];
+#pragma omp simd
+    for (long i = half; i < hd; i++) out[i] = x[i] * cos[i] + x[i - half] * sin_signed[i];
+}
+
+/* a cache row of hd values, float32 or bfloat16, as float32 */
+static inline void cache_row(const void *cache, long at, int bf16, float *out, long hd) {
+    if (!bf16) {
+        memcpy(out, (const float *)cache + at, hd * sizeof(float));
+        return;
+    }
+    const uint16_t *row = (const uint16_t *)cache + at;
+#pragma omp simd
+    for (long i = 0; i < hd; i++) out[i] = bf16_to_float(row[i]);
+}
+
+/* store hd float32 values at a cache row, rounded to bfloat16 (to nearest, ties to even, as
+ * torch converts) when the cache is bfloat16 */
+static inline void store_row(void *cache, long at, int bf16, const float *in, long hd) {
+    if (!bf16) {
+        memcpy((float *)cache + at, in, hd * sizeof(float));
+        return;
+    }
+    uint16_t *row = (uint16_t *)cache + at;
+    for (long i = 0; i < hd; i++) {
+        uint32_t u;
+        memcpy(&u, &in[i], 4);
+        row[i] = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+    }
+}
+
+static void attend(const float *yqkv, long ystride, void *kc, void *vc, int bf16, long max_len,
+                   const float *cos, const float *sin_signed, long pos, float *out, long rows,
+                   long heads, long kv_heads, long hd, float *scores) {
+    long group = heads / kv_heads;
+    float scale = 1.0f / sqrtf((float)hd);
+    float q[hd], row[hd];
+    for (long b = 0; b < rows; b++) {
+        const float *yb = yqkv + b * ystride;
+        for (long g = 0; g < kv_heads; g++) {
+            long at = ((b * kv_heads + g) * max_len + pos) * hd;
+            rope(yb + (heads + g) * hd, cos, sin_signed, row, hd);
+            store_row(kc, at, bf16, row, hd);
+            store_row(vc, at, bf16, yb + (heads + kv_heads + g) * hd, hd);
+        }
+        for (long h = 0; h < heads; h++) {
+            rope(yb + h * hd, cos, sin_signed, q, hd);
+            long base = (b * kv_heads + h / group) * max_len * hd;
+            float top = -INFINITY;
+            for (long t = 0; t <= pos; t++) {
+                cache_row(kc, base + t * hd, bf16, row, hd);
+                float s = 0;
+#pragma omp simd reduction(+ : s)
+                for (long i = 0; i < hd; i++) s += q[i] * row[i];
+                scores[t] = s * scale;
+                top = scores[t] > top ? scores[t] : top;
+            }
+            float total = 0;
+            for (long t = 0; t <= pos; t++) {
+                scores[t] = expf(scores[t] - top);
+                total += scores[t];
+            }
+            float *o = out + (b * heads + h) * hd;
+            for (long i = 0; i < hd; i++) o[i] = 0;
+            for (long t = 0; t <= pos; t++) {
+                float p = scores[t] / total;
+                cache_row(vc, base + t * hd, bf16, row, hd);
+#pragma omp simd
+                for (long i = 0; i < hd; i++) o[i] += p * row[i];
+            }
+        }
+    }
+}
+
+/* x (rows, d) += y (rows, first d of each ystride) */
+static void add_rows(float *x, const float *y, long rows, long d, long ystride) {
+    for (long r = 0; r < rows; r++)
+#pragma omp simd
+        for (long i = 0; i < d; i++) x[r * d + i] += y[r * ystride + i];
+}
+
+/* One layer on x (rows, d), in place. The products' weights are tiled in format `dtype`
+ * with n_* rows (multiples of 16: q, k, v stacked; gate and up stacked); the cache kc, vc is
+ * (cache_batch, kv_heads, max_len, hd), float32 or (cache_bf16) bfloat16, and position `pos`
+ * is written; x, the norm weights and the rotation tables are float32 whatever the weights
+ * and the cache hold; cos and
+ * sin_signed are the rotation's (hd,) rows for `pos`. Returns 0, or tg_gemv's error. */
+int tg_layer(int dtype, float *x, long rows, long d, const float *attention_norm,
+             const float *ffn_norm, float eps, const void *w_qkv, long n_qkv, const void *w_o,
+             long n_o, const void *w_gate_up, long n_gate_up, const void *w_down, long n_down,
+             void *kc, void *vc, int cache_bf16, long max_len, const float *cos,
+             const float *sin_signed,
+             long pos, long heads, long kv_heads, long hd, long d_ff) {
+    long need = rows * (d + n_qkv + heads * hd + n_o + n_gate_up + d_ff + n_down) + max_len;
+    if (need > scratch_capacity) {
+        float *grown = realloc(scratch, need * sizeof(float));
+        if (grown == NULL) return -1;
+        scratch = grown;
+        scratch_capacity = need;
+    }
+    float *h = scratch, *yqkv = h + rows * d, *att = yqkv + rows * n_qkv;
+    float *yo = att + rows * heads * hd, *ygu = yo + rows * n_o, *act = ygu + rows * n_gate_up;
+    float *ydown = act + rows * d_ff, *scores = ydown + rows * n_down;
+    int status;
+    rms_norm_rows(x, attention_norm, h, rows, d, eps);
+    if ((status = tg_gemv(dtype, w_qkv, h, yqkv, rows, n_qkv, d))) return status;
+    attend(yqkv, n_qkv, kc, vc, cache_bf16, max_len, cos, sin_signed, pos, att, rows, heads,
+           kv_heads, hd, scores);
+    if ((status = tg_gemv(dtype, w_o, att, yo, rows, n_o, heads * hd))) return status;
+    add_rows(x, yo, rows, d, n_o);
+    rms_norm_rows(x, ffn_norm, h, rows, d, eps);
+    if ((status = tg_gemv(dtype, w_gate_up, h, ygu, rows, n_gate_up, d))) return status;
+    for (long r = 0; r < rows; r++)
+        for (long i = 0; i < d_ff; i++) {
+            float g = ygu[r * n_gate_up + i];
+            act[r * d_ff + i] = g / (1.0f + expf(-g)) * ygu[r * n_gate_up + d_ff + i];
+        }
+    if ((status = tg_gemv(dtype, w_down, act, ydown, rows, n_down, d_ff))) return status;
+    add_rows(x, ydown, rows, d, n_down);
+    return 0;
 }
