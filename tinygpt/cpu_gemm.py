@@ -25,13 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import threading
 import weakref
 from pathlib import Path
 
@@ -39,99 +32,30 @@ import torch
 import torch.nn.functional as F
 
 from tinygpt.cpu_kernels import TILE, tile
+from tinygpt.native import NativeLibrary
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_gemm.c"
 FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp-simd", "-shared", "-fPIC",
          "-pthread")
 
-_lock = threading.Lock()            # one product at a time: the pool runs one job
-_state: dict = {}
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("TINYGPT_CACHE", Path.home() / ".cache" / "tinygpt"))
-
-
-def _build() -> ctypes.CDLL:
-    """Compile the source (once per source, compiler and flags), load it, start its threads."""
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None:
-        raise OSError("no C compiler found (set CC, or install gcc)")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                             check=False).stdout
-    key = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(FLAGS).encode()
-                         + platform.machine().encode()).hexdigest()[:16]
-    target = _cache_dir() / f"cpu_gemm-{key}.so"
-    if not target.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            out = Path(tmp) / target.name
-            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(out)],
-                                  capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise OSError(f"compiling {SOURCE.name} failed: {done.stderr.strip()[-500:]}")
-            os.replace(out, target)       # atomic: a concurrent build never sees half a file
-    lib = ctypes.CDLL(str(target))
+def _declare(lib: ctypes.CDLL) -> None:
     lib.tg_gemm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
     lib.tg_gemm.restype = None
     lib.tg_paged_attention.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 5 \
         + [ctypes.c_long] * 6 + [ctypes.c_float]
+    lib.tg_paged_attention.restype = None
     lib.tg_rope_store.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] + [ctypes.c_void_p] * 2 \
         + [ctypes.c_long] * 4 + [ctypes.c_void_p] * 3
     lib.tg_rope_store.restype = None
-    lib.tg_paged_attention.restype = None
     lib.tg_rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2 + [ctypes.c_float]
     lib.tg_rms_norm.restype = None
-    lib.tg_gemm_start.argtypes = [ctypes.c_int]
-    lib.tg_gemm_start.restype = ctypes.c_int
-    lib.tg_gemm_stop.restype = None
-    lib.tg_gemm_after_fork.restype = None
-    lib.tg_gemm_start(max(1, torch.get_num_threads()))
-    os.register_at_fork(after_in_child=lambda: _after_fork(lib))
-    return lib
 
 
-def _after_fork(lib: ctypes.CDLL) -> None:
-    """In a forked child: the pool's threads stayed in the parent; start the child's own."""
-    global _lock
-    _lock = threading.Lock()
-    lib.tg_gemm_after_fork()
-    lib.tg_gemm_start(max(1, torch.get_num_threads()))
-
-
-def load() -> ctypes.CDLL | None:
-    """The compiled library (built and started on first use), or None (see available())."""
-    with _lock:
-        if "lib" not in _state:
-            _state["lib"], _state["reason"] = None, None
-            if platform.machine() not in ("x86_64", "AMD64"):
-                _state["reason"] = (f"the batched CPU products are built for x86-64; this "
-                                    f"machine is {platform.machine()}")
-            else:
-                try:
-                    _state["lib"] = _build()
-                except OSError as err:
-                    _state["reason"] = f"the batched CPU products could not be built: {err}"
-        return _state["lib"]
-
-
-def available() -> str | None:
-    """None when the batched products can run here, else the reason they cannot."""
-    load()
-    return _state["reason"]
-
-
-def set_threads(threads: int) -> int:
-    """Split every product over `threads` threads from now on (the default is
-    torch.get_num_threads() when the library loads); returns the count now running."""
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive integer, got {threads!r}")
-    lib = load()
-    if lib is None:
-        raise RuntimeError(available())
-    with _lock:
-        lib.tg_gemm_stop()
-        return lib.tg_gemm_start(threads)
+_library = NativeLibrary(SOURCE, "the batched CPU products", _declare, start="tg_gemm_start",
+                         stop="tg_gemm_stop", after_fork="tg_gemm_after_fork", flags=FLAGS)
+load = _library.load                # the compiled library, built and started on first use
+available = _library.available      # None when the batched products can run here, else why
+set_threads = _library.set_threads  # split every product over n threads from now on
 
 
 @contextlib.contextmanager
@@ -195,7 +119,7 @@ class GemmLinear:
         rows = x.reshape(-1, self.k).contiguous()
         y = torch.empty(rows.shape[0], self.n_pad)
         if rows.shape[0]:
-            with _lock:
+            with _library.lock:
                 self.lib.tg_gemm(self.tiled.data_ptr(), rows.data_ptr(), y.data_ptr(),
                                  rows.shape[0], self.n_pad, self.k)
         if self.n_pad != self.n:
@@ -260,7 +184,7 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     k_pool, v_pool = k_pool.contiguous(), v_pool.contiguous()
     y = torch.empty(n_seq, heads, dim)
     if n_seq:
-        with _lock:
+        with _library.lock:
             lib.tg_paged_attention(q.data_ptr(), q.stride(0), k_pool.data_ptr(),
                                    v_pool.data_ptr(),
                                    tables.data_ptr(), lengths.data_ptr(), y.data_ptr(), n_seq,

@@ -29,26 +29,21 @@ The kernels here (C, in tinygpt/csrc/cpu_gemv.c, compiled on first use) fix both
     DecodeLayers       a float32 decode step's layers, one C call each (the small operations
                        between the products in C, on the calling thread)
 
-The compiled library is cached under $TINYGPT_CACHE (default ~/.cache/tinygpt), named by a
-hash of the source, the compiler and its flags. The plain products (F.linear on the dequantized
-weights and kernel_input(x)) stay the oracle: tinygpt.kv_cache.DecodeStep checks the kernels
-against them when it builds a step.
+tinygpt.native compiles the source on first use (cached under $TINYGPT_CACHE, default
+~/.cache/tinygpt, named by a hash of the source, the compiler and its flags). The plain
+products (F.linear on the dequantized weights and kernel_input(x)) stay the oracle:
+tinygpt.kv_cache.DecodeStep checks the kernels against them when it builds a step.
 """
 
 from __future__ import annotations
 
 import copy
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import threading
 from pathlib import Path
 
 import torch
+
+from tinygpt.native import NativeLibrary
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_gemv.c"
 FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp-simd", "-shared",
@@ -59,35 +54,7 @@ MAX_ROWS = 4            # x rows (sequences) per product; larger batches are com
 FORMATS = {"fp32": 0, "bf16": 1, "q8_0": 2, "q4_1": 3}    # the kernels' weight formats
 WEIGHT_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
-_lock = threading.Lock()            # one product at a time: the pool runs one job
-_state: dict = {}
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("TINYGPT_CACHE", Path.home() / ".cache" / "tinygpt"))
-
-
-def _build() -> ctypes.CDLL:
-    """Compile the source (once per source, compiler and flags) and load it."""
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None:
-        raise OSError("no C compiler found (set CC, or install gcc)")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                             check=False).stdout
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + version.encode() + " ".join(FLAGS).encode()
-                         + platform.machine().encode()).hexdigest()[:16]
-    target = _cache_dir() / f"cpu_gemv-{key}.so"
-    if not target.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            out = Path(tmp) / target.name
-            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(out)],
-                                  capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise OSError(f"compiling {SOURCE.name} failed: {done.stderr.strip()[-500:]}")
-            os.replace(out, target)       # atomic: a concurrent build never sees half a file
-    lib = ctypes.CDLL(str(target))
+def _declare(lib: ctypes.CDLL) -> None:
     lib.tg_gemv.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
     lib.tg_gemv.restype = ctypes.c_int
     lib.tg_use_portable.argtypes = [ctypes.c_int]
@@ -97,57 +64,13 @@ def _build() -> ctypes.CDLL:
     lib.tg_layer.argtypes = [ctypes.c_int, P, L, L, P, P, F, P, L, P, L, P, L, P, L, P, P,
                              ctypes.c_int, L, P, P, L, L, L, L, L]
     lib.tg_layer.restype = ctypes.c_int
-    lib.tg_start.argtypes = [ctypes.c_int]
-    lib.tg_start.restype = ctypes.c_int
-    lib.tg_stop.restype = None
-    lib.tg_after_fork.restype = None
-    lib.tg_start(max(1, torch.get_num_threads()))
-    os.register_at_fork(after_in_child=lambda: _after_fork(lib))
-    return lib
 
 
-def _after_fork(lib: ctypes.CDLL) -> None:
-    """In a forked child: the pool's threads stayed in the parent; start the child's own."""
-    global _lock
-    _lock = threading.Lock()
-    lib.tg_after_fork()
-    lib.tg_start(max(1, torch.get_num_threads()))
-
-
-def load() -> ctypes.CDLL | None:
-    """The kernel library, compiled and started on first use; None when it cannot be (the
-    reason is then available())."""
-    with _lock:
-        if "lib" not in _state:
-            _state["lib"], _state["reason"] = None, None
-            if platform.machine() not in ("x86_64", "AMD64"):
-                _state["reason"] = (f"the CPU kernels are written for x86-64; this machine is "
-                                    f"{platform.machine()}")
-            else:
-                try:
-                    _state["lib"] = _build()
-                except OSError as err:
-                    _state["reason"] = f"the CPU kernels could not be built: {err}"
-        return _state["lib"]
-
-
-def set_threads(threads: int) -> int:
-    """Split every product over `threads` threads from now on (the default is
-    torch.get_num_threads() when the library loads); returns the count now running."""
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive integer, got {threads!r}")
-    lib = load()
-    if lib is None:
-        raise RuntimeError(available())
-    with _lock:
-        lib.tg_stop()
-        return lib.tg_start(threads)
-
-
-def available() -> str | None:
-    """None when the tiled CPU kernels can run on this machine, else the reason they cannot."""
-    load()
-    return _state["reason"]
+_library = NativeLibrary(SOURCE, "the CPU kernels", _declare, start="tg_start", stop="tg_stop",
+                         after_fork="tg_after_fork", flags=FLAGS)
+load = _library.load                # the kernel library, compiled and started on first use
+available = _library.available      # None when the kernels can run here, else the reason
+set_threads = _library.set_threads  # split every product over n threads from now on
 
 
 def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -298,7 +221,7 @@ def use_portable(on: bool) -> bool:
     lib = load()
     if lib is None:
         raise RuntimeError(available())
-    with _lock:
+    with _library.lock:
         return bool(lib.tg_use_portable(int(on)))
 
 
@@ -394,7 +317,7 @@ class TiledLinear:
         if not x.is_contiguous():
             x = x.contiguous()
         y = torch.empty((*x.shape[:-1], self.n_pad))
-        with _lock:
+        with _library.lock:
             status = self.lib.tg_gemv(self.code, self.tiled.data_ptr(), x.data_ptr(),
                                       y.data_ptr(), rows, self.n_pad, self.k)
         if status:
@@ -483,7 +406,7 @@ class DecodeLayers:
         cos = self.cos.data_ptr() + pos * hd * 4
         sin = self.sin_signed.data_ptr() + pos * hd * 4
         xp, layer = x.data_ptr(), self.lib.tg_layer
-        with _lock:
+        with _library.lock:
             for (code, n1, n2, eps, wqkv, nqkv, wo, no, wgu, ngu, w2, n2_, kc, vc) \
                     in self.calls:
                 if layer(code, xp, rows, d, n1, n2, eps, wqkv, nqkv, wo, no, wgu, ngu, w2, n2_,

@@ -1,0 +1,132 @@
+"""The course's C kernels (tinygpt/csrc/*.c): compiled on first use, loaded, their threads started.
+
+Two libraries use this: tinygpt.cpu_kernels (batch-1 decode products, one C call per layer)
+and tinygpt.cpu_gemm (the engine's many-row products and paged attention). Each is one C
+source with its own pool of helper threads, started when the library loads.
+
+    compile_source(source)   the shared object for a source: built once per source, compiler,
+                             flags and machine, cached under $TINYGPT_CACHE (default
+                             ~/.cache/tinygpt), written atomically so that two processes
+                             building at once never load half a file
+    NativeLibrary            one source: load() (None when it cannot run here; available()
+                             then says why), set_threads(n), and `lock`, which serializes calls
+                             into the pool (it runs one job at a time); a forked child starts
+                             its own pool (the parent's threads do not exist in the child)
+
+Why compile on first use rather than at install time: `pip install -e .` stays a pure-Python
+install, and -march=native builds for the machine that runs the kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp-simd", "-shared",
+         "-fPIC", "-pthread")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TINYGPT_CACHE", Path.home() / ".cache" / "tinygpt"))
+
+
+def compile_source(source: Path, flags: tuple[str, ...] = FLAGS) -> Path:
+    """The shared object built from `source` with `flags` (built if not cached yet).
+
+    OSError when there is no C compiler or the build fails (with the compiler's last words)."""
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        raise OSError("no C compiler found (set CC, or install gcc)")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                             check=False).stdout
+    key = hashlib.sha256(source.read_bytes() + version.encode() + " ".join(flags).encode()
+                         + platform.machine().encode()).hexdigest()[:16]
+    target = cache_dir() / f"{source.stem}-{key}.so"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            out = Path(tmp) / target.name
+            done = subprocess.run([compiler, *flags, str(source), "-o", str(out)],
+                                  capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise OSError(f"compiling {source.name} failed: {done.stderr.strip()[-500:]}")
+            os.replace(out, target)       # atomic: a concurrent build never sees half a file
+    return target
+
+
+class NativeLibrary:
+    """One C source with a thread pool: `start(n) -> running`, `stop()` and `after_fork()`
+    are the names of its pool functions; `declare(lib)` sets the other functions' ctypes
+    signatures; `what` names it in the reason it cannot run ("the CPU kernels"); `flags`
+    are the compiler's."""
+
+    def __init__(self, source: Path, what: str, declare: Callable[[ctypes.CDLL], None], *,
+                 start: str, stop: str, after_fork: str, flags: tuple[str, ...] = FLAGS
+                 ) -> None:
+        self.source, self.what, self.declare, self.flags = source, what, declare, flags
+        self.names = (start, stop, after_fork)
+        self.lock = threading.Lock()        # one call into the pool at a time
+        self._loaded = False
+        self._lib: ctypes.CDLL | None = None
+        self._reason: str | None = None
+
+    def _build(self) -> ctypes.CDLL:
+        lib = ctypes.CDLL(str(compile_source(self.source, self.flags)))
+        self.declare(lib)
+        start, stop, after_fork = (getattr(lib, name) for name in self.names)
+        start.argtypes, start.restype = [ctypes.c_int], ctypes.c_int
+        stop.restype = after_fork.restype = None
+        start(max(1, torch.get_num_threads()))
+        os.register_at_fork(after_in_child=lambda: self._after_fork(lib))
+        return lib
+
+    def _after_fork(self, lib: ctypes.CDLL) -> None:
+        """In a forked child: the pool's threads stayed in the parent; start the child's own."""
+        self.lock = threading.Lock()
+        start, _, after_fork = (getattr(lib, name) for name in self.names)
+        after_fork()
+        start(max(1, torch.get_num_threads()))
+
+    def load(self) -> ctypes.CDLL | None:
+        """The library, compiled and started on first use; None when it cannot be (the reason
+        is then available())."""
+        with self.lock:
+            if not self._loaded:
+                self._loaded = True
+                if platform.machine() not in ("x86_64", "AMD64"):
+                    self._reason = (f"{self.what} are written for x86-64; this machine is "
+                                    f"{platform.machine()}")
+                else:
+                    try:
+                        self._lib = self._build()
+                    except OSError as err:
+                        self._reason = f"{self.what} could not be built: {err}"
+            return self._lib
+
+    def available(self) -> str | None:
+        """None when the library can run on this machine, else the reason it cannot."""
+        self.load()
+        return self._reason
+
+    def set_threads(self, threads: int) -> int:
+        """Split every job over `threads` threads from now on (the default is
+        torch.get_num_threads() when the library loads); returns the count now running."""
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be a positive integer, got {threads!r}")
+        lib = self.load()
+        if lib is None:
+            raise RuntimeError(self._reason)
+        start, stop, _ = (getattr(lib, name) for name in self.names)
+        with self.lock:
+            stop()
+            return start(threads)
