@@ -4,10 +4,11 @@ Two libraries use this: tinygpt.cpu_kernels (batch-1 decode products, one C call
 and tinygpt.cpu_gemm (the engine's many-row products and paged attention). Each is one C
 source with its own pool of helper threads, started when the library loads.
 
-    compile_source(source)   the shared object for a source: built once per source, compiler,
-                             flags and machine, cached under $TINYGPT_CACHE (default
-                             ~/.cache/tinygpt), written atomically so that two processes
-                             building at once never load half a file
+    compile_source(source)   the shared object for a source: built once per source (and the
+                             headers beside it, such as pool.h), compiler, flags and machine,
+                             cached under $TINYGPT_CACHE (default ~/.cache/tinygpt), written
+                             atomically so that two processes building at once never load
+                             half a file
     NativeLibrary            one source: load() (None when it cannot run here; available()
                              then says why), set_threads(n), and `lock`, which serializes calls
                              into the pool (it runs one job at a time); a forked child starts
@@ -49,8 +50,10 @@ def compile_source(source: Path, flags: tuple[str, ...] = FLAGS) -> Path:
         raise OSError("no C compiler found (set CC, or install gcc)")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              check=False).stdout
-    key = hashlib.sha256(source.read_bytes() + version.encode() + " ".join(flags).encode()
-                         + platform.machine().encode()).hexdigest()[:16]
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    key = hashlib.sha256(source.read_bytes() + headers + version.encode()
+                         + " ".join(flags).encode() + platform.machine().encode()
+                         ).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{key}.so"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)

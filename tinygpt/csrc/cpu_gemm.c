@@ -28,19 +28,17 @@
  * GCC's vector extensions keep the code portable: on a CPU without AVX-512 a 16-wide vector
  * becomes two or four narrower ones. Built and loaded by tinygpt/cpu_gemm.py.
  */
-#include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
+#define _GNU_SOURCE             /* pthread_setname_np, in pool.h */
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
+
+/* a stalled helper is 200 us here (a product of 16 rows takes longer than one row's); after
+ * 3 in a row the next 256 jobs run on the calling thread alone */
+#define POOL_STALL_NS 200000L
+#define POOL_SOLO_JOBS 256
+#include "pool.h"
 
 #define TILE 16
-#define MAX_THREADS 64
-#define SPIN_NS 300000L        /* how long an idle helper spins before it sleeps */
-#define STALL_NS 200000L       /* a wait this long means a helper lost its core */
-#define STRIKES 3              /* ... that many products in a row: */
-#define SOLO_PRODUCTS 256      /* run this many products on the calling thread alone */
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 
@@ -132,134 +130,22 @@ typedef struct {
 static void attend(long unit);
 
 static job_t job;
-/* the claim word: generation (bits 40-63), chunks in the job (bits 20-39), next chunk (bits
- * 0-19); a helper claims with a compare-and-swap of the whole word, so it can only take a
- * chunk of the job whose generation it read */
-#define GEN(v) ((uint32_t)((v) >> 40))
-#define TOTAL(v) ((long)(((v) >> 20) & 0xfffff))
-#define NEXT(v) ((long)((v) & 0xfffff))
-#define MAX_CHUNKS 0xfffff
-static _Atomic uint64_t claim = 0;
-static _Atomic long finished = 0;
-static _Atomic int sleeping = 0;
-static _Atomic int stop = 0;
-static pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
-static pthread_t threads[MAX_THREADS];
-static int helpers = 0;
-static int strikes = 0;
-static long solo = 0;
 
-static long clock_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
-
-static void work(uint32_t gen) {
-    for (;;) {
-        uint64_t v = atomic_load(&claim);
-        if (GEN(v) != gen || NEXT(v) >= TOTAL(v)) return;
-        if (!atomic_compare_exchange_weak(&claim, &v, v + 1)) continue;
-        long t0 = NEXT(v) * job.chunk;
-        long t1 = t0 + job.chunk < job.tiles ? t0 + job.chunk : job.tiles;
-        if (job.kind == 0)
-            tiles_range(job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
-        else
-            for (long u = t0; u < t1; u++) attend(u);
-        atomic_fetch_add(&finished, 1);
-    }
-}
-
-static void *helper(void *arg) {
-    (void)arg;
-    uint32_t seen = GEN(atomic_load(&claim));
-    while (!atomic_load(&stop)) {
-        long start = clock_ns();
-        uint32_t gen;
-        int spins = 0;
-        while ((gen = GEN(atomic_load(&claim))) == seen) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-            if (++spins % 256 == 0) {
-                if (clock_ns() - start > SPIN_NS) break;
-                sched_yield();
-            }
-        }
-        if (gen == seen) {
-            pthread_mutex_lock(&mutex);
-            atomic_fetch_add(&sleeping, 1);
-            while (GEN(atomic_load(&claim)) == seen && !atomic_load(&stop))
-                pthread_cond_wait(&cond, &mutex);
-            atomic_fetch_sub(&sleeping, 1);
-            pthread_mutex_unlock(&mutex);
-            continue;
-        }
-        seen = gen;
-        work(gen);
-    }
-    return NULL;
+static void run_chunk(long c) {
+    long t0 = c * job.chunk, t1 = t0 + job.chunk < job.tiles ? t0 + job.chunk : job.tiles;
+    if (job.kind == 0)
+        tiles_range(job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
+    else
+        for (long u = t0; u < t1; u++) attend(u);
 }
 
 /* start `n` - 1 helper threads (the caller is the n-th); returns the threads now working */
-int tg_gemm_start(int n) {
-    if (helpers > 0) return helpers + 1;
-    if (n > MAX_THREADS) n = MAX_THREADS;
-    for (int i = 0; i < n - 1; i++) {
-        if (pthread_create(&threads[i], NULL, helper, NULL) != 0) break;
-        helpers++;
-    }
-    return helpers + 1;
-}
+int tg_gemm_start(int n) { return pool_start(n, "tinygpt-gemm"); }
 
-void tg_gemm_stop(void) {
-    atomic_store(&stop, 1);
-    pthread_mutex_lock(&mutex);
-    pthread_cond_broadcast(&cond);
-    pthread_mutex_unlock(&mutex);
-    for (int i = 0; i < helpers; i++) pthread_join(threads[i], NULL);
-    helpers = 0;
-    atomic_store(&stop, 0);
-}
+void tg_gemm_stop(void) { pool_stop(); }
 
 /* in a forked child the helpers stayed behind: forget them (start again with tg_gemm_start) */
-void tg_gemm_after_fork(void) {
-    pthread_mutex_init(&mutex, NULL);
-    pthread_cond_init(&cond, NULL);
-    atomic_store(&sleeping, 0);
-    atomic_store(&stop, 0);
-    helpers = 0;
-}
-
-/* run the job set up in `job`: `job.tiles` units in chunks of `job.chunk`, on every thread */
-static void run_job(void) {
-    long total = (job.tiles + job.chunk - 1) / job.chunk;
-    atomic_store(&finished, 0);
-    uint32_t gen = (GEN(atomic_load(&claim)) + 1) & 0xffffff;
-    atomic_store(&claim, (uint64_t)gen << 40 | (uint64_t)total << 20);
-    if (atomic_load(&sleeping) > 0) {
-        pthread_mutex_lock(&mutex);
-        pthread_cond_broadcast(&cond);
-        pthread_mutex_unlock(&mutex);
-    }
-    work(gen);
-    long from = clock_ns();
-    for (int spins = 1; atomic_load(&finished) < total; spins++) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
-        if (spins % 256 == 0) sched_yield();
-    }
-    if (clock_ns() - from > STALL_NS) {
-        if (++strikes >= STRIKES) {
-            strikes = 0;
-            solo = SOLO_PRODUCTS;
-        }
-    } else {
-        strikes = 0;
-    }
-}
+void tg_gemm_after_fork(void) { pool_after_fork(); }
 
 /* y (m, n) = x (m, k) @ W^T, W tiled as (n / 16, k, 16) float32, n a multiple of 16; x and y
  * row-major and contiguous. Not reentrant: one product or attention at a time
@@ -269,17 +155,17 @@ void tg_gemm(const float *w, const float *x, float *y, long m, long n, long k) {
     /* chunks of whole register blocks, about 96 KB of weights each (at least 3 per thread) */
     long chunk = (98304 / (k * TILE * 4) + BLOCK_TILES - 1) / BLOCK_TILES * BLOCK_TILES;
     if (chunk < BLOCK_TILES) chunk = BLOCK_TILES;
-    while (chunk > BLOCK_TILES && tiles / chunk < 3L * (helpers + 1)) chunk -= BLOCK_TILES;
-    if ((tiles + chunk - 1) / chunk > MAX_CHUNKS) chunk = (tiles + MAX_CHUNKS - 1) / MAX_CHUNKS;
-    if (helpers == 0 || tiles <= chunk || solo > 0) {
-        if (solo > 0) solo--;
+    while (chunk > BLOCK_TILES && tiles / chunk < 3L * (pool_helpers + 1)) chunk -= BLOCK_TILES;
+    if ((tiles + chunk - 1) / chunk > POOL_MAX_CHUNKS)
+        chunk = (tiles + POOL_MAX_CHUNKS - 1) / POOL_MAX_CHUNKS;
+    if (tiles <= chunk || pool_solo()) {
         tiles_range(w, x, y, m, n, k, 0, tiles);
         return;
     }
     job.kind = 0;
     job.w = w; job.x = x; job.y = y; job.m = m; job.n = n; job.k = k;
     job.tiles = tiles; job.chunk = chunk;
-    run_job();
+    pool_run((tiles + chunk - 1) / chunk, run_chunk);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -357,12 +243,11 @@ void tg_paged_attention(const float *q, long ldq, const float *k, const float *v
     job.width = width; job.scale = scale;
     job.tiles = n_seq * kv_heads;
     job.chunk = 1;
-    if (helpers == 0 || job.tiles == 1 || solo > 0) {
-        if (solo > 0) solo--;
+    if (job.tiles == 1 || pool_solo()) {
         for (long u = 0; u < job.tiles; u++) attend(u);
         return;
     }
-    run_job();
+    pool_run(job.tiles, run_chunk);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -16,7 +16,7 @@
  *                the operating system has not scheduled (a busy machine) makes a product no
  *                slower than one core would; it never waits for a helper that took nothing.
  *                When the caller keeps waiting for chunks a helper took and then lost its
- *                core, the pool runs alone for a while (STALL_NS, STRIKES, SOLO_PRODUCTS).
+ *                core, the pool runs alone for a while (pool.h says how).
  *
  * Weights come as float32, bfloat16 (16-bit: the top half of a float32, widened by a shift),
  * llama.cpp's Q8_0 blocks (8-bit integers, one float16 scale per row and block of 32 columns)
@@ -28,26 +28,12 @@
  */
 #define _GNU_SOURCE             /* pthread_setname_np */
 #include <math.h>
-#include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "pool.h"                /* the helper threads (POOL_* are its tuning knobs) */
 
 #define TILE 16
-#define MAX_THREADS 64
-#ifndef YIELD
-#define YIELD 1
-#endif
-#define SPIN_NS 300000L
-/* A product whose caller waited this long for a helper's chunk had a helper the operating
- * system took off its core (a busy machine). After STRIKES such products in a row the pool
- * runs the next SOLO_PRODUCTS products on the calling thread alone, then tries again. */
-#define STALL_NS 100000L
-#define STRIKES 3
-#define SOLO_PRODUCTS 512          /* how long an idle helper spins before it sleeps */
 
 static inline float bf16_to_float(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;
@@ -386,24 +372,6 @@ typedef struct {
 } job_t;
 
 static job_t job;
-/* One atomic word says everything a helper needs to claim work: the job's generation (bits
- * 40-63), its number of chunks (bits 20-39) and the next chunk to take (bits 0-19). A claim is
- * a compare-and-swap of the whole word, so a helper that read an old word can only claim a
- * chunk of the job it read, and only while that job still has one. */
-#define GEN(v) ((uint32_t)((v) >> 40))
-#define TOTAL(v) ((long)(((v) >> 20) & 0xfffff))
-#define NEXT(v) ((long)((v) & 0xfffff))
-#define MAX_CHUNKS 0xfffff
-static _Atomic uint64_t ticket = 0;
-static _Atomic long chunks_done = 0;
-static _Atomic int sleepers = 0;
-static _Atomic int stopping = 0;
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
-static pthread_t helpers[MAX_THREADS];
-static int n_helpers = 0;
-static int strikes = 0;
-static long solo_left = 0;
 
 static void run_chunk(long c) {
     long t0 = c * job.chunk, t1 = t0 + job.chunk < job.tiles ? t0 + job.chunk : job.tiles;
@@ -417,87 +385,13 @@ static void run_chunk(long c) {
         tiles_q4((const uint8_t *)job.w, job.y, job.m, job.n, job.k, t0, t1);
 }
 
-/* take chunks of generation `gen` until none is left; returns how many were done */
-static long take_chunks(uint32_t gen) {
-    long done = 0;
-    for (;;) {
-        uint64_t v = atomic_load(&ticket);
-        if (GEN(v) != gen || NEXT(v) >= TOTAL(v)) break;
-        if (!atomic_compare_exchange_weak(&ticket, &v, v + 1)) continue;
-        run_chunk(NEXT(v));
-        done++;
-        atomic_fetch_add(&chunks_done, 1);
-    }
-    return done;
-}
-
-static long now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
-
-static void *helper_main(void *arg) {
-    (void)arg;
-    uint32_t seen = GEN(atomic_load(&ticket));
-    while (!atomic_load(&stopping)) {
-        long start = now_ns();
-        uint32_t gen;
-        int spins = 0;
-        while ((gen = GEN(atomic_load(&ticket))) == seen) {
-            __builtin_ia32_pause();
-            if (++spins % 256 == 0) {
-                if (now_ns() - start > SPIN_NS) break;
-                if (YIELD) sched_yield();
-            }
-        }
-        if (gen == seen) {                      /* idle long enough: sleep until a job */
-            pthread_mutex_lock(&lock);
-            atomic_fetch_add(&sleepers, 1);
-            while (GEN(atomic_load(&ticket)) == seen && !atomic_load(&stopping))
-                pthread_cond_wait(&wake, &lock);
-            atomic_fetch_sub(&sleepers, 1);
-            pthread_mutex_unlock(&lock);
-            continue;
-        }
-        seen = gen;
-        take_chunks(gen);
-    }
-    return NULL;
-}
-
 /* start `threads` - 1 helper threads (the caller is the other one); returns the count */
-int tg_start(int threads) {
-    if (n_helpers > 0) return n_helpers + 1;
-    if (threads > MAX_THREADS) threads = MAX_THREADS;
-    for (int i = 0; i < threads - 1; i++) {
-        if (pthread_create(&helpers[i], NULL, helper_main, NULL) != 0) break;
-        pthread_setname_np(helpers[i], "tinygpt-gemv");     /* as top -H and /proc name it */
-        n_helpers++;
-    }
-    return n_helpers + 1;
-}
+int tg_start(int threads) { return pool_start(threads, "tinygpt-gemv"); }
 
-/* in a child process after fork(): the helpers did not come along; forget them (and any lock
- * state a helper held at the fork) so that products run on the calling thread until
- * tg_start is called again */
-void tg_after_fork(void) {
-    pthread_mutex_init(&lock, NULL);
-    pthread_cond_init(&wake, NULL);
-    atomic_store(&sleepers, 0);
-    atomic_store(&stopping, 0);
-    n_helpers = 0;
-}
+/* in a child process after fork(): forget the helpers (tg_start starts new ones) */
+void tg_after_fork(void) { pool_after_fork(); }
 
-void tg_stop(void) {
-    atomic_store(&stopping, 1);
-    pthread_mutex_lock(&lock);
-    pthread_cond_broadcast(&wake);
-    pthread_mutex_unlock(&lock);
-    for (int i = 0; i < n_helpers; i++) pthread_join(helpers[i], NULL);
-    n_helpers = 0;
-    atomic_store(&stopping, 0);
-}
+void tg_stop(void) { pool_stop(); }
 
 /* y (m, n) = x (m, k) @ W^T with W tiled (n / 16 tiles); n must be a multiple of 16 (and k of
  * 32 for dtypes 2 and 3, whose x is quantized to 8 bits first), 1 <= m <= MAX_ROWS.
@@ -513,39 +407,17 @@ int tg_gemv(int dtype, const void *w, const float *x, float *y, long m, long n, 
                           : k * TILE * (dtype == 0 ? 4 : 2);
     long chunk = (65536 + bytes_per_tile - 1) / bytes_per_tile;
     if (chunk < 1) chunk = 1;
-    if ((tiles + chunk - 1) / chunk > MAX_CHUNKS) chunk = (tiles + MAX_CHUNKS - 1) / MAX_CHUNKS;
-    if (n_helpers == 0 || tiles <= chunk || solo_left > 0) {
-        if (solo_left > 0) solo_left--;
-        job.dtype = dtype; job.w = w; job.x = x; job.y = y; job.m = m; job.n = n; job.k = k;
-        job.tiles = tiles; job.chunk = tiles;
+    if ((tiles + chunk - 1) / chunk > POOL_MAX_CHUNKS)
+        chunk = (tiles + POOL_MAX_CHUNKS - 1) / POOL_MAX_CHUNKS;
+    job.dtype = dtype; job.w = w; job.x = x; job.y = y; job.m = m; job.n = n; job.k = k;
+    job.tiles = tiles;
+    if (tiles <= chunk || pool_solo()) {
+        job.chunk = tiles;
         run_chunk(0);
         return 0;
     }
-    job.dtype = dtype; job.w = w; job.x = x; job.y = y; job.m = m; job.n = n; job.k = k;
-    job.tiles = tiles; job.chunk = chunk;
-    long total = (tiles + chunk - 1) / chunk;
-    atomic_store(&chunks_done, 0);
-    uint32_t gen = (GEN(atomic_load(&ticket)) + 1) & 0xffffff;
-    atomic_store(&ticket, (uint64_t)gen << 40 | (uint64_t)total << 20);  /* helpers may take */
-    if (atomic_load(&sleepers) > 0) {
-        pthread_mutex_lock(&lock);
-        pthread_cond_broadcast(&wake);
-        pthread_mutex_unlock(&lock);
-    }
-    take_chunks(gen);
-    long waited_from = now_ns();
-    for (int spins = 1; atomic_load(&chunks_done) < total; spins++) {
-        __builtin_ia32_pause();
-        if (YIELD && spins % 256 == 0) sched_yield();
-    }
-    if (now_ns() - waited_from > STALL_NS) {
-        if (++strikes >= STRIKES) {
-            strikes = 0;
-            solo_left = SOLO_PRODUCTS;
-        }
-    } else {
-        strikes = 0;
-    }
+    job.chunk = chunk;
+    pool_run((tiles + chunk - 1) / chunk, run_chunk);
     return 0;
 }
 
