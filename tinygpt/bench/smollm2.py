@@ -307,7 +307,6 @@ def _engine_row(ctx: BenchContext, model: TinyGPT, *, quick: bool) -> Comparison
         start = time.perf_counter()
         outputs = [r.token_ids for r in engine.generate(prompts, params)]
         ours, theirs = [n_requests * new / (time.perf_counter() - start)], []
-        ratio = float("nan")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     start = time.perf_counter()
     alone = [generate(model, p, params).token_ids for p in prompts]
