@@ -72,9 +72,10 @@ def test_tensor_parallel_server_matches_one_process():
         assert chat.choices[0].message.content is not None
 
 
-def test_a_dead_rank_takes_the_server_down_with_a_message():
-    with running_server("--threads", "1", "--tensor-parallel-size", "2", env=ENV) as (url,
-                                                                                       proc):
+def test_a_dead_rank_takes_the_server_down_with_a_message(tmp_path):
+    log = tmp_path / "server.log"
+    with running_server("--threads", "1", "--tensor-parallel-size", "2", env=ENV,
+                        log=log) as (url, proc):
         ranks = [p for p in _descendants(proc.pid) if _is_rank(p)]
         assert ranks, "no rank process found below the server"
         os.kill(ranks[0], signal.SIGKILL)
@@ -82,7 +83,7 @@ def test_a_dead_rank_takes_the_server_down_with_a_message():
         while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert proc.poll() == 1, "the server kept running (or hung) after a rank died"
-        out = proc.stdout.read().decode(errors="replace")
+        out = log.read_text(errors="replace")
         assert "tensor-parallel rank 1 exited" in out
 
 

@@ -20,10 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -131,17 +133,24 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(*args: str, timeout: float = 120.0, env: dict | None = None
+def running_server(*args: str, timeout: float = 120.0, env: dict | None = None,
+                   log: str | os.PathLike | None = None
                    ) -> Iterator[tuple[str, subprocess.Popen]]:
     """`python -m tinygpt serve --port <free> *args` in a subprocess; yields (its base URL,
     the process) once /health answers, and stops it with SIGTERM (then kill) on exit.
     RuntimeError, with the server's last output, if it exits or stays silent for `timeout`
-    seconds. env: the server's environment (default: this one's)."""
+    seconds. env: the server's environment (default: this one's). log: a file that gets the
+    server's output (default: a temporary file, removed after).
+
+    The output goes to a file, not to a pipe: uvicorn writes a line per request, and once a
+    pipe that nobody reads holds 64 KiB (about 1,100 requests) the server blocks in that
+    write, with every client waiting on it."""
     import httpx
 
     port = free_port()
+    out = open(log, "w+b") if log is not None else tempfile.TemporaryFile()  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-m", "tinygpt", "serve", "--port", str(port),
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+                             *args], stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -153,9 +162,11 @@ def running_server(*args: str, timeout: float = 120.0, env: dict | None = None
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+                proc.wait()
+                out.seek(0)
+                text = out.read().decode(errors="replace")
                 raise RuntimeError(f"the server did not start (exit {proc.poll()}):\n"
-                                   f"{out[-2000:]}")
+                                   f"{text[-2000:]}")
             time.sleep(0.2)
         yield url, proc
     finally:
@@ -166,8 +177,7 @@ def running_server(*args: str, timeout: float = 120.0, env: dict | None = None
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if proc.stdout:
-            proc.stdout.close()
+        out.close()
 
 
 def plot_goodput(reports: list[dict]):
