@@ -370,3 +370,34 @@ def test_layers_in_c_compute_the_plain_step(batch, cache_batch):
     assert DecodeStep(bf16, KVCache.for_model(bf16))._layers.cache_bf16 == 1
     with pytest.raises(ValueError, match="pos must be"):
         step._layers(torch.zeros(1, 64), 16)
+
+
+def test_generate_samples_on_one_torch_thread_between_tiled_steps(monkeypatch):
+    """The tiled products split each product over the cores with their own threads; a
+    two-thread torch operation between two steps (the sampling's argmax) wakes an OpenMP team
+    that keeps spinning beside them. generate() holds torch at one thread for each decoded
+    token's step and sampling, not for the prefill (torch's own multi-row products), and gives
+    the caller's setting back."""
+    import tinygpt.generate as G
+
+    model = small_model()
+    seen, sample = [], G.sample_next_token
+
+    def recording(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return sample(*args, **kwargs)
+
+    monkeypatch.setattr(G, "sample_next_token", recording)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        generate(model, [1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=5))
+        assert seen == [2, 1, 1, 1, 1], "prefill on the caller's threads, then one"
+        assert torch.get_num_threads() == 2
+        seen.clear()
+        plain = small_model()
+        plain.fused_decode = False            # no tiled step: torch keeps its threads
+        generate(plain, [1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=3))
+        assert seen == [2, 2, 2]
+    finally:
+        torch.set_num_threads(before)

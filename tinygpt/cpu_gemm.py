@@ -23,7 +23,6 @@ checks a probe against them when it builds, and tests/test_cpu_gemm.py compares 
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import weakref
 from pathlib import Path
@@ -56,26 +55,6 @@ _library = NativeLibrary(SOURCE, "the batched CPU products", _declare, start="tg
 load = _library.load                # the compiled library, built and started on first use
 available = _library.available      # None when the batched products can run here, else why
 set_threads = _library.set_threads  # split every product over n threads from now on
-
-
-@contextlib.contextmanager
-def torch_single_thread():
-    """Run torch's own operations on one thread inside the block (restored after).
-
-    With the products and the attention in this module's pool, what torch still runs in an
-    engine step is small (norms, RoPE, sampling), and on a busy machine a two-thread torch
-    operation waits for whichever of its threads the operating system left without a core;
-    its threads also keep spinning after each operation, on the core the pool's helper needs.
-    """
-    threads = torch.get_num_threads()
-    if threads == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 class GemmLinear:

@@ -56,7 +56,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tinygpt import cpu_gemm
 from tinygpt.bench.metrics import RequestTrace, inter_token_latencies, ttft
 from tinygpt.generate import (
     GenerationResult,
@@ -68,6 +67,7 @@ from tinygpt.generate import (
     token_events,
 )
 from tinygpt.model import TinyGPT
+from tinygpt.native import torch_single_thread
 from tinygpt.paged import PagedKVCache
 from tinygpt.runner import ModelRunner
 from tinygpt.sampling import DEFAULT_ORDER, SamplingParams
@@ -357,7 +357,7 @@ class Engine:
         token, and free the finished. Returns (request id, TokenEvent) per new token."""
         if not self.runner.batched:
             return self._step()
-        with cpu_gemm.torch_single_thread():       # the products use the cores (cpu_gemm)
+        with torch_single_thread():       # the products use the cores (tinygpt.cpu_gemm)
             return self._step()
 
     def _step(self) -> list[tuple[Hashable, TokenEvent]]:

@@ -32,6 +32,7 @@ Batch size 1 only: stop conditions are per sequence, and batching is day 13's to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 import warnings
@@ -212,6 +213,15 @@ class CachedLogits:
         self.cache = KVCache.for_model(model, batch_size=1, max_len=length, static=static)
         self.step = DecodeStep(model, self.cache, compile=compile)
 
+    def token_context(self):
+        """A context for the next call and the sampling after it: the decode step's
+        (DecodeStep.token_threads: torch on one thread around the tiled CPU products);
+        nothing for the prefill, a quantized step or a context past max_seq_len."""
+        token_threads = getattr(self.step, "token_threads", None)
+        if token_threads is None or not 0 < self.cache.length < self.max_seq_len:
+            return contextlib.nullcontext()
+        return token_threads()
+
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (1, n): the prompt and every token so far -> logits (1, V) float32."""
         if self.cache.length == 0:
@@ -345,6 +355,8 @@ def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, orde
     warned = False
     penalized = params.repetition_penalty != 1 or params.frequency_penalty != 0 \
         or params.presence_penalty != 0   # the history is read only when a penalty is on
+    # what next_logits wants around a token's work (CachedLogits: torch's threads)
+    token_context = getattr(next_logits, "token_context", contextlib.nullcontext)
     while True:
         if ids.shape[1] > max_seq_len and not warned:
             warnings.warn(
@@ -352,7 +364,7 @@ def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, orde
                 f"(cfg.max_seq_len = {max_seq_len}); from now on only the last {max_seq_len} "
                 "tokens are fed to the model", ContextCroppedWarning, stacklevel=2)
             warned = True
-        with torch.inference_mode():
+        with torch.inference_mode(), token_context():
             logits = next_logits(ids)
             generated_t = ids[:, prompt_len:] if penalized else None
             token = sample_next_token(logits, params, generator=generator, prompt_ids=prompt,

@@ -36,6 +36,7 @@ slots with a mask, so every decode step has identical shapes, which CUDA graphs 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -48,6 +49,7 @@ import torch.nn.functional as nnf
 
 from tinygpt import flops as F
 from tinygpt.model import ModelConfig, TinyGPT
+from tinygpt.native import torch_single_thread
 
 # torch dtype -> the dtype names of tinygpt.flops / tinygpt.roofline
 DTYPE_NAMES: dict[torch.dtype, str] = {torch.float32: "fp32", torch.bfloat16: "bf16",
@@ -613,21 +615,27 @@ class DecodeStep:
         x = nnf.rms_norm(x[:, -1], dim, model.norm.weight, eps)
         return self._head(x)[0].float()
 
+    def token_threads(self, batch: int = 1):
+        """A context for one token's work around this step (the step, and sampling after it):
+        torch on one thread while the tiled CPU products run (tinygpt.native.
+        torch_single_thread says why), else nothing changes. generate() holds it for the
+        step and the sampling together: a two-thread argmax between two steps wakes an
+        OpenMP team that then spins beside the products (SmolLM2 in float32 on 2 cores:
+        about 1 ms of a 20 ms token)."""
+        if self._weights is not None and self.tiled and batch <= self._max_rows:
+            return torch_single_thread()
+        return contextlib.nullcontext()
+
     def _eager(self, token: torch.Tensor) -> torch.Tensor:
-        if self._weights is not None and self.tiled and torch.get_num_threads() > 1 and \
-                token.shape[0] <= self._max_rows:
+        if self._weights is not None and self.tiled:
             # The tiled products split themselves over the cores with their own threads;
             # torch's operations in the step would otherwise start OpenMP teams of their own
             # between them, whose workers then compete with the product threads for the same
             # cores (with torch's attention over 9 heads in the step, before the layers ran
             # in C, a step on a busy machine took 5x longer). At batch 1 these operations
             # are far too small to gain from a split.
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
+            with self.token_threads(token.shape[0]):
                 return self._fused(token)
-            finally:
-                torch.set_num_threads(threads)
         if self._weights is not None:
             return self._fused(token)
         if not self.cache.static:

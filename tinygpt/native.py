@@ -13,6 +13,8 @@ source with its own pool of helper threads, started when the library loads.
                              then says why), set_threads(n), and `lock`, which serializes calls
                              into the pool (it runs one job at a time); a forked child starts
                              its own pool (the parent's threads do not exist in the child)
+    torch_single_thread()    a context in which torch's own operations run on one thread,
+                             for the work around the pools' products (see its docstring)
 
 Why compile on first use rather than at install time: `pip install -e .` stays a pure-Python
 install, and -march=native builds for the machine that runs the kernels.
@@ -20,6 +22,7 @@ install, and -march=native builds for the machine that runs the kernels.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -133,3 +136,25 @@ class NativeLibrary:
         with self.lock:
             stop()
             return start(threads)
+
+
+@contextlib.contextmanager
+def torch_single_thread():
+    """Run torch's own operations on one thread inside the block (restored after).
+
+    The libraries here split each product over the cores with threads of their own. What torch
+    still runs around them in a decode step (norms, the embedding, sampling) is small, and a
+    two-thread torch operation then costs more than it saves: it wakes an OpenMP team whose
+    worker keeps spinning after each operation on the core the pool's helper needs, and on a
+    busy machine it waits for whichever of its threads the operating system left without a
+    core.
+    """
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
