@@ -348,13 +348,14 @@ def test_the_serial_engine_serves_the_same_text(reference):
 
 
 def test_stalled_clients_are_cut_off_and_no_prefix_caching_turns_the_cache_off():
-    """Headers that never finish: the connection is closed; a body that stalls: 408. (The
-    same server runs with --no-prefix-caching: one server start for both.)"""
+    """Headers that never finish: the connection is closed; a body that stalls: 408; a
+    pipelined request that runs longer than the header timeout is answered whole. (The same
+    server runs with --no-prefix-caching: one server start for all.)"""
     import socket
     from urllib.parse import urlparse
 
     prompt = "Once upon a time there was a girl named Lily who loved her red ball. " * 3
-    with server("--header-timeout", "1", "--body-timeout", "1", "--no-prefix-caching") as (
+    with server("--header-timeout", "0.5", "--body-timeout", "1", "--no-prefix-caching") as (
             url, _):
         for _ in range(2):
             client(url).completions.create(model="tinygpt", prompt=prompt, max_tokens=2)
@@ -379,6 +380,27 @@ def test_stalled_clients_are_cut_off_and_no_prefix_caching_turns_the_cache_off()
                 answer += part
         assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
         assert b'"request_timeout"' in answer
+        # two requests in one write (HTTP/1.1 pipelining); the second one's headers are in
+        # before the first is answered, so no header timer may run while it generates (one
+        # armed with it once closed the connection half a second into its answer)
+        body = json.dumps({"model": "tinygpt", "prompt": "Once upon a time", "n": 8,
+                           "max_tokens": 600, "temperature": 1.0, "seed": 1,
+                           "ignore_eos": True}).encode()
+        with socket.create_connection((where.hostname, where.port), timeout=60) as sock:
+            start = time.monotonic()
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: application/json\r\n"
+                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            answer = b""
+            while not (b'"completion_tokens":4800' in answer and answer.endswith(b"}")):
+                part = sock.recv(65536)
+                if not part:
+                    break
+                answer += part
+            took = time.monotonic() - start
+        assert answer.count(b"HTTP/1.1 200 OK") == 2, (took, answer[-300:])
+        assert took > 0.5, "the answer came before the header timeout: this proved nothing"
         assert httpx.get(f"{url}/health").status_code == 200
 
 

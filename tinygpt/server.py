@@ -1101,8 +1101,13 @@ def timed_h11(header_timeout: float):
             self._arm_header_timer()
 
         def on_response_complete(self) -> None:
+            finished = self.cycle
             super().on_response_complete()
-            self._arm_header_timer()
+            # uvicorn starts a pipelined request (one whose headers already came) in there:
+            # its headers are in, so no timer; a timer armed with its cycle would close the
+            # connection in the middle of its answer
+            if self.cycle is finished:
+                self._arm_header_timer()
 
         def _arm_header_timer(self) -> None:
             self._headers_due = self.loop.call_later(header_timeout, self._headers_late,
