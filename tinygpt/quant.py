@@ -793,10 +793,6 @@ def torchao_quantize(model: TinyGPT, scheme: str, *, lm_head: bool = False
     """
     parse_scheme(scheme)
     try:
-        import logging
-
-        for name in ("torchao", "torch.utils._pytree"):   # its CUDA-only libraries' notices
-            logging.getLogger(name).setLevel(logging.ERROR)
         from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
         from torchao.quantization.granularity import PerGroup
         from torchao.quantization.quant_primitives import MappingType
