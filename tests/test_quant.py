@@ -212,8 +212,10 @@ def test_dynamic_int8_kernel_agrees_within_its_tolerance():
 def test_fused_kernel_falls_back_with_a_reason():
     layer = Q.QuantizedLinear(weights(24, 64), "int4-g32")          # 24 rows: not a multiple of 16
     x = torch.randn(2, 64)
-    with pytest.warns(Q.KernelFallbackWarning, match="divisible by 16"):
+    with pytest.warns(Q.KernelFallbackWarning, match="divisible by 16") as caught:
         got = layer(x)
+    # reported at the line that called the layer, not inside nn.Module's call machinery
+    assert [w.filename for w in caught] == [__file__]
     assert layer.kernel_used == "dequant" and "dequantize-then-matmul" in layer.fallback_reason
     torch.testing.assert_close(got, nnf.linear(x, layer.dequantize()), rtol=0, atol=0)
     layer8 = Q.QuantizedLinear(weights(16, 40), "int8")            # K = 40: unsafe for int8pack

@@ -69,9 +69,11 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import re
 import warnings
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as nnf
@@ -88,6 +90,19 @@ GROUP_SIZES: tuple[int, ...] = (32, 64, 128)
 # path also rounds the activations to 7-bit integers).
 FUSED_RTOL = 2e-2
 DYNAMIC_RTOL = 6e-2
+
+
+def _outside_stacklevel() -> int:
+    """warnings.warn's stacklevel for the first caller outside torch and tinygpt: a fallback
+    found during a forward is reported at the line that ran the model (not inside
+    nn.Module's call machinery)."""
+    import sys
+
+    inside = tuple(os.path.join(Path(m).parent, "") for m in (torch.__file__, __file__))
+    frame, level = sys._getframe(1), 1       # level 1: the function that calls warnings.warn
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class KernelFallbackWarning(UserWarning):
@@ -490,7 +505,8 @@ class QuantizedLinear(nn.Module):
         if reason is not None:
             fn = None
             self.fallback_reason = f"{reason}; this layer uses dequantize-then-matmul"
-            warnings.warn(self.fallback_reason, KernelFallbackWarning, stacklevel=4)
+            warnings.warn(self.fallback_reason, KernelFallbackWarning,
+                          stacklevel=_outside_stacklevel())
         self._kernels[key] = fn
         return fn
 
