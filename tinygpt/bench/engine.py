@@ -237,39 +237,67 @@ PREFIX_TTFT_TARGET = 3.0     # mean TTFT without the prefix cache over with it
 
 @register("serve_prefix_cache", day=17)
 def serve_prefix_cache(ctx: BenchContext) -> list[Comparison]:
-    """Multi-turn chat behind the server: mean TTFT without prefix caching over with it."""
+    """Multi-turn chat behind the server: mean TTFT without prefix caching over with it, on
+    SmolLM2-135M-Instruct (the target) and on the shipped model (information)."""
+    rows = [_serve_prefix_cache(ctx, "tinygpt")]
+    if ctx.quick:       # two more server starts of a 135M model: the full plan only
+        ctx.log("serve_prefix_cache: the SmolLM2 row runs in the full plan only")
+        return rows
+    try:
+        from tinygpt.gguf import smollm2_path
+
+        smollm2_path()
+    except FileNotFoundError as err:
+        ctx.log(f"serve_prefix_cache: the SmolLM2 row is skipped: {err}")
+    else:
+        rows.append(_serve_prefix_cache(ctx, "smollm2"))
+    return rows
+
+
+def _serve_prefix_cache(ctx: BenchContext, name: str) -> Comparison:
+    """One model: the same chats with and without the prefix cache, at the same schedule.
+    The course's target is judged on SmolLM2: the shipped model computes a whole prompt in a
+    millisecond or two, so its TTFT is mostly the HTTP round trip and the first decode step,
+    which no cache shortens (information only there)."""
     from tinygpt.bench.load import run_chat_sessions, running_server
+    from tinygpt.gguf import SMOLLM2_ID
 
     conversations, turns, period = (4, 3, 0.3) if ctx.quick else (8, 8, 0.5)
+    served = {"tinygpt": "tinygpt", "smollm2": SMOLLM2_ID}[name]
     runs = {}
     for mode, flags in (("cached", ()), ("uncached", ("--no-prefix-caching",))):
-        ctx.log(f"serve_prefix_cache: {conversations} conversations x {turns} turns, {mode} ...")
-        with running_server("--threads", str(ctx.threads), *flags) as (url, _):
-            runs[mode] = run_chat_sessions(url, conversations, turns, period=period)
+        ctx.log(f"serve_prefix_cache: {served}, {conversations} conversations x {turns} turns, "
+                f"{mode} ...")
+        with running_server("--model", name, "--threads", str(ctx.threads), *flags,
+                            timeout=300.0) as (url, _):
+            runs[mode] = run_chat_sessions(url, conversations, turns, period=period,
+                                           model=served)
     cached, uncached = runs["cached"], runs["uncached"]
     same = [r["reply"] for r in cached["requests"]] == [r["reply"] for r in
                                                         uncached["requests"]]
     ratio = uncached["mean_ttft_s"] / cached["mean_ttft_s"]
+    targeted = name != "tinygpt"
     reasons = []
     if not same:
         reasons.append("the replies differ with and without the prefix cache")
     if ratio < PREFIX_TTFT_TARGET:
-        reasons.append(f"{ratio:.2f}x is below {PREFIX_TTFT_TARGET}x: the HTTP round trip and "
-                       f"the first decode step, which the cache cannot shorten, are a large "
-                       f"share of TTFT on this model")
+        reasons.append(f"{ratio:.2f}x is below {PREFIX_TTFT_TARGET}x" + (
+            "" if targeted else ": on this model the HTTP round trip and the first decode "
+            "step, which the cache cannot shorten, are most of TTFT"))
     summary = (f"mean TTFT {uncached['mean_ttft_s'] * 1e3:.1f} -> "
                f"{cached['mean_ttft_s'] * 1e3:.1f} ms; prefill tokens "
                f"{uncached['prefill_tokens']} -> {cached['prefill_tokens']} of "
                f"{cached['prompt_tokens']} prompt tokens")
-    details = {"summary": summary, "identical_replies": same,
+    details = {"summary": summary, "identical_replies": same, "model": served,
                "requests": len(cached["requests"]), "conversations": conversations,
                "turns": turns, **{f"{mode}_{key}": runs[mode][key] for mode in runs
                                   for key in ("mean_ttft_s", "prefill_tokens", "prompt_tokens",
                                               "hit_tokens", "seconds")}}
-    return [Comparison("serve_prefix_cache", "multi-turn chat through the server (shared "
-                       "system prompt, history resent each turn): mean TTFT without prefix "
-                       "caching over with it", ratio, PREFIX_TTFT_TARGET, ">=", "x",
-                       not reasons, "; ".join(reasons) or None, details)]
+    key = "serve_prefix_cache" if name == "tinygpt" else f"serve_prefix_cache_{name}"
+    return Comparison(key, f"multi-turn chat through the server (shared system prompt, history "
+                      f"resent each turn): mean TTFT without prefix caching over with it "
+                      f"({served})", ratio, PREFIX_TTFT_TARGET, ">=", "x", not reasons,
+                      "; ".join(reasons) or None, details, targeted=targeted)
 
 
 @register("serve_overhead", day=17)

@@ -263,7 +263,7 @@ USER_TURNS = ("Tell me a story about a cat.", "What did the cat find in the gard
 
 
 async def _conversation(client, url: str, index: int, turns: int, period: float, start: float,
-                        max_tokens: int, timeout: float) -> list[dict]:
+                        max_tokens: int, timeout: float, model: str) -> list[dict]:
     messages = [{"role": "system", "content": SYSTEM_PROMPT}]
     out = []
     for turn in range(turns):
@@ -272,7 +272,7 @@ async def _conversation(client, url: str, index: int, turns: int, period: float,
         await asyncio.sleep(max(0.0, start + index * period / 4 + turn * period
                                 - time.perf_counter()))
         messages.append({"role": "user", "content": USER_TURNS[(index + turn) % len(USER_TURNS)]})
-        body = {"model": "tinygpt", "messages": messages, "max_tokens": max_tokens,
+        body = {"model": model, "messages": messages, "max_tokens": max_tokens,
                 "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
         sent, first, pieces, usage = time.perf_counter(), None, [], None
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body,
@@ -300,10 +300,11 @@ async def _conversation(client, url: str, index: int, turns: int, period: float,
 
 def run_chat_sessions(url: str, conversations: int = 4, turns: int = 4, *,
                       period: float = 0.5, max_tokens: int = 16,
-                      timeout: float = 120.0) -> dict:
+                      timeout: float = 120.0, model: str = "tinygpt") -> dict:
     """`conversations` chats of `turns` turns each against the server at `url`, all sharing
     SYSTEM_PROMPT; every turn resends the whole history (as chat clients do), greedy, and is
-    due `period` seconds after the conversation's previous one. Returns {"requests": per
+    due `period` seconds after the conversation's previous one; `model`: the served model's
+    name. Returns {"requests": per
     request dicts (ttft_s, e2e_s, reply, prompt_tokens), "mean_ttft_s", "seconds",
     "prefill_tokens" (tokens the engine computed for the prompts: /health's admitted tokens
     minus those found in the prefix cache), "prompt_tokens", "hit_tokens"}."""
@@ -317,7 +318,7 @@ def run_chat_sessions(url: str, conversations: int = 4, turns: int = 4, *,
         async with httpx.AsyncClient(limits=limits) as client:
             start = time.perf_counter()
             done = await asyncio.gather(*(_conversation(client, url, i, turns, period, start,
-                                                        max_tokens, timeout)
+                                                        max_tokens, timeout, model)
                                           for i in range(conversations)))
             return [r for chat in done for r in chat], time.perf_counter() - start
 
