@@ -368,7 +368,7 @@ def test_layers_in_c_compute_the_plain_step(batch, cache_batch):
         torch.testing.assert_close(b.v, a.v, rtol=1e-4, atol=1e-5)
     bf16 = small_model().to(torch.bfloat16)        # (its agreement: the bfloat16 test above)
     assert DecodeStep(bf16, KVCache.for_model(bf16))._layers.cache_bf16 == 1
-    with pytest.raises(ValueError, match="pos must be"):
+    with pytest.raises(ValueError, match="positions must be"):
         step._layers(torch.zeros(1, 64), 16)
 
 
@@ -401,3 +401,37 @@ def test_generate_samples_on_one_torch_thread_between_tiled_steps(monkeypatch):
         assert seen == [2, 2, 2]
     finally:
         torch.set_num_threads(before)
+
+
+def test_extend_runs_several_positions_of_one_sequence_as_the_forward_does():
+    """DecodeStep.extend (speculative decoding's verify pass): r new tokens of one sequence
+    through the C layers, up to MAX_ROWS positions per call, each attending causally to the
+    positions before it. Logits and cache equal the model's own forward on the same cache to
+    float rounding for r = 1 .. 9 (groups of 4, 4 and 1 included), and the cache length
+    advances by r."""
+    model = small_model()
+    ids = torch.randint(0, 96, (1, 60), generator=torch.Generator().manual_seed(3))
+    plain, fast = KVCache.for_model(model, 1), KVCache.for_model(model, 1)
+    prefill(model, plain, ids[:, :5])
+    prefill(model, fast, ids[:, :5])
+    step = DecodeStep(model, fast)
+    assert step._layers is not None
+    pos = 5
+    for r in range(1, 10):
+        with torch.inference_mode():
+            want = model(ids[:, pos:pos + r], kv_cache=plain)[0]
+        got = step.extend(ids[:, pos:pos + r])
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        pos += r
+        assert fast.length == plain.length == pos
+    for a, b in zip(plain.layers, fast.layers, strict=True):
+        torch.testing.assert_close(b.k[:, :, :pos], a.k[:, :, :pos], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(b.v[:, :, :pos], a.v[:, :, :pos], rtol=1e-4, atol=1e-5)
+    plain_step = DecodeStep(model, KVCache.for_model(model, 1), tiled=False)
+    assert plain_step._layers is None
+    torch.testing.assert_close(plain_step.extend(ids[:, :3]), model(ids[:, :3])[0],
+                               rtol=1e-5, atol=1e-6)        # the model's forward, as it is
+    with pytest.raises(ValueError, match="shape \\(1, r\\)"):
+        step.extend(ids[:, :0])
+    with pytest.raises(ValueError, match="KV cache is full"):
+        step.extend(torch.zeros(1, 64, dtype=torch.long))

@@ -62,7 +62,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tg_has_vnni.restype = ctypes.c_int
     P, L, F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
     lib.tg_layer.argtypes = [ctypes.c_int, P, L, L, P, P, F, P, L, P, L, P, L, P, L, P, P,
-                             ctypes.c_int, L, P, P, L, L, L, L, L]
+                             ctypes.c_int, L, P, P, L, L, L, L, L, ctypes.c_int]
     lib.tg_layer.restype = ctypes.c_int
 
 
@@ -340,7 +340,9 @@ class DecodeLayers:
     or bfloat16; cos, sin_signed: (max_seq_len, head_dim) rotation tables. The norm weights
     and tables are copied to float32 (a float32 one is used as it is). Call it with x (B, D)
     float32 contiguous, B <= MAX_ROWS, and the position: x becomes the last layer's output
-    and every layer's cache holds the new keys and values at the position.
+    and every layer's cache holds the new keys and values at the position. With
+    consecutive=True the B rows are instead positions pos .. pos + B - 1 of sequence 0, each
+    attending causally to the positions up to its own (several tokens of one sequence).
     refusal(...) says why a model's step cannot run this way (None when it can).
     """
 
@@ -394,14 +396,15 @@ class DecodeLayers:
                     "bfloat16 CPU tensors")
         return None
 
-    def __call__(self, x: torch.Tensor, pos: int) -> None:
+    def __call__(self, x: torch.Tensor, pos: int, consecutive: bool = False) -> None:
         rows, d = x.shape
         if x.dtype != torch.float32 or not x.is_contiguous() or not 0 < rows <= MAX_ROWS:
             raise ValueError(f"x must be contiguous float32 (B, D), B <= {MAX_ROWS}, got "
                              f"{x.dtype} {tuple(x.shape)}")
-        if not 0 <= pos < min(self.max_len, self.cos.shape[0]):
-            raise ValueError(f"pos must be in [0, {min(self.max_len, self.cos.shape[0])}), "
-                             f"got {pos}")
+        last = pos + rows - 1 if consecutive else pos
+        if not 0 <= pos <= last < min(self.max_len, self.cos.shape[0]):
+            raise ValueError(f"positions must be in [0, {min(self.max_len, self.cos.shape[0])})"
+                             f", got {pos}..{last}")
         hd = self.head_dim
         cos = self.cos.data_ptr() + pos * hd * 4
         sin = self.sin_signed.data_ptr() + pos * hd * 4
@@ -411,7 +414,7 @@ class DecodeLayers:
                     in self.calls:
                 if layer(code, xp, rows, d, n1, n2, eps, wqkv, nqkv, wo, no, wgu, ngu, w2, n2_,
                          kc, vc, self.cache_bf16, self.max_len, cos, sin, pos, self.heads,
-                         self.kv_heads, hd, self.d_ff):
+                         self.kv_heads, hd, self.d_ff, int(consecutive)):
                     raise MemoryError("the kernel could not allocate its buffers")
 
 

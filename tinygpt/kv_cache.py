@@ -615,6 +615,36 @@ class DecodeStep:
         x = nnf.rms_norm(x[:, -1], dim, model.norm.weight, eps)
         return self._head(x)[0].float()
 
+    def extend(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (1, r): r new tokens of sequence 0 at the cache's length -> their logits
+        (r, V) float32, the cache advanced by r. Speculative decoding's verify pass (day 14)
+        feeds the last token and its drafts this way. On the tiled CPU layers (a float32 or
+        bfloat16 TinyGPT on a dynamic cache) the positions run through
+        cpu_kernels.DecodeLayers in groups of up to MAX_ROWS, each attending causally to the
+        positions before it, so a pass of r tokens reads the weights ceil(r / MAX_ROWS)
+        times instead of running the model's modules; otherwise the model's own forward."""
+        if tokens.ndim != 2 or tokens.shape[0] != 1 or tokens.shape[1] < 1:
+            raise ValueError(f"tokens must have shape (1, r) with r >= 1, got "
+                             f"{tuple(tokens.shape)}")
+        model, cache = self.model, self.cache
+        if self._layers is None:
+            with torch.inference_mode():
+                return model(tokens, kv_cache=cache)[0].float()
+        cfg, r = model.cfg, tokens.shape[1]
+        embedding = model.tok_embeddings.weight
+        start = cache.check_step(1, r, embedding.device, embedding.dtype)
+        if start + r > cfg.max_seq_len:
+            raise ValueError(f"positions {start}..{start + r - 1} exceed "
+                             f"max_seq_len={cfg.max_seq_len}")
+        model._check_inputs(tokens, None)
+        with torch.inference_mode(), self.token_threads():
+            x = nnf.embedding(tokens[0], embedding).float()                  # (r, D)
+            for i in range(0, r, self._max_rows):
+                self._layers(x[i:i + self._max_rows], start + i, consecutive=True)
+            cache.advance(r)
+            x = nnf.rms_norm(x, (cfg.d_model,), self._final_norm, cfg.norm_eps)
+            return self._head(x)[0].float()
+
     def token_threads(self, batch: int = 1):
         """A context for one token's work around this step (the step, and sampling after it):
         torch on one thread while the tiled CPU products run (tinygpt.native.

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tinygpt.generate import GenerationResult, model_device, prepare_prompt
-from tinygpt.kv_cache import KVCache
+from tinygpt.kv_cache import DecodeStep, KVCache
 from tinygpt.sampling import SamplingParams, min_p_filter, top_k_filter, top_p_filter
 
 
@@ -202,6 +202,7 @@ def speculative_generate(target: torch.nn.Module, draft, prompt_ids, params: Sam
     cache = KVCache.for_model(target, 1)
     logits = target(torch.tensor([prompt[:-1]], device=device), kv_cache=cache) \
         if len(prompt) > 1 else None
+    verify = DecodeStep(target, cache).extend     # the model's forward, or the tiled CPU layers
     context, out, reason = list(prompt), [], None
     while reason is None:
         room = min(gamma, params.max_new_tokens - len(out) - 1)
@@ -209,7 +210,7 @@ def speculative_generate(target: torch.nn.Module, draft, prompt_ids, params: Sam
             else ([], torch.zeros(0, vocab))
         start = cache.length                                   # = len(context) - 1
         feed = torch.tensor([[context[-1], *drafts]], device=device)
-        logits = target(feed, kv_cache=cache)[0]               # (1 + len(drafts), V)
+        logits = verify(feed)                                  # (1 + len(drafts), V)
         stats.passes += 1
         p = target_probs(logits, params).cpu()
         new: list[int] = []

@@ -485,44 +485,78 @@ static inline void store_row(void *cache, long at, int bf16, const float *in, lo
     }
 }
 
+/* e^x for x <= 0 (softmax weights after subtracting the maximum), within 3e-7 of expf
+ * (relative), written so that the compiler vectorizes a loop of them (expf stays scalar: one
+ * per cached position per head, most of attention's time on a small model's long context).
+ * x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two parts, so n ln 2 is exact enough),
+ * e^r by its Taylor polynomial of degree 6, times 2^n built in the exponent bits; below
+ * -87 the result (smaller than 1e-38) is taken as 0. */
+static inline float exp_nonpositive(float x) {
+    if (x < -87.0f) return 0.0f;
+    float n = __builtin_roundf(x * 1.44269504f);
+    float r = x - n * 0.693145752f - n * 1.42860677e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f
+              + r * (0.00833333377f + r * 0.00138888892f)))));
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+/* rows are sequences 0 .. rows-1 at position pos, or (consecutive) positions pos .. pos+rows-1
+ * of sequence 0, each attending to its own position and those before it (the rotation
+ * tables then hold one row per position from pos on) */
 static void attend(const float *yqkv, long ystride, void *kc, void *vc, int bf16, long max_len,
                    const float *cos, const float *sin_signed, long pos, float *out, long rows,
-                   long heads, long kv_heads, long hd, float *scores) {
+                   long heads, long kv_heads, long hd, float *scores, int consecutive) {
     long group = heads / kv_heads;
     float scale = 1.0f / sqrtf((float)hd);
     float q[hd], row[hd];
     for (long b = 0; b < rows; b++) {
         const float *yb = yqkv + b * ystride;
+        long seq = consecutive ? 0 : b, at_pos = consecutive ? pos + b : pos;
+        const float *cb = consecutive ? cos + b * hd : cos;
+        const float *sb = consecutive ? sin_signed + b * hd : sin_signed;
         for (long g = 0; g < kv_heads; g++) {
-            long at = ((b * kv_heads + g) * max_len + pos) * hd;
-            rope(yb + (heads + g) * hd, cos, sin_signed, row, hd);
+            long at = ((seq * kv_heads + g) * max_len + at_pos) * hd;
+            rope(yb + (heads + g) * hd, cb, sb, row, hd);
             store_row(kc, at, bf16, row, hd);
             store_row(vc, at, bf16, yb + (heads + kv_heads + g) * hd, hd);
         }
         for (long h = 0; h < heads; h++) {
-            rope(yb + h * hd, cos, sin_signed, q, hd);
-            long base = (b * kv_heads + h / group) * max_len * hd;
+            rope(yb + h * hd, cb, sb, q, hd);
+            long base = (seq * kv_heads + h / group) * max_len * hd;
             float top = -INFINITY;
-            for (long t = 0; t <= pos; t++) {
-                cache_row(kc, base + t * hd, bf16, row, hd);
+            for (long t = 0; t <= at_pos; t++) {
+                const float *key = (const float *)kc + base + t * hd;   /* float32: in place */
+                if (bf16) {
+                    cache_row(kc, base + t * hd, bf16, row, hd);
+                    key = row;
+                }
                 float s = 0;
 #pragma omp simd reduction(+ : s)
-                for (long i = 0; i < hd; i++) s += q[i] * row[i];
+                for (long i = 0; i < hd; i++) s += q[i] * key[i];
                 scores[t] = s * scale;
                 top = scores[t] > top ? scores[t] : top;
             }
             float total = 0;
-            for (long t = 0; t <= pos; t++) {
-                scores[t] = expf(scores[t] - top);
+#pragma omp simd reduction(+ : total)
+            for (long t = 0; t <= at_pos; t++) {
+                scores[t] = exp_nonpositive(scores[t] - top);
                 total += scores[t];
             }
             float *o = out + (b * heads + h) * hd;
             for (long i = 0; i < hd; i++) o[i] = 0;
-            for (long t = 0; t <= pos; t++) {
-                float p = scores[t] / total;
-                cache_row(vc, base + t * hd, bf16, row, hd);
+            float inv_total = 1.0f / total;
+            for (long t = 0; t <= at_pos; t++) {
+                float p = scores[t] * inv_total;
+                const float *value = (const float *)vc + base + t * hd;
+                if (bf16) {
+                    cache_row(vc, base + t * hd, bf16, row, hd);
+                    value = row;
+                }
 #pragma omp simd
-                for (long i = 0; i < hd; i++) o[i] += p * row[i];
+                for (long i = 0; i < hd; i++) o[i] += p * value[i];
             }
         }
     }
@@ -539,14 +573,16 @@ static void add_rows(float *x, const float *y, long rows, long d, long ystride) 
  * with n_* rows (multiples of 16: q, k, v stacked; gate and up stacked); the cache kc, vc is
  * (cache_batch, kv_heads, max_len, hd), float32 or (cache_bf16) bfloat16, and position `pos`
  * is written; x, the norm weights and the rotation tables are float32 whatever the weights
- * and the cache hold; cos and
- * sin_signed are the rotation's (hd,) rows for `pos`. Returns 0, or tg_gemv's error. */
+ * and the cache hold; cos and sin_signed are the rotation tables from `pos`'s row on. Row b
+ * of x is sequence b at `pos`, or with `consecutive` position pos + b of sequence 0 (several
+ * new tokens of one sequence: speculative decoding's verify pass). Returns 0, or tg_gemv's
+ * error. */
 int tg_layer(int dtype, float *x, long rows, long d, const float *attention_norm,
              const float *ffn_norm, float eps, const void *w_qkv, long n_qkv, const void *w_o,
              long n_o, const void *w_gate_up, long n_gate_up, const void *w_down, long n_down,
              void *kc, void *vc, int cache_bf16, long max_len, const float *cos,
              const float *sin_signed,
-             long pos, long heads, long kv_heads, long hd, long d_ff) {
+             long pos, long heads, long kv_heads, long hd, long d_ff, int consecutive) {
     long need = rows * (d + n_qkv + heads * hd + n_o + n_gate_up + d_ff + n_down) + max_len;
     if (need > scratch_capacity) {
         float *grown = realloc(scratch, need * sizeof(float));
@@ -561,7 +597,7 @@ int tg_layer(int dtype, float *x, long rows, long d, const float *attention_norm
     rms_norm_rows(x, attention_norm, h, rows, d, eps);
     if ((status = tg_gemv(dtype, w_qkv, h, yqkv, rows, n_qkv, d))) return status;
     attend(yqkv, n_qkv, kc, vc, cache_bf16, max_len, cos, sin_signed, pos, att, rows, heads,
-           kv_heads, hd, scores);
+           kv_heads, hd, scores, consecutive);
     if ((status = tg_gemv(dtype, w_o, att, yo, rows, n_o, heads * hd))) return status;
     add_rows(x, yo, rows, d, n_o);
     rms_norm_rows(x, ffn_norm, h, rows, d, eps);
