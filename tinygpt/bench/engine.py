@@ -243,15 +243,19 @@ def serve_prefix_cache(ctx: BenchContext) -> list[Comparison]:
     if ctx.quick:       # two more server starts of a 135M model: the full plan only
         ctx.log("serve_prefix_cache: the SmolLM2 row runs in the full plan only")
         return rows
-    try:
-        from tinygpt.gguf import smollm2_path
+    return rows + _on_smollm2(ctx, "serve_prefix_cache", _serve_prefix_cache)
 
+
+def _on_smollm2(ctx: BenchContext, group: str, row) -> list[Comparison]:
+    """[row(ctx, "smollm2")] when SmolLM2's file is installed, else [] and a logged reason."""
+    from tinygpt.gguf import smollm2_path
+
+    try:
         smollm2_path()
     except FileNotFoundError as err:
-        ctx.log(f"serve_prefix_cache: the SmolLM2 row is skipped: {err}")
-    else:
-        rows.append(_serve_prefix_cache(ctx, "smollm2"))
-    return rows
+        ctx.log(f"{group}: the SmolLM2 row is skipped: {err}")
+        return []
+    return [row(ctx, "smollm2")]
 
 
 def _serve_prefix_cache(ctx: BenchContext, name: str) -> Comparison:
@@ -307,16 +311,8 @@ def serve_overhead(ctx: BenchContext) -> list[Comparison]:
     if ctx.quick:       # server starts for figures with no target: the full plan only
         ctx.log("serve_overhead: skipped in the quick plan (information only)")
         return []
-    rows = [_serve_overhead(ctx, "tinygpt")]
-    try:
-        from tinygpt.gguf import smollm2_path
-
-        smollm2_path()
-    except FileNotFoundError as err:
-        ctx.log(f"serve_overhead: the SmolLM2 row is skipped: {err}")
-    else:
-        rows.append(_serve_overhead(ctx, "smollm2"))
-    return rows
+    return [_serve_overhead(ctx, "tinygpt")] + _on_smollm2(ctx, "serve_overhead",
+                                                          _serve_overhead)
 
 
 def _serve_overhead(ctx: BenchContext, name: str) -> Comparison:
