@@ -8,7 +8,8 @@
    day's mutants (autograder/mutants.py; the full run is `make mutants`) loses points too,
    unless listed as equivalent.
 Plus: a correct answer whose code writes to stderr keeps its points, and every recorded
-mistake's feedback names its own exercise (and no other exercise before it).
+mistake's feedback names its own exercise (and no other exercise before it), and a mistake
+that says what its hint must name (`says`) gets a hint that names it.
 """
 
 import re
@@ -74,6 +75,12 @@ def test_every_mistake_loses_its_points(day):
             misnamed.append(f"{t.grade_id}: {t.mistake.name}: {shown[:120]!r}")
     assert not misnamed, (f"{day}: feedback that does not name its own exercise first: "
                           + "; ".join(misnamed))
+    unnamed_bug = [f"{t.grade_id}: {t.mistake.name}: wants {t.mistake.says!r}, says "
+                   f"{t.error[:300]!r}" for t in trials
+                   if t.mistake is not None and not t.keeps and t.mistake.says
+                   and t.mistake.says.lower() not in t.error.lower()]
+    assert not unnamed_bug, (f"{day}: feedback that does not name the student's bug: "
+                             + "; ".join(unnamed_bug))
     charged_twice = [t for t in trials if t.keeps and t.score != t.max_points]
     assert not charged_twice, (f"{day}: a mistake in an earlier exercise cost a later one its "
                                "points (swap in the reference version in its tests): " + "; ".join(

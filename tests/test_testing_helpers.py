@@ -19,8 +19,16 @@ from tinygpt.testing import (
 def test_check_close_passes_and_fails_with_teaching_message():
     check_close("f(x)", [1.0, 2.0], np.array([1.0, 2.0]))
     with pytest.raises(CheckFailed, match=r"f\(x\) returned \[1\., 3\.\], expected \[1\., 2\.\]"
-                                          r" \(largest difference at index \(1,\)\)\.\nHint: h"):
+                                          r"\.\nLargest difference at index \(1,\): 1 \(got 3\.0, "
+                                          r"expected 2\.0; allowed there: 2\.01e-06\)\.\nHint: h"):
         check_close("f(x)", [1.0, 3.0], [1.0, 2.0], hint="h")
+
+
+def test_check_close_shows_a_difference_the_printed_arrays_hide():
+    # 4 printed decimals make these two look equal; the message gives the difference's size
+    with pytest.raises(CheckFailed, match=r"Largest difference at index \(0,\): 0\.0002 "
+                                          r"\(got 0\.5002, expected 0\.5;"):
+        check_close("f(x)", [0.5002, 1.0], [0.5, 1.0], rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("got,match", [

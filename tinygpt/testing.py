@@ -70,11 +70,13 @@ def check_close(what: str, got, want, *, rtol: float = 1e-6, atol: float = 1e-8,
     if not np.allclose(got_array, want_array, rtol=rtol, atol=atol, equal_nan=True):
         diff = np.abs(got_array - want_array)
         diff = np.where(np.isnan(diff), np.inf, diff)
-        where = ""
-        if diff.ndim:
-            worst = np.unravel_index(np.argmax(diff), diff.shape)
-            where = f" (largest difference at index {tuple(int(i) for i in worst)})"
-        _fail(f"{what} returned {_short(got_array)}, expected {_short(want_array)}{where}.", hint)
+        # the arrays print at 4 decimals, so a small difference needs its own line
+        worst = np.unravel_index(np.argmax(diff), diff.shape)
+        at = f" at index {tuple(int(i) for i in worst)}" if diff.ndim else ""
+        allowed = atol + rtol * abs(want_array[worst])
+        _fail(f"{what} returned {_short(got_array)}, expected {_short(want_array)}.\n"
+              f"Largest difference{at}: {diff[worst]:.3g} (got {got_array[worst]!r}, expected "
+              f"{want_array[worst]!r}; allowed there: {allowed:.3g}).", hint)
 
 
 def check_true(condition: bool, message: str, *, hint: str = "") -> None:

@@ -8,6 +8,9 @@ A mistake may also name, in `keeps`, later exercises that call the function it b
 tests swap in the package's reference version, so with this mistake in place they must keep
 full marks (one mistake, one charge).
 
+A mistake may also give, in `says`, words its feedback must contain (case-insensitive): the
+hint a student with exactly this bug reads must name this bug, not another one.
+
 A day's module may also define `EQUIVALENT_MUTANTS`, a dict from a mutant's key (see
 autograder/mutants.py) to the one-line reason it computes the same thing as the solution.
 """
@@ -24,6 +27,7 @@ class Mistake:
     name: str  # what a student got wrong, in a few words
     code: str  # the full replacement source of the answer cell
     keeps: tuple[str, ...] = ()  # later exercises that must keep full marks with this mistake
+    says: str = ""  # words the feedback for this mistake must contain (case-insensitive)
 
 
 def for_day(day: str) -> list[Mistake]:
