@@ -9,6 +9,7 @@ from tinygpt.testing import (
     answer_digest,
     check_choice,
     check_close,
+    check_float32_error,
     check_raises,
     check_true,
     grading,
@@ -147,3 +148,21 @@ def test_inputs_lets_failed_checks_and_unanswered_exercises_through():
             raise NotImplementedError
     with inputs("f(x)", "rule", x=1):   # nothing raised: nothing reported
         pass
+
+
+def test_check_float32_error_measures_both_against_float64():
+    import torch
+
+    truth = torch.linspace(-3, 3, 101, dtype=torch.float64).exp()
+    reference = truth.float()                               # float32 rounding only
+    summed = (truth.float() * 3 - truth.float() * 2)        # another order: a few ulps off
+    err, ref_err = check_float32_error("f()", summed, reference, truth, factor=8)
+    assert 0 < ref_err <= err <= 8 * ref_err
+    with pytest.raises(CheckFailed, match=r"f\(\) is 0\.0[0-9]+ from the float64 result, "
+                                          r"against [0-9.e-]+ for the float32 reference"):
+        check_float32_error("f()", reference * (1 + 1e-3), reference, truth)   # a real bug
+    with pytest.raises(CheckFailed, match="float64 result"):
+        check_float32_error("f()", torch.full_like(reference, float("nan")), reference, truth)
+    with pytest.raises(CheckFailed, match="shapes differ"):
+        check_float32_error("f()", reference[:3], reference, truth)
+    assert check_float32_error("f()", truth, truth, truth) == (0.0, 0.0)

@@ -79,6 +79,37 @@ def check_close(what: str, got, want, *, rtol: float = 1e-6, atol: float = 1e-8,
               f"{float(want_array[worst])!r}; allowed there: {allowed:.3g}).", hint)
 
 
+def _float64(value) -> np.ndarray:
+    detach = getattr(value, "detach", None)            # a torch tensor, on any device
+    if detach is not None:
+        value = detach().cpu().double().numpy()
+    return np.asarray(value, dtype=np.float64)
+
+
+def check_float32_error(what: str, got, reference, truth, *, factor: float = 2.0,
+                        floor: float = 0.0, hint: str = "") -> tuple[float, float]:
+    """Assert `got` is as close to `truth` as an independent float32 `reference` is.
+
+    `truth` is the same computation in float64; `reference` is another float32 implementation
+    of it (torch's, transformers', the plain loop's). The check is
+    max|got - truth| <= factor * max|reference - truth| + floor, so the tolerance is measured
+    on the machine that runs it: where another CPU's kernels sum in another order both errors
+    move together, while a real bug lands far outside. `floor` covers a reference that happens
+    to be exact. Returns the two errors (got's, reference's) so a test can print them.
+    """
+    truth64 = _float64(truth)
+    got64, ref64 = _float64(got), _float64(reference)
+    if got64.shape != truth64.shape or ref64.shape != truth64.shape:
+        _fail(f"{what}: shapes differ: got {got64.shape}, reference {ref64.shape}, float64 "
+              f"{truth64.shape}.", hint)
+    err = float(np.abs(got64 - truth64).max(initial=0.0))
+    ref_err = float(np.abs(ref64 - truth64).max(initial=0.0))
+    if not err <= factor * ref_err + floor:             # also fails on NaN
+        _fail(f"{what} is {err:.3g} from the float64 result, against {ref_err:.3g} for the "
+              f"float32 reference (allowed: {factor:g} x {ref_err:.3g} + {floor:.3g}).", hint)
+    return err, ref_err
+
+
 def check_true(condition: bool, message: str, *, hint: str = "") -> None:
     """Assert `condition`; `message` says what was expected and what came back."""
     if not condition:
