@@ -74,9 +74,10 @@ def check_close(what: str, got, want, *, rtol: float = 1e-6, atol: float = 1e-8,
         worst = np.unravel_index(np.argmax(diff), diff.shape)
         at = f" at index {tuple(int(i) for i in worst)}" if diff.ndim else ""
         allowed = atol + rtol * abs(want_array[worst])
+        got_x, want_x = float(got_array[worst]), float(want_array[worst])
         _fail(f"{what} returned {_short(got_array)}, expected {_short(want_array)}.\n"
-              f"Largest difference{at}: {diff[worst]:.3g} (got {float(got_array[worst])!r}, expected "
-              f"{float(want_array[worst])!r}; allowed there: {allowed:.3g}).", hint)
+              f"Largest difference{at}: {diff[worst]:.3g} (got {got_x!r}, expected {want_x!r}; "
+              f"allowed there: {allowed:.3g}).", hint)
 
 
 def _float64(value) -> np.ndarray:
