@@ -35,6 +35,25 @@ def test_every_requirement_is_pinned_and_torch_is_the_cpu_pin():
     assert "torch==2.13.0" in reqs
 
 
+def test_every_requirement_is_installed_at_its_pin():
+    # make test's environment is the one make env builds: triton among them, so the Triton
+    # kernel's interpreter tests run instead of skipping
+    from importlib.metadata import PackageNotFoundError, version
+
+    wrong = []
+    for req in sorted(pyproject_requirements()):
+        name, pin = req.split("==")
+        name = name.split("[")[0]
+        try:
+            have = version(name)
+        except PackageNotFoundError:
+            have = "not installed"
+        if have.split("+")[0] != pin:
+            wrong.append(f"{name}: {have} (pinned {pin})")
+    assert not wrong, f"run make env: {wrong}"
+    assert "triton==3.9.0" in pyproject_requirements()
+
+
 def test_make_help_lists_the_readme_targets():
     out = subprocess.run(["make", "-s", "help"], cwd=REPO_ROOT, capture_output=True, text=True,
                          check=True).stdout
