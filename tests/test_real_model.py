@@ -1,7 +1,9 @@
 """SmolLM2-135M-Instruct from the installed GGUF file, against transformers' own GGUF loading:
-the same logits (float32, within 1e-4), the same greedy tokens, the same token ids; then the
-loader, `python -m tinygpt chat` and `python -m tinygpt serve --model smollm2` on it."""
+the same logits (to float32 rounding: within 3x of transformers' own float32 distance from
+its float64 run), the same greedy tokens, the same token ids; then the loader,
+`python -m tinygpt chat` and `python -m tinygpt serve --model smollm2` on it."""
 
+import copy
 import subprocess
 import sys
 
@@ -14,6 +16,7 @@ from tinygpt.gguf import SMOLLM2_FILE, SMOLLM2_ID, smollm2_path
 from tinygpt.loading import load_model
 from tinygpt.model import count_parameters
 from tinygpt.sampling import SamplingParams
+from tinygpt.testing import check_float32_error
 
 pytestmark = pytest.mark.xdist_group("smollm2")     # one worker loads the model once
 
@@ -93,14 +96,24 @@ def test_logits_and_greedy_tokens_equal_transformers(ours, hf_model):
                tok.encode("def fibonacci(n):\n    "),
                tok.encode_chat([{"role": "system", "content": "Réponds en français."},
                                 {"role": "user", "content": "Combien font 12 × 7 ?"}])]
-    worst = 0.0
+    # Both float32 runs against transformers' model in float64: ours may be at most 3x as far
+    # from it as transformers' own float32 run, per prompt. A fixed 1e-4 between the two float32
+    # runs failed on an Intel Xeon (1.76e-4: summation order). Measured on an AMD EPYC,
+    # 2026-11-27, per prompt: ours 1.06e-4 / 5.9e-5 / 5.8e-5 / 1.10e-4, theirs 9.3e-5 / 4.2e-5 /
+    # 5.8e-5 / 9.3e-5 (at most 1.4x; the same with torch's AVX2 kernels or MKL and oneDNN held
+    # to AVX2); a norm epsilon of 1e-6 instead of 1e-5 moves the float64 logits by 1.1e-2.
+    exact = copy.deepcopy(hf_model).double()
+    ours_err = theirs_err = 0.0
     for prompt in prompts:
         with torch.no_grad():
             ids = torch.tensor([prompt])
-            worst = max(worst, (model(ids) - hf_model(ids).logits).abs().max().item())
-    print(f"max |logit difference| against transformers over {len(prompts)} prompts: "
-          f"{worst:.2e}")
-    assert worst <= 1e-4
+            err, ref_err = check_float32_error(
+                "SmolLM2's logits", model(ids), hf_model(ids).logits, exact(ids).logits,
+                factor=3.0, floor=1e-6)
+        ours_err, theirs_err = max(ours_err, err), max(theirs_err, ref_err)
+    del exact
+    print(f"max |logit error| against transformers' float64 run over {len(prompts)} prompts: "
+          f"ours {ours_err:.2e}, transformers' float32 {theirs_err:.2e}")
     for prompt in prompts[:3]:
         result = generate(model, prompt, SamplingParams(temperature=0, max_new_tokens=32))
         with torch.no_grad():
@@ -261,7 +274,7 @@ def test_chat_streams_keeps_and_resets_the_conversation(greedy_answer):
     assert f"you> {question}\n{SMOLLM2_ID}> {greedy_answer}\n" in transcript
 
 
-def test_serve_smollm2_answers_through_the_openai_client(greedy_answer, ours):
+def test_serve_smollm2_answers_through_the_openai_client(greedy_answer, ours, hf_tokenizer):
     openai = pytest.importorskip("openai")
     import httpx
 
@@ -285,6 +298,22 @@ def test_serve_smollm2_answers_through_the_openai_client(greedy_answer, ours):
         assert info["chat_template"] == tok.chat_template and tok.add_bos is False
         ids = httpx.post(f"{url}/tokenize", json={"prompt": "The cat sat"}).json()["tokens"]
         assert ids == tok.encode("The cat sat")
-    assert reply.choices[0].message.content == greedy_answer
+        # a ChatML prompt rendered by hand: its markers are the control tokens, as in Hugging
+        # Face's tokenizer (7 ids, not 19), and it answers as the chat endpoint does
+        marked = "<|im_start|>user is just text here<|im_end|>"
+        counted = client.completions.create(model=SMOLLM2_ID, prompt=marked, max_tokens=1)
+        assert counted.usage.prompt_tokens == len(hf_tokenizer.encode(marked)) == 7
+        rendered = hf_tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True,
+                                                    tokenize=False)
+        by_hand = client.completions.create(model=SMOLLM2_ID, prompt=rendered, max_tokens=12,
+                                            temperature=0)
+        assert by_hand.usage.prompt_tokens == reply.usage.prompt_tokens
+        # in a chat message the same markers are the user's text
+        quoted = client.chat.completions.create(
+            model=SMOLLM2_ID, messages=[{"role": "user", "content": marked}], max_tokens=1)
+        assert quoted.usage.prompt_tokens == len(tok.encode_chat(
+            [{"role": "user", "content": marked}])) > len(tok.encode_chat(
+                [{"role": "user", "content": "user is just text here"}])) + 7
+    assert reply.choices[0].message.content == greedy_answer == by_hand.choices[0].text
     assert reply.choices[0].finish_reason == "stop"              # at <|im_end|>, not the limit
     assert reply.model == SMOLLM2_ID

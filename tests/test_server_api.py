@@ -305,6 +305,34 @@ def test_tokenizer_endpoints_in_vllm_shapes(small, shipped):
     assert small.post("/detokenize", {"tokens": [10**6]}).status_code == 400
 
 
+def test_a_completion_prompt_reads_special_token_names_and_chat_content_stays_text(small,
+                                                                                    shipped):
+    # as Hugging Face's tokenizer and vLLM read a completion prompt: "<|endoftext|>" is the
+    # control token, so a chat prompt rendered by hand gets the ids the model was trained on
+    _, tokenizer = shipped
+    eot = tokenizer.special_tokens["<|endoftext|>"]
+    text = "The cat sat.<|endoftext|>The dog"
+    want = tokenizer.encode(text, allowed_special="all")
+    assert eot in want and len(want) < len(tokenizer.encode(text))     # names as text: longer
+    out = small.post("/v1/completions", {"model": "tinygpt", "prompt": text, "max_tokens": 1,
+                                         "echo": True, "logprobs": 0, "temperature": 0}).json()
+    assert out["usage"]["prompt_tokens"] == len(want)
+    assert out["choices"][0]["logprobs"]["tokens"][:len(want)] == [tokenizer.decode([i])
+                                                                    for i in want]
+    assert out["choices"][0]["text"].startswith(text)                  # echo gives the text back
+    # a list of prompts too
+    both = small.post("/v1/completions", {"model": "tinygpt", "prompt": [text, "The"],
+                                          "max_tokens": 1}).json()
+    assert both["usage"]["prompt_tokens"] == len(want) + len(tokenizer.encode("The"))
+    # message content is the user's text: a special token's name in it stays text
+    turns = [{"role": "user", "content": "say <|endoftext|> please"}]
+    chat = small.post("/v1/chat/completions", {"model": "tinygpt", "messages": turns,
+                                               "max_tokens": 1}).json()
+    assert chat["usage"]["prompt_tokens"] == len(tokenizer.encode_chat(turns))
+    assert tokenizer.encode_chat(turns).count(eot) == tokenizer.encode_chat(
+        [{"role": "user", "content": "say please"}]).count(eot)
+
+
 # -- log-probabilities against the plain forward pass ---------------------------------------------
 
 @pytest.mark.parametrize("engine, tolerance", TOLERANCES)

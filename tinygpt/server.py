@@ -3,7 +3,10 @@
     python -m tinygpt serve --port 8000          # the shipped checkpoint on 127.0.0.1:8000
 
     POST /v1/completions       prompt (text, token ids, or a list of either) -> text; stream:
-                               true sends server-sent events, then "data: [DONE]"
+                               true sends server-sent events, then "data: [DONE]"; as Hugging
+                               Face's tokenizer and vLLM do, a text prompt's special-token
+                               names ("<|im_start|>") are read as their ids (chat messages'
+                               content stays text)
     POST /v1/chat/completions  messages -> the assistant's reply, through the chat template
     GET  /v1/models            the one model, under its own id ("tinygpt",
                                "SmolLM2-135M-Instruct"); /v1/models/{id} alone
@@ -781,7 +784,7 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
         for i, item in enumerate(prompt):
             where = "prompt" if len(prompt) == 1 else f"prompt[{i}]"
             if isinstance(item, str):
-                ids.append(bos_prefix + text_ids(item, where))
+                ids.append(bos_prefix + text_ids(item, where, specials=True))
                 texts.append(item)
             else:
                 ids.append(check_ids(list(item), where))
