@@ -748,15 +748,17 @@ LINKS: dict[str, Link] = {
         "NVIDIA A100 Tensor Core GPU datasheet (SXM column): NVLink 600 GB/s total of both "
         "directions, so 300 GB/s each way; latency ASSUMED 10 us per small all-reduce"),
     "pcie5-x16": Link(
-        "pcie5-x16", 64e9, 25e-6,
+        "pcie5-x16", 63.0e9, 25e-6,
         "PCI-SIG PCI Express 5.0 specification: 32 GT/s per lane x 16 lanes, 128b/130b "
-        "encoding, about 63 GB/s each way (NVIDIA's H100 PCIe datasheet: 128 GB/s for both "
-        "directions); latency ASSUMED 25 us per small all-reduce through the host bridge"),
+        "encoding: 32 x 16 x 128/130 / 8 = 63.0 GB/s each way (NVIDIA's H100 PCIe datasheet: "
+        "128 GB/s for both directions, before the encoding); latency ASSUMED 25 us per small "
+        "all-reduce through the host bridge"),
     "pcie4-x16": Link(
-        "pcie4-x16", 32e9, 25e-6,
-        "PCI-SIG PCI Express 4.0 specification: 16 GT/s per lane x 16 lanes, about 31.5 GB/s "
-        "each way (NVIDIA's A100 PCIe datasheet: 64 GB/s for both directions); latency "
-        "ASSUMED 25 us per small all-reduce"),
+        "pcie4-x16", 31.5e9, 25e-6,
+        "PCI-SIG PCI Express 4.0 specification: 16 GT/s per lane x 16 lanes, 128b/130b "
+        "encoding: 16 x 16 x 128/130 / 8 = 31.5 GB/s each way (NVIDIA's A100 PCIe datasheet: "
+        "64 GB/s for both directions, before the encoding); latency ASSUMED 25 us per small "
+        "all-reduce"),
 }
 
 
@@ -1093,6 +1095,8 @@ def _disaggregated_rank(rank: int, world_size: int, source, workload: Workload,
                 shape = (cfg.n_layers, n_blocks, *cache.k.shape[2:])
                 k, v = torch.empty(shape, dtype=cache.k.dtype), torch.empty(shape,
                                                                             dtype=cache.v.dtype)
+                # from the header's arrival to the last block's: this includes any wait for
+                # the prefill rank to be scheduled and send, so it bounds the transfer above
                 t0 = time.perf_counter()
                 dist.recv(k, src=0)
                 dist.recv(v, src=0)
@@ -1129,8 +1133,9 @@ def _disaggregated_rank(rank: int, world_size: int, source, workload: Workload,
 class DisaggregationReport:
     """Decode inter-token latency (seconds) of the short requests under a mixed workload:
     colocated without chunking, colocated with chunked prefill, and disaggregated; whether
-    every configuration produced the same greedy tokens; KV bytes and seconds per request
-    (the decode rank's receive of the blocks, in request order)."""
+    every configuration produced the same greedy tokens; KV bytes and seconds per request, in
+    request order (the decode rank's receive of the blocks, timed from the header's arrival to
+    the last block's: it includes any wait for the prefill rank, not the transfer alone)."""
 
     colocated: dict
     chunked: dict

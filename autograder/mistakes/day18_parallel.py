@@ -30,7 +30,7 @@ def tp_mlp(x, shards, all_reduce):
     Mistake("tp_mlp", "forgets the all-reduce: each rank keeps its partial sum", """
 def tp_mlp(x, shards, all_reduce):
     return [(F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T for w1, w3, w2 in shards]
-"""),
+""", says="never called all_reduce"),
     Mistake("tp_mlp", "all-reduces twice (gate/up outputs and the down projection)", """
 def tp_mlp(x, shards, all_reduce):
     partials = [(F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T for w1, w3, w2 in shards]
@@ -88,7 +88,14 @@ def gather_logits(pieces, vocab_size):
 def gather_logits(pieces, vocab_size):
     ordered = [piece for _, piece in sorted(pieces, key=lambda item: item[0])]
     return torch.cat(ordered, dim=-1)
-"""),
+""", says="the padding is still there"),
+    Mistake("gather_logits", "cuts the padding with [..., :-pad]: empty when there is none", """
+def gather_logits(pieces, vocab_size):
+    ordered = [piece for _, piece in sorted(pieces, key=lambda item: item[0])]
+    logits = torch.cat(ordered, dim=-1)
+    pad = logits.shape[-1] - vocab_size
+    return logits[..., :-pad]
+""", says="[..., :-pad]"),
     Mistake("gather_logits", "cuts the padding off the front", """
 def gather_logits(pieces, vocab_size):
     ordered = [piece for _, piece in sorted(pieces, key=lambda item: item[0])]
@@ -141,6 +148,8 @@ def bubble(stages, micro_batches):
     # ------------------------------------------------------------ self-checks
     Mistake("q1", "all-reduces the column-parallel outputs", 'answer_q1 = "A"\n'),
     Mistake("q2", "counts float32 bytes", "answer_q2 = 576 * 4\n"),
+    Mistake("q2", "gives what the ring sends, 2 (p - 1) / p of the tensor, not its size",
+            "answer_q2 = 2 * (3 - 1) / 3 * 576 * 2\n"),
     Mistake("q3", "thinks a KV head can be split", 'answer_q3 = "A"\n'),
 ]
 
