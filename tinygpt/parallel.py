@@ -3,7 +3,8 @@
 When a model's weights (or its KV cache) do not fit one device, or one device's memory bandwidth
 is too little for the latency wanted, the model is split across several devices ("ranks") that
 exchange activations. This module does it with torch.distributed: the ranks are processes, gloo
-carries their messages on a CPU, and the same code runs over NCCL on GPUs.
+carries their messages on a CPU; the code is written for NCCL on GPUs too (one CUDA device per
+rank), but it has not yet run on a machine with several GPUs.
 
 Tensor parallelism (Megatron-LM's layout, Shoeybi et al. 2019), degree p:
 

@@ -69,7 +69,7 @@ def tp_row(name: str, description: str, source, degree: int, new_tokens: int) ->
 def tensor_parallel_rows(ctx: BenchContext) -> list[Comparison]:
     if not ctx.on_cpu:
         ctx.log("tensor_parallel: the rows measure gloo ranks on the CPU; skipped on "
-                f"{ctx.device} (several GPUs would run the same code over NCCL)")
+                f"{ctx.device} (the NCCL path needs several GPUs and has not been run yet)")
         return []
     rows = []
     if ctx.quick:
