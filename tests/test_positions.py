@@ -20,6 +20,7 @@ from tinygpt.positions import (
     rotate_half,
     sinusoidal_encoding,
 )
+from tinygpt.testing import check_float32_error
 
 # ------------------------------------------------------------------------------------------
 # embeddings
@@ -238,16 +239,31 @@ def test_rope_matches_transformers_llama():
     k = torch.randn(2, 2, 5, head_dim, generator=gen)
     hf_cos, hf_sin = rotary(q, position_ids)                       # (B, T, head_dim)
     cos, sin = rope_cos_sin(head_dim, position_ids, base=theta)
+    # the same float32 operations as transformers' (theta ** (2i / d) inverted, one rounded
+    # product per angle, torch's cos and sin): equal up to an ulp (6e-8), though both are 1.1e-6
+    # from the float64 angles (the float32 angle of position 31 is that far off; measured on
+    # AMD EPYC 2026-11-27)
     torch.testing.assert_close(cos, hf_cos, rtol=0, atol=1e-7)
     torch.testing.assert_close(sin, hf_sin, rtol=0, atol=1e-7)
     torch.testing.assert_close(rotate_half(q), hf_rotate_half(q), rtol=0, atol=0)
+    # the rotations against the float64 formula, angle = position * theta ** (-2i / d): ours
+    # within 2x transformers' distance from it (both 1.9e-6 for |q| up to 3.4, measured on AMD
+    # EPYC 2026-11-27, where the old fixed 1e-6 + 1e-6 relative left about 2x); pairing
+    # interleaved coordinates instead of halves, or a wrong sign, is off by |q|
+    inv64 = theta ** -(torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = position_ids[..., None].double() * inv64
+    angles = torch.cat([angles, angles], -1)
+    q64, k64 = apply_rotary_pos_emb(q.double(), k.double(), angles.cos(), angles.sin())
     hf_q, hf_k = apply_rotary_pos_emb(q, k, hf_cos, hf_sin)
-    torch.testing.assert_close(apply_rope(q, cos, sin), hf_q, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(apply_rope(k, cos, sin), hf_k, rtol=1e-6, atol=1e-6)
+    check_float32_error("apply_rope(q, cos, sin)", apply_rope(q, cos, sin), hf_q, q64,
+                        floor=1e-7)
+    check_float32_error("apply_rope(k, cos, sin)", apply_rope(k, cos, sin), hf_k, k64,
+                        floor=1e-7)
     # the shared (T, head_dim) form equals HF's for a single row of positions
     cos1, sin1 = rope_cos_sin(head_dim, position_ids[0], base=theta)
     hf_q1, _ = apply_rotary_pos_emb(q[:1], k[:1], hf_cos[:1], hf_sin[:1])
-    torch.testing.assert_close(apply_rope(q[:1], cos1, sin1), hf_q1, rtol=1e-6, atol=1e-6)
+    check_float32_error("apply_rope(q[:1], cos, sin) with (T, head_dim) cos and sin",
+                        apply_rope(q[:1], cos1, sin1), hf_q1, q64[:1], floor=1e-7)
 
 
 def test_rope_rejects_bad_input():
