@@ -268,7 +268,7 @@ def dequantize_q8_0(blocks):
     d = blocks[:, :2].copy().view(np.float16)
     q = blocks[:, 2:].copy().view(np.int8).astype(np.float16)
     return (d * q).astype(np.float32)
-"""),
+""", says="in float32 (not float16)"),
     # ------------------------------------------------------------ GGUF Q4_1 blocks
     Mistake("dequantize_q4_1", "high nibbles first (nibble order swapped)", """
 def dequantize_q4_1(blocks):
@@ -286,6 +286,15 @@ def dequantize_q4_1(blocks):
     q = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(len(blocks), 32)
     return d * q.astype(np.float32) + m
 """),
+    Mistake("dequantize_q4_1", "joins the low and high nibbles along the blocks' axis (right for "
+            "one block only)", """
+def dequantize_q4_1(blocks):
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    packed = blocks[:, 4:]
+    q = np.concatenate([packed & 0x0F, packed >> 4], axis=0).reshape(len(blocks), 32)
+    return d * q.astype(np.float32) + m
+""", says="joined along axis 0"),
     Mistake("dequantize_q4_1", "forgets the offset m", """
 def dequantize_q4_1(blocks):
     d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
@@ -337,6 +346,15 @@ def quantize_q8_0(x):
     q = np.sign(v) * np.floor(np.abs(v) + 0.5)
     return np.concatenate([d.view(np.uint8), q.astype(np.int8).view(np.uint8)], axis=1)
 """),
+    Mistake("quantize_q8_0", "divides by d instead of multiplying by id = 1 / d", """
+def quantize_q8_0(x):
+    x = np.asarray(x, dtype=np.float32)
+    d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
+    v = (x / np.where(d > 0, d, np.float32(1))).astype(np.float64)
+    q = np.sign(v) * np.floor(np.abs(v) + 0.5)
+    return np.concatenate([d.astype(np.float16).view(np.uint8),
+                           q.astype(np.int8).view(np.uint8)], axis=1)
+""", says="multiplies by the reciprocal id = 1 / d"),
     Mistake("quantize_q8_0", "divides by 128", """
 def quantize_q8_0(x):
     x = np.asarray(x, dtype=np.float32)
