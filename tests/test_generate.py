@@ -4,6 +4,7 @@ loop: identical tokens and logits at temperature 0, the same events, cropping, f
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -30,6 +31,7 @@ from tinygpt.generate import (
 from tinygpt.kv_cache import CompileFallbackWarning
 from tinygpt.model import ModelConfig
 from tinygpt.sampling import VLLM_ORDER, SamplingParams
+from tinygpt.testing import check_float32_error
 
 
 def small_cfg(vocab_size: int, max_seq_len: int) -> ModelConfig:
@@ -512,8 +514,14 @@ def test_result_type():
 # The KV-cache loop (day 11): same tokens, same events, one token per step
 # ----------------------------------------------------------------------------------------------
 
-# fp32 next-token logits of the cached and uncached loops agree to this (observed: ~3e-7)
-LOGITS_ATOL = 1e-5
+# Float32 next-token logits of the cached loop are as close to the same model in float64 as
+# the uncached loop's (4x their distance plus one float32 step at the logits' size, up to 16
+# here). Measured on AMD EPYC 2026-11-27, also with torch, oneDNN and MKL held to other code
+# paths and 1 or 2 threads: uncached 0.8e-6 to 3.8e-6, cached 0.8e-6 to 3.7e-6 from float64
+# (up to 2.3x apart); the fixed 1e-5 this replaces held the 4.8e-6 between them only 2.1x,
+# and another CPU's kernels sum in another order. A cache that writes a key at the wrong
+# offset moves a logit by 0.1 or more (tests/test_kv_cache.py).
+LOGITS_FLOOR = 2e-6
 
 
 def tiny_gpt(n_kv_heads: int = 2, max_seq_len: int = 64, seed: int = 0,
@@ -559,9 +567,12 @@ def test_cached_greedy_equals_uncached_exactly(n_kv_heads, prompt_len, new_token
     # and the logits behind each choice, step by step
     ids = torch.tensor([prompt.tolist() + uncached.token_ids])
     cached_logits = CachedLogits(model, prompt_len, new_tokens)
-    for n in range(prompt_len, prompt_len + new_tokens):
-        got, want = cached_logits(ids[:, :n]), last_token_logits(model, ids[:, :n])
-        assert torch.allclose(got, want, atol=LOGITS_ATOL), f"step at context {n}"
+    steps = range(prompt_len, prompt_len + new_tokens)
+    got = torch.stack([cached_logits(ids[:, :n]) for n in steps], 1)
+    want = torch.stack([last_token_logits(model, ids[:, :n]) for n in steps], 1)
+    with torch.no_grad():
+        exact = copy.deepcopy(model).double()(ids)[:, prompt_len - 1:-1]
+    check_float32_error("the cached loop's logits", got, want, exact, factor=4, floor=LOGITS_FLOOR)
 
 
 def test_cached_sampling_with_penalties_matches_uncached():
