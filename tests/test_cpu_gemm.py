@@ -1,10 +1,11 @@
 """Tests of tinygpt.cpu_gemm, the engine's batched CPU products and paged decode attention.
 
-Oracles: F.linear for the products (float rounding: summation order only), and a row of a
-many-row product equals, bit for bit, the same row through cpu_kernels' batch-1 kernel (the
+Oracles: F.linear for the products (float rounding: summation order only, so each product is
+checked against the float64 product, as close to it as F.linear's float32 one), and a row of
+a many-row product equals, bit for bit, the same row through cpu_kernels' batch-1 kernel (the
 kernel `generate()` uses); the padded-batch attention of tinygpt.runner (the plain path) for
-the paged attention. The engine on top is checked against batch-1 generate in
-tests/test_engine.py."""
+the paged attention (both measured against the padded path in float64). The engine on top
+is checked against batch-1 generate in tests/test_engine.py."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tinygpt import cpu_gemm
 from tinygpt import cpu_kernels as ck
 from tinygpt.model import ModelConfig, TinyGPT
 from tinygpt.runner import ModelRunner, padded_attention
+from tinygpt.testing import check_float32_error
 
 pytestmark = pytest.mark.skipif(cpu_gemm.available() is not None,
                                 reason=str(cpu_gemm.available()))
@@ -25,6 +27,23 @@ pytestmark = pytest.mark.skipif(cpu_gemm.available() is not None,
 
 def randn(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 0.05
+
+
+EPS = torch.finfo(torch.float32).eps
+
+
+def check_product(what: str, got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    """`got` = x @ w.T as close to the float64 product as F.linear's float32 one: 4x its
+    distance plus one float32 step of the largest sum of |x| |w| (a product of one column
+    rounds once in both). Measured on AMD EPYC 2026-11-27, also with torch, MKL and oneDNN
+    held to other code paths and these kernels built for Haswell (AVX2, 256-bit), x86-64-v3
+    and Ice Lake (AVX-512): ours up to 1.3e-7 from float64, F.linear's up to 9.5e-8 (outputs
+    up to 0.27; the largest of a few hundred errors up to 2.4x apart). The fixed
+    1e-6 * k + 1e-5 relative this replaces was far above both. A lost column or a row of
+    another sequence is off by the products' own size."""
+    x64, w64 = x.double(), w.double()
+    floor = EPS * nnf.linear(x64.abs(), w64.abs()).max().item()
+    check_float32_error(what, got, nnf.linear(x, w), nnf.linear(x64, w64), factor=4, floor=floor)
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
@@ -40,7 +59,7 @@ def test_product_equals_f_linear(threads, n, k, rows):
     w, x = randn(n, k), randn(rows, k, seed=1)
     (got,) = cpu_gemm.GemmLinear(w)(x)
     assert got.shape == (rows, n) and got.dtype == torch.float32
-    torch.testing.assert_close(got, nnf.linear(x, w), rtol=1e-5, atol=1e-6 * k)
+    check_product("GemmLinear(w)(x)", got, x, w)
 
 
 def test_stacked_weights_split_back_and_keep_leading_dims():
@@ -49,7 +68,7 @@ def test_stacked_weights_split_back_and_keep_leading_dims():
     outs = cpu_gemm.GemmLinear(a, b, c)(x)
     assert [o.shape for o in outs] == [(2, 7, 40), (2, 7, 8), (2, 7, 24)]
     for out, w in zip(outs, (a, b, c), strict=True):
-        torch.testing.assert_close(out, nnf.linear(x, w), rtol=1e-5, atol=1e-5)
+        check_product("a stacked product", out, x, w)
 
 
 @pytest.mark.skipif(ck.available() is not None, reason=str(ck.available()))
@@ -69,9 +88,9 @@ def test_the_weights_are_a_copy_and_bad_input_is_refused():
     w = randn(32, 16)
     product = cpu_gemm.GemmLinear(w)
     x = randn(3, 16, seed=1)
-    want = nnf.linear(x, w)
+    before = w.clone()
     w.add_(1.0)                                   # later changes do not reach the tiles
-    torch.testing.assert_close(product(x)[0], want)
+    check_product("the product after the weights changed", product(x)[0], x, before)
     with pytest.raises(ValueError, match="float32 x"):
         product(x.double())
     with pytest.raises(ValueError, match="float32 x"):
@@ -111,8 +130,16 @@ def test_paged_attention_equals_the_padded_batch(threads, heads, kv_heads):
     padded = (torch.zeros(len(lengths), 1, dtype=torch.long),
               torch.ones(len(lengths), 1, dtype=torch.bool), bias)
     want = padded_attention(q, k_pool, v_pool, tables_t, padded, 0.25)
+    exact = padded_attention(q.double(), k_pool.double(), v_pool.double(), tables_t, padded,
+                             0.25)
     assert got.shape == (len(lengths), heads, dim)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # as close to the float64 padded path as its float32 run (4x its distance plus two
+    # float32 steps at the outputs' size, up to 2.5). Measured on AMD EPYC 2026-11-27, also
+    # with torch's libraries and these kernels built for other CPUs: ours 1.6e-7 to 4.1e-7
+    # from float64, the padded path 1.4e-7 to 4.5e-7 (the fixed 1e-5 + 1e-5 relative this
+    # replaces held 14x). A key past a sequence's length or a block of another sequence is
+    # off by the values' own size.
+    check_float32_error("paged_attention", got, want, exact, factor=4, floor=5e-7)
 
 
 def test_paged_attention_refuses_bad_input():
@@ -156,8 +183,14 @@ def test_which_models_run_batched():
 def test_rms_norm_equals_torch(shape):
     x, w = randn(*shape) * 40, randn(shape[-1], seed=1) + 1
     got = cpu_gemm.rms_norm(x, w, 1e-5)
-    torch.testing.assert_close(got, nnf.rms_norm(x, (shape[-1],), w, 1e-5), rtol=2e-6,
-                               atol=1e-6)
+    # as close to the float64 norm as torch's float32 one (4x its distance plus one float32
+    # step at the outputs' size, up to 4.4). Measured on AMD EPYC 2026-11-27, also with
+    # torch held to other code paths and this kernel built for other CPUs: ours 3.2e-7 to
+    # 4.8e-7 from float64, torch's 4.6e-7 to 4.8e-7 (the fixed 1e-6 + 2e-6 relative this
+    # replaces held only 9x). A missing weight or a sum for the mean is off by far more.
+    check_float32_error("rms_norm", got, nnf.rms_norm(x, (shape[-1],), w, 1e-5),
+                        nnf.rms_norm(x.double(), (shape[-1],), w.double(), 1e-5), factor=4,
+                        floor=5e-7)
     with pytest.raises(ValueError, match="weight"):
         cpu_gemm.rms_norm(x, w[:-1], 1e-5)
 
