@@ -471,17 +471,3 @@ def test_the_batched_decode_row_on_a_tiny_model(monkeypatch):
     _, ids = row.greedy_decode(B.build_model(TINY), torch.zeros(2, 3, dtype=torch.long), 4,
                                pack=False)
     assert len(ids) == 2 and all(len(r) == 1 + 2 + 4 for r in ids)
-
-
-def test_a_day_that_needs_the_metrics_does_not_load_the_benchmark_suite():
-    # day 13's batching simulator reads day 12's metrics; the package's other names load on use
-    code = ("import sys, tinygpt.batching; "
-            "print(sorted(m for m in sys.modules if m.startswith('tinygpt.bench')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
-    assert out.strip() == "['tinygpt.bench', 'tinygpt.bench.metrics']"
-    import tinygpt.bench as bench
-
-    assert bench.run_bench is bench.run.run_bench and "run_bench" in dir(bench)
-    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
-        bench.nothing  # noqa: B018

@@ -48,41 +48,59 @@ The package, one module per concern (imports run down this list):
     load        python -m tinygpt bench serve --url URL: Poisson load on a running server
 """
 
-import importlib
+from tinygpt.bench.cli import build_parser, main
+from tinygpt.bench.decode import (
+                                   compare_bandwidth,
+                                   compare_cache,
+                                   compare_hf,
+                                   compare_roofline,
+                                   measure_decode_step,
+)
+from tinygpt.bench.harness import (
+                                   Comparison,
+                                   machine_info,
+                                   measure_read_bandwidth,
+                                   median_round,
+                                   random_prompt,
+                                   run_requests,
+                                   synchronize,
+                                   trace_request,
+)
+from tinygpt.bench.metrics import (
+                                   PERCENTILES,
+                                   RequestTrace,
+                                   e2e_latency,
+                                   goodput,
+                                   inter_token_latencies,
+                                   meets_slo,
+                                   percentile,
+                                   request_metrics,
+                                   summarize,
+                                   tokens_per_second,
+                                   tpot,
+                                   ttft,
+)
+from tinygpt.bench.models import (
+                                   bandwidth_model_config,
+                                   build_model,
+                                   course_model_config,
+                                   cuda_bandwidth_model_config,
+                                   medium_model_config,
+                                   model_info,
+)
+from tinygpt.bench.plan import BenchPlan, bench_plan
+from tinygpt.bench.registry import BenchContext, register, row_groups
+from tinygpt.bench.report import format_table, plot_timeline, write_json
+from tinygpt.bench.run import SCHEMA_VERSION, run_bench
 
-# The names this package offers, by the module that defines them. They load on first use
-# (PEP 562), so a day's module that needs only the metrics (day 13's batching simulator
-# imports tinygpt.bench.metrics) does not load the benchmark suite with them.
-_EXPORTS = {
-    "metrics": ("PERCENTILES", "RequestTrace", "e2e_latency", "goodput",
-                "inter_token_latencies", "meets_slo", "percentile", "request_metrics",
-                "summarize", "tokens_per_second", "tpot", "ttft"),
-    "harness": ("Comparison", "machine_info", "measure_read_bandwidth", "median_round",
-                "random_prompt", "run_requests", "synchronize", "trace_request"),
-    "models": ("bandwidth_model_config", "build_model", "course_model_config",
-               "cuda_bandwidth_model_config", "medium_model_config", "model_info"),
-    "plan": ("BenchPlan", "bench_plan"),
-    "registry": ("BenchContext", "register", "row_groups"),
-    "decode": ("compare_bandwidth", "compare_cache", "compare_hf", "compare_roofline",
-               "measure_decode_step"),
-    "run": ("SCHEMA_VERSION", "run_bench"),
-    "report": ("format_table", "plot_timeline", "write_json"),
-    "cli": ("build_parser", "main"),
-}
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-
-
-def __getattr__(name: str):
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tinygpt.bench' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"tinygpt.bench.{module}"), name)
-    globals()[name] = value                  # once loaded, an ordinary attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_MODULE_OF))
-
-
-__all__ = list(_MODULE_OF)
+__all__ = [
+    "PERCENTILES", "RequestTrace", "e2e_latency", "goodput", "inter_token_latencies",
+    "meets_slo", "percentile", "request_metrics", "summarize", "tokens_per_second", "tpot",
+    "ttft", "Comparison", "machine_info", "measure_read_bandwidth", "median_round",
+    "random_prompt", "run_requests", "synchronize", "trace_request", "bandwidth_model_config",
+    "build_model", "course_model_config", "cuda_bandwidth_model_config", "medium_model_config",
+    "model_info", "BenchPlan", "bench_plan", "BenchContext", "register", "row_groups",
+    "compare_bandwidth", "compare_cache", "compare_hf", "compare_roofline",
+    "measure_decode_step", "SCHEMA_VERSION", "run_bench", "format_table", "plot_timeline",
+    "write_json", "build_parser", "main",
+]
