@@ -7,12 +7,12 @@ timelines and the properties static and continuous batching must show."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import pytest
 import torch
 
+from tests.float64 import float64_twin
 from tinygpt import load_pretrained
 from tinygpt.batching import (
     BatchedKVCache,
@@ -52,10 +52,6 @@ CFG = ModelConfig(vocab_size=97, d_model=48, n_layers=2, n_heads=4, n_kv_heads=2
 # another sequence by far more.
 TINY_FLOOR = 1e-7           # three float32 steps at 0.5
 SHIPPED_FLOOR = 4e-6        # four float32 steps at 12
-
-
-def float64_twin(model: TinyGPT) -> TinyGPT:
-    return copy.deepcopy(model).double()
 
 
 def check_logits(what, got, reference, truth, floor):

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as nnf
 
+from tests.float64 import check_product
 from tinygpt import cpu_gemm
 from tinygpt import cpu_kernels as ck
 from tinygpt.model import ModelConfig, TinyGPT
@@ -27,23 +28,6 @@ pytestmark = pytest.mark.skipif(cpu_gemm.available() is not None,
 
 def randn(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 0.05
-
-
-EPS = torch.finfo(torch.float32).eps
-
-
-def check_product(what: str, got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
-    """`got` = x @ w.T as close to the float64 product as F.linear's float32 one: 4x its
-    distance plus one float32 step of the largest sum of |x| |w| (a product of one column
-    rounds once in both). Measured on AMD EPYC 2026-11-27, also with torch, MKL and oneDNN
-    held to other code paths and these kernels built for Haswell (AVX2, 256-bit), x86-64-v3
-    and Ice Lake (AVX-512): ours up to 1.3e-7 from float64, F.linear's up to 9.5e-8 (outputs
-    up to 0.27; the largest of a few hundred errors up to 2.4x apart). The fixed
-    1e-6 * k + 1e-5 relative this replaces was far above both. A lost column or a row of
-    another sequence is off by the products' own size."""
-    x64, w64 = x.double(), w.double()
-    floor = EPS * nnf.linear(x64.abs(), w64.abs()).max().item()
-    check_float32_error(what, got, nnf.linear(x, w), nnf.linear(x64, w64), factor=4, floor=floor)
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])

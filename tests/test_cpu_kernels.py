@@ -7,12 +7,11 @@ as close to the float64 model's as the plain step's."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as nnf
 
+from tests.float64 import check_product, float64_twin
 from tinygpt import cpu_kernels as ck
 from tinygpt.generate import generate
 from tinygpt.kv_cache import DecodeStep, KVCache, decode_step, prefill
@@ -26,30 +25,6 @@ pytestmark = pytest.mark.skipif(ck.available() is not None, reason=str(ck.availa
 
 def weights(n: int, k: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
-
-
-EPS = torch.finfo(torch.float32).eps
-
-
-def check_product(what: str, got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
-    """`got` = x @ w.T as close to the float64 product as F.linear's float32 one: 4x its
-    distance plus one float32 step of the largest sum of |x| |w|. Measured on AMD EPYC
-    2026-11-27, also with torch, MKL and oneDNN held to other code paths and these kernels
-    built for Haswell (AVX2, no VNNI), x86-64-v3 and Ice Lake: float32 tiles up to 1.3e-7 from
-    float64, F.linear up to 8.3e-8 (outputs up to 0.21); the Q8_0 / Q4_1 kernels up to 4.7e-6,
-    F.linear up to 1.0e-5 (outputs up to 29). The fixed tolerances this replaces (1e-5 + 1e-5
-    relative, 1e-6 * k) were far above both. Another CPU's kernels (or ours built for another
-    vector width) sum in another order; a wrong tile, block scale or lost column is off by
-    the products' size."""
-    x64, w64 = x.double(), w.double()
-    floor = EPS * nnf.linear(x64.abs(), w64.abs()).max().item()
-    check_float32_error(what, got, nnf.linear(x, w), nnf.linear(x64, w64), factor=4, floor=floor)
-
-
-def float64_twin(model: TinyGPT) -> TinyGPT:
-    """The same model in float64 (a copy), the truth the float32 decode paths are measured
-    against."""
-    return copy.deepcopy(model).double()
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])

@@ -4,7 +4,6 @@ memory calculator (checked by hand and against the figures of SYLLABUS.md, secti
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 
@@ -12,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.float64 import float64_twin
 from tinygpt import flops as F
 from tinygpt.kv_cache import (
     CompileFallbackWarning,
@@ -58,12 +58,6 @@ def make_model(n_kv_heads: int = 2, n_heads: int = 4, seed: int = 0, max_seq_len
 
 def ids_for(batch: int, length: int, seed: int = 1, vocab: int = 61) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
-def float64_twin(model: TinyGPT) -> TinyGPT:
-    """The same model in float64 (a copy: the caller's stays float32), the truth the float32
-    paths are measured against."""
-    return copy.deepcopy(model).double()
 
 
 def float64_logits(model: TinyGPT, ids: torch.Tensor) -> torch.Tensor:
