@@ -1,0 +1,162 @@
+"""The tensor-parallel model: a TinyGPT whose layers are the parallel ones.
+
+    TensorParallelGPT   one rank's shard of a TinyGPT: the same module tree and forward; the KV
+                        cache, generate() and the day-17 engine run on it unchanged, one copy
+                        per rank
+    shard_model         a TensorParallelGPT from an ordinary TinyGPT (any loader's output)
+    tp_check            the model from a source run on local ranks: logits, greedy tokens
+                        through generate() and through the engine, for comparison with one
+                        process
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tinygpt.model import ModelConfig, TinyGPT
+from tinygpt.parallel.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    VocabParallelHead,
+    distributed_argmax,
+)
+from tinygpt.parallel.ranks import run_ranks
+from tinygpt.parallel.sharding import plan_heads, shard_state_dict, vocab_range
+from tinygpt.parallel.source import load_source
+from tinygpt.positions import rope_cos_sin
+
+
+class TensorParallelGPT(TinyGPT):
+    """One rank's shard of a TinyGPT: the same module tree and forward, parallel layers inside.
+
+    It is a TinyGPT (the KV cache, generate(), the engine and its runner accept it); every
+    rank must run the same calls in the same order, since each layer's all-reduce waits for
+    all ranks. cfg is the FULL model's config; `plan` gives this rank's heads. The KV cache
+    made for it (KVCache.for_model, PagedKVCache.for_model) holds `cache_kv_heads` heads.
+    Build it with shard_model.
+    """
+
+    fused_decode = False            # DecodeStep's fused/packed fast path skips the all-reduces
+
+    def __init__(self, cfg: ModelConfig, shard: Mapping[str, torch.Tensor], rank: int,
+                 world_size: int, group=None) -> None:
+        # the module tree of a miniature TinyGPT (same layers, heads and norm eps; no full-size
+        # weight is ever allocated), whose every weight is then replaced by this rank's shard
+        skeleton = dataclasses.replace(cfg, vocab_size=1, d_model=2 * cfg.n_heads, d_ff=1,
+                                       max_seq_len=1, tie_embeddings=False)
+        super().__init__(skeleton, seed=None)
+        self.cfg = cfg
+        self.rank, self.world_size, self.group = rank, world_size, group
+        self.plan = plan_heads(cfg, rank, world_size)
+        start, _ = vocab_range(cfg.vocab_size, rank, world_size)
+        self.tok_embeddings = VocabParallelEmbedding(shard["tok_embeddings.weight"], start, group)
+        head = shard["tok_embeddings.weight"] if cfg.tie_embeddings else shard["output.weight"]
+        self.output = VocabParallelHead(head, cfg.vocab_size, group)
+        if cfg.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        for i, block in enumerate(self.layers):
+            p = f"layers.{i}."
+            attn, mlp = block.attention, block.feed_forward
+            attn.n_heads, attn.n_kv_heads = self.plan.n_heads, self.plan.n_kv_heads
+            attn.head_dim = cfg.head_dim
+            for name in ("wq", "wk", "wv"):
+                setattr(attn, name, ColumnParallelLinear(shard[f"{p}attention.{name}.weight"]))
+            attn.wo = RowParallelLinear(shard[f"{p}attention.wo.weight"], group)
+            mlp.w1 = ColumnParallelLinear(shard[f"{p}feed_forward.w1.weight"])
+            mlp.w3 = ColumnParallelLinear(shard[f"{p}feed_forward.w3.weight"])
+            mlp.w2 = RowParallelLinear(shard[f"{p}feed_forward.w2.weight"], group)
+            for norm in ("attention_norm", "ffn_norm"):
+                getattr(block, norm).weight = nn.Parameter(shard[f"{p}{norm}.weight"],
+                                                           requires_grad=False)
+        self.norm.weight = nn.Parameter(shard["norm.weight"], requires_grad=False)
+        cos, sin = rope_cos_sin(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)
+        self.rope_cos, self.rope_sin = cos.to(self.norm.weight), sin.to(self.norm.weight)
+        self.eval()
+
+    @property
+    def cache_kv_heads(self) -> int:
+        """KV heads this rank's attention writes to its cache (its own, or 1 replica)."""
+        return self.plan.n_kv_heads
+
+
+def shard_model(model: TinyGPT, rank: int | None = None, world_size: int | None = None,
+                group=None) -> TensorParallelGPT:
+    """This rank's TensorParallelGPT from an ordinary TinyGPT (the shipped checkpoint, a
+    Hugging Face or GGUF load: anything that returns a TinyGPT). rank and world_size default
+    to the process group's. The shard copies only its slices; drop `model` afterwards to free
+    the full weights."""
+    if not isinstance(model, TinyGPT):
+        raise TypeError(f"model must be a TinyGPT, got {type(model).__name__}")
+    if rank is None or world_size is None:
+        if not dist.is_initialized():
+            raise ValueError("pass rank and world_size, or call this inside a process group "
+                             "(run_ranks / init_rank)")
+        rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    with torch.no_grad():
+        shard = shard_state_dict(model.state_dict(), model.cfg, rank, world_size)
+    device = next(model.parameters()).device
+    if dist.is_initialized() and dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())   # NCCL: this rank's GPU
+    return TensorParallelGPT(model.cfg, shard, rank, world_size, group).to(device)
+
+
+# --------------------------------------------------------------------------------------------
+# checked on local ranks against one process
+
+
+
+def _hidden(model: TinyGPT, prompt: list[int]) -> torch.Tensor:
+    """The residual stream after the last block (before the final norm): (T, D)."""
+    ids = torch.tensor([prompt], device=model.rope_cos.device)
+    cos, sin = model.rope_cos[:len(prompt)], model.rope_sin[:len(prompt)]
+    x = model.tok_embeddings(ids)
+    for layer in model.layers:
+        x = layer(x, cos, sin)
+    return x[0]
+
+
+def _tp_check_rank(rank: int, world_size: int, source, prompts: list[list[int]],
+                   max_new_tokens: int) -> dict | None:
+    """A rank of tp_check: the shard's logits, greedy tokens through generate() and through
+    the engine. Rank 0 returns them; the others return whether their tokens equal rank 0's."""
+    from tinygpt.engine import Engine
+    from tinygpt.generate import generate
+    from tinygpt.sampling import SamplingParams
+
+    shard = shard_model(load_source(source), rank, world_size)
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    with torch.inference_mode():
+        device = shard.norm.weight.device
+        logits = [shard(torch.tensor([p], device=device))[0].cpu() for p in prompts]
+        tokens = [generate(shard, p, params).token_ids for p in prompts]
+        engine = Engine(shard, max_running=len(prompts))
+        engine_tokens = [r.token_ids for r in engine.generate(prompts, params)]
+        last = torch.stack([lg[-1] for lg in logits])                         # (N, V)
+        hidden = torch.stack([shard.norm(_hidden(shard, p))[-1] for p in prompts]).to(device)
+        start, _ = vocab_range(shard.cfg.vocab_size, rank, world_size)
+        greedy = distributed_argmax(shard.output.local_logits(hidden), start,
+                                    shard.cfg.vocab_size).cpu()
+    out = dict(logits=logits, tokens=tokens, engine_tokens=engine_tokens,
+               kv_heads=shard.cache_kv_heads, plan=shard.plan,
+               argmax_agree=torch.equal(greedy, last.argmax(-1)))
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, (tokens, engine_tokens,
+                                      [lg[-1].sum().item() for lg in logits]))
+    out["ranks_agree"] = all(e == everyone[0] for e in everyone)
+    return out
+
+
+def tp_check(source, world_size: int, prompts: list[list[int]], max_new_tokens: int = 8,
+             timeout_s: float = 120.0) -> dict:
+    """Run the model from `source` (see load_source) tensor-parallel over `world_size` local
+    ranks. Returns rank 0's dict: logits (per prompt (T, V)), tokens (greedy generate()),
+    engine_tokens (greedy through the day-17 engine), kv_heads (per rank), plan, and
+    ranks_agree (every rank saw the same tokens and logits)."""
+    return run_ranks(_tp_check_rank, world_size, source, prompts, max_new_tokens,
+                     timeout_s=timeout_s)[0]
