@@ -31,7 +31,8 @@ def reference_filtered(logits: torch.Tensor, params: S.SamplingParams) -> torch.
 CASES = [S.SamplingParams(temperature=1.0), S.SamplingParams(temperature=0.7, top_k=5),
          S.SamplingParams(temperature=1.3, top_p=0.8), S.SamplingParams(min_p=0.1),
          S.SamplingParams(temperature=0.9, top_k=20, top_p=0.9, min_p=0.05),
-         S.SamplingParams(top_k=100), S.SamplingParams(top_p=0.3), S.SamplingParams(top_k=1)]
+         S.SamplingParams(top_k=100), S.SamplingParams(top_p=0.3), S.SamplingParams(top_k=1),
+         S.SamplingParams(top_p=1e-60)]     # below float32's smallest number: the top token
 
 
 def test_the_kept_sets_equal_tinygpt_samplings_filters():

@@ -162,6 +162,8 @@ def test_top_p_keeps_the_crossing_token():
     assert kept(top_p_filter(logits, 0.79)) == {0, 1}
     assert kept(top_p_filter(logits, 0.85)) == {0, 1, 2}
     assert kept(top_p_filter(logits, 1e-9)) == {0}         # never empty
+    assert kept(top_p_filter(logits, 1e-60)) == {0}        # p rounds to 0 in float32: still
+    assert len(kept(typical_filter(logits, 1e-60))) == 1   # (the server's fuzzer found it)
     assert kept(top_p_filter(logits, 1.0)) == {0, 1, 2}
 
 

@@ -126,8 +126,8 @@ def filtered_logits(logits: torch.Tensor, params: RowParams) -> torch.Tensor:
     probs = torch.softmax(x, dim=-1)
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    mass_before[:, 0] = 0.0
     keep_sorted = (mass_before < params.top_p[:, None]) | (params.top_p[:, None] >= 1)
+    keep_sorted[:, 0] = True     # the most likely token, also when p rounds to 0 in float32
     keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
     x = torch.where(keep, x, neg_inf)
 

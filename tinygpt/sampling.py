@@ -290,8 +290,10 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     probs = torch.softmax(logits.float(), dim=-1)
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    mass_before[:, 0] = 0.0  # exactly: the most likely token is always kept
     keep_sorted = mass_before < p
+    # the most likely token is always kept, also for a p below float32's smallest number,
+    # which the comparison rounds to 0
+    keep_sorted[:, 0] = True
     keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
     return _keep_only(logits, keep)
 
@@ -340,8 +342,8 @@ def typical_filter(logits: torch.Tensor, typical_p: float) -> torch.Tensor:
     _, order = torch.sort(distance, dim=-1, stable=True)
     sorted_probs = log_probs.exp().gather(1, order)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    mass_before[:, 0] = 0.0
     keep_sorted = mass_before < typical_p
+    keep_sorted[:, 0] = True             # (as in top_p_filter, even for a tiny typical_p)
     keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
     return _keep_only(logits, keep)
 
