@@ -33,7 +33,7 @@ The module, top to bottom:
     Request, request_stream, roofline_step_time, admit, simulate
                         a discrete-event simulator of static and continuous batching (with
                         optional chunked prefill) driven by a step-time model; it reports the
-                        day-12 metrics (tinygpt.bench.metrics) and slot utilisation
+                        day-12 metrics (tinygpt.metrics) and slot utilisation
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ import torch
 
 from tinygpt import flops as F
 from tinygpt.attention import grouped_query_attention, merge_heads
-from tinygpt.bench.metrics import RequestTrace, inter_token_latencies, summarize, tpot, ttft
 from tinygpt.generate import GenerationResult, find_stop, model_device
 from tinygpt.kv_cache import KVCache
+from tinygpt.metrics import RequestTrace, inter_token_latencies, summarize, tpot, ttft
 from tinygpt.model import ModelConfig, TinyGPT
 from tinygpt.roofline import Hardware, op_time
 from tinygpt.sampling import SamplingParams, sample_next_token
@@ -556,7 +556,7 @@ class SimulationResult:
         return useful / (self.max_batch * self.makespan)
 
     def summary(self) -> dict:
-        """Throughput, slot utilisation, and p50/p90/p99 (bench.metrics.summarize) of TTFT,
+        """Throughput, slot utilisation, and p50/p90/p99 (tinygpt.metrics.summarize) of TTFT,
         TPOT and inter-token latency, in seconds."""
         tpots = [v for v in map(tpot, self.traces) if v is not None]
         itls = [gap for t in self.traces for gap in inter_token_latencies(t)]

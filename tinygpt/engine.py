@@ -56,7 +56,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tinygpt.bench.metrics import RequestTrace, inter_token_latencies, ttft
 from tinygpt.generate import (
     GenerationResult,
     TokenEvent,
@@ -66,6 +65,7 @@ from tinygpt.generate import (
     stream,
     token_events,
 )
+from tinygpt.metrics import RequestTrace, inter_token_latencies, ttft
 from tinygpt.model import TinyGPT
 from tinygpt.native import torch_single_thread
 from tinygpt.paged import PagedKVCache

@@ -34,9 +34,13 @@ measure_read_bandwidth here only reads (what a decode step does with the weights
 reported, and the utilization target is judged against the HIGHER of the two, so a pass
 cannot come from picking the smaller denominator.
 
+The request metrics (RequestTrace, TTFT / ITL / TPOT / e2e, percentiles, goodput; pure Python)
+live in tinygpt.metrics, outside this package, because later days' modules (batching, engine)
+use them and importing anything inside tinygpt.bench runs this file, which loads every row;
+they are re-exported here and under their first path, tinygpt.bench.metrics.
+
 The package, one module per concern (imports run down this list):
 
-    metrics     RequestTrace, TTFT / ITL / TPOT / e2e, percentiles, goodput (pure Python)
     harness     clocks, read bandwidth, random prompts, streamed requests, Comparison
     models      the benchmarked model shapes and seeded builds
     plan        the quick and full plans of the core rows
@@ -66,7 +70,19 @@ from tinygpt.bench.harness import (
                                    synchronize,
                                    trace_request,
 )
-from tinygpt.bench.metrics import (
+from tinygpt.bench.models import (
+                                   bandwidth_model_config,
+                                   build_model,
+                                   course_model_config,
+                                   cuda_bandwidth_model_config,
+                                   medium_model_config,
+                                   model_info,
+)
+from tinygpt.bench.plan import BenchPlan, bench_plan
+from tinygpt.bench.registry import BenchContext, register, row_groups
+from tinygpt.bench.report import format_table, plot_timeline, write_json
+from tinygpt.bench.run import SCHEMA_VERSION, run_bench
+from tinygpt.metrics import (
                                    PERCENTILES,
                                    RequestTrace,
                                    e2e_latency,
@@ -80,18 +96,6 @@ from tinygpt.bench.metrics import (
                                    tpot,
                                    ttft,
 )
-from tinygpt.bench.models import (
-                                   bandwidth_model_config,
-                                   build_model,
-                                   course_model_config,
-                                   cuda_bandwidth_model_config,
-                                   medium_model_config,
-                                   model_info,
-)
-from tinygpt.bench.plan import BenchPlan, bench_plan
-from tinygpt.bench.registry import BenchContext, register, row_groups
-from tinygpt.bench.report import format_table, plot_timeline, write_json
-from tinygpt.bench.run import SCHEMA_VERSION, run_bench
 
 __all__ = [
     "PERCENTILES", "RequestTrace", "e2e_latency", "goodput", "inter_token_latencies",

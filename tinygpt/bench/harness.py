@@ -15,8 +15,8 @@ import torch
 
 from tinygpt import flops as F
 from tinygpt import roofline as R
-from tinygpt.bench.metrics import RequestTrace
 from tinygpt.generate import model_device, stream
+from tinygpt.metrics import RequestTrace
 from tinygpt.model import TinyGPT
 from tinygpt.sampling import SamplingParams
 

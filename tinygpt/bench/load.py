@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tinygpt.bench.metrics import RequestTrace, request_metrics
+from tinygpt.metrics import RequestTrace, request_metrics
 
 # (prompt tokens, output tokens, weight): mostly short exchanges, some long prompts, a few
 # long answers

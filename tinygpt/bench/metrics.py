@@ -1,149 +1,28 @@
-"""Day 12's metrics of one request, computed from streamed timestamps.
+"""Day 12's request metrics under their first import path: they live in tinygpt.metrics.
 
-    submit ──── prefill ────▶ token 1 ─▶ token 2 ─▶ ... ─▶ token n
-    |<────────── TTFT ─────────>|<ITL>|                    |
-    |<──────────────────── end-to-end latency ────────────>|
-
-Pure Python over timestamps: no torch, so the serving engine and the simulators of later days
-use the same definitions.
+The definitions (RequestTrace, TTFT / ITL / TPOT / e2e, percentiles, goodput) moved out of the
+bench package so that later days' modules (tinygpt.batching, tinygpt.engine) can use them
+without loading every benchmark row: importing anything inside tinygpt.bench runs
+tinygpt/bench/__init__.py. Inside the package, import tinygpt.metrics directly.
 """
 
-from __future__ import annotations
+from tinygpt.metrics import (
+                             PERCENTILES,
+                             RequestTrace,
+                             e2e_latency,
+                             goodput,
+                             inter_token_latencies,
+                             meets_slo,
+                             percentile,
+                             request_metrics,
+                             summarize,
+                             tokens_per_second,
+                             tpot,
+                             ttft,
+)
 
-import math
-import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
-
-PERCENTILES = (50, 90, 99)
-
-
-@dataclass(frozen=True)
-class RequestTrace:
-    """Timestamps of one streamed request, in seconds of one clock (e.g. time.perf_counter).
-
-    start: when the request was submitted.   token_times: when each new token arrived, in
-    order (at least one).   prompt_tokens: the prompt's length.
-    """
-
-    start: float
-    token_times: tuple[float, ...]
-    prompt_tokens: int = 0
-
-    def __post_init__(self) -> None:
-        times = tuple(float(t) for t in self.token_times)
-        if not times:
-            raise ValueError("token_times must hold at least one timestamp")
-        if times[0] < self.start or any(b < a for a, b in zip(times, times[1:], strict=False)):
-            raise ValueError("token_times must be non-decreasing and not before start")
-        object.__setattr__(self, "token_times", times)
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.token_times)
-
-
-def ttft(trace: RequestTrace) -> float:
-    """Time to first token: token_times[0] - start."""
-    return trace.token_times[0] - trace.start
-
-
-def inter_token_latencies(trace: RequestTrace) -> list[float]:
-    """The n - 1 gaps between consecutive tokens (empty for a one-token request)."""
-    times = trace.token_times
-    return [b - a for a, b in zip(times, times[1:], strict=False)]
-
-
-def tpot(trace: RequestTrace) -> float | None:
-    """Time per output token after the first: (t_n - t_1) / (n - 1); None when n == 1."""
-    if trace.n_tokens < 2:
-        return None
-    return (trace.token_times[-1] - trace.token_times[0]) / (trace.n_tokens - 1)
-
-
-def e2e_latency(trace: RequestTrace) -> float:
-    """End-to-end latency: last token time - start."""
-    return trace.token_times[-1] - trace.start
-
-
-def tokens_per_second(trace: RequestTrace) -> float:
-    """Output tokens per second of one request: n / e2e latency."""
-    return trace.n_tokens / e2e_latency(trace)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0 <= q <= 100) with linear interpolation between order statistics.
-
-    Sorted values v_0 .. v_{n-1}: position p = q / 100 * (n - 1), answer v_floor(p) +
-    (p - floor(p)) * (v_ceil(p) - v_floor(p)). Same as numpy.percentile's default.
-    """
-    if isinstance(q, bool) or not isinstance(q, int | float) or not 0 <= q <= 100:
-        raise ValueError(f"q must be a number in [0, 100], got {q!r}")
-    ordered = sorted(float(v) for v in values)
-    if not ordered:
-        raise ValueError("values must not be empty")
-    position = q / 100 * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (position - low) * (ordered[high] - ordered[low])
-
-
-def summarize(values: Sequence[float]) -> dict:
-    """{"n", "mean", "min", "p50", "p90", "p99", "max"} of a non-empty list of numbers."""
-    values = [float(v) for v in values]
-    if not values:
-        raise ValueError("values must not be empty")
-    out = {"n": len(values), "mean": statistics.fmean(values), "min": min(values)}
-    out.update({f"p{q}": percentile(values, q) for q in PERCENTILES})
-    out["max"] = max(values)
-    return out
-
-
-def meets_slo(trace: RequestTrace, ttft_slo: float, tpot_slo: float) -> bool:
-    """TTFT <= ttft_slo and TPOT <= tpot_slo (a one-token request has no TPOT to miss)."""
-    per_token = tpot(trace)
-    return ttft(trace) <= ttft_slo and (per_token is None or per_token <= tpot_slo)
-
-
-def goodput(traces: Sequence[RequestTrace], ttft_slo: float, tpot_slo: float,
-            duration: float | None = None) -> float:
-    """Requests per second that meet both SLOs (seconds): count meeting / duration.
-
-    duration defaults to the span of the run: the last token of any request minus the
-    earliest start.
-    """
-    for name, value in (("ttft_slo", ttft_slo), ("tpot_slo", tpot_slo)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
-    if not traces:
-        raise ValueError("traces must not be empty")
-    if duration is None:
-        duration = (max(t.token_times[-1] for t in traces) - min(t.start for t in traces))
-    if not duration > 0:
-        raise ValueError(f"duration must be > 0 seconds, got {duration!r}")
-    return sum(meets_slo(t, ttft_slo, tpot_slo) for t in traces) / duration
-
-
-def request_metrics(traces: Sequence[RequestTrace], ttft_slo: float, tpot_slo: float) -> dict:
-    """Percentile summaries of every metric over `traces`, and the goodput under the SLOs.
-
-    Returns {"requests", "ttft_s", "tpot_s", "itl_s", "e2e_s", "tokens_per_s", "slo",
-    "slo_met", "goodput_rps"}; each *_s / tokens_per_s entry is a `summarize` dict (tpot_s
-    is None when every request produced one token).
-    """
-    if not traces:
-        raise ValueError("traces must not be empty")
-    tpots = [v for v in map(tpot, traces) if v is not None]
-    itls = [gap for t in traces for gap in inter_token_latencies(t)]
-    return {
-        "requests": len(traces),
-        "ttft_s": summarize([ttft(t) for t in traces]),
-        "tpot_s": summarize(tpots) if tpots else None,
-        "itl_s": summarize(itls) if itls else None,
-        "e2e_s": summarize([e2e_latency(t) for t in traces]),
-        "tokens_per_s": summarize([tokens_per_second(t) for t in traces]),
-        "slo": {"ttft_s": ttft_slo, "tpot_s": tpot_slo},
-        "slo_met": sum(meets_slo(t, ttft_slo, tpot_slo) for t in traces),
-        "goodput_rps": goodput(traces, ttft_slo, tpot_slo),
-    }
-
+__all__ = [
+    "PERCENTILES", "RequestTrace", "e2e_latency", "goodput", "inter_token_latencies",
+    "meets_slo", "percentile", "request_metrics", "summarize", "tokens_per_second", "tpot",
+    "ttft",
+]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tinygpt.bench.metrics import RequestTrace, inter_token_latencies, tpot
+from tinygpt.metrics import RequestTrace, inter_token_latencies, tpot
 
 PERCENT_UNITS = ("%", "fraction", "relative error")
 
