@@ -37,7 +37,7 @@ import torch
 
 from tinygpt import cpu_kernels
 from tinygpt.bench.harness import random_prompt
-from tinygpt.bench.smollm2 import smollm2_config
+from tinygpt.bench.models import smollm2_config
 from tinygpt.generate import CachedLogits, stream
 from tinygpt.model import TinyGPT
 from tinygpt.roofline import measure_copy_bandwidth

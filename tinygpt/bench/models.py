@@ -47,6 +47,13 @@ def cuda_bandwidth_model_config() -> ModelConfig:
                        d_ff=8192, max_seq_len=2048)
 
 
+def smollm2_config() -> ModelConfig:
+    """SmolLM2-135M's shape (its GGUF's metadata): ~135M parameters, 538 MB in float32."""
+    return ModelConfig(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
+                       d_ff=1536, max_seq_len=2048, rope_base=100000.0, norm_eps=1e-5,
+                       tie_embeddings=True)
+
+
 def model_info(model: TinyGPT) -> dict:
     """Config, parameter count, weight bytes, dtype and device of a model, for the report."""
     dtype = next(model.parameters()).dtype

@@ -55,12 +55,13 @@ import torch
 from tinygpt import cpu_kernels
 from tinygpt import quant as Q
 from tinygpt.bench.harness import Comparison, random_prompt
-from tinygpt.bench.models import model_info
+from tinygpt.bench.llamacpp import engine_vs_llama, write_gguf
+from tinygpt.bench.models import model_info, smollm2_config
 from tinygpt.bench.registry import BenchContext, register
 from tinygpt.engine import Engine
 from tinygpt.generate import CachedLogits, generate, stream
 from tinygpt.kv_cache import DecodeStep, KVCache
-from tinygpt.model import ModelConfig, TinyGPT
+from tinygpt.model import TinyGPT
 from tinygpt.roofline import measure_copy_bandwidth
 from tinygpt.sampling import SamplingParams
 
@@ -130,13 +131,6 @@ def shipped_errors(stories: int, prompts: int, new_tokens: int) -> dict[str, dic
             out[name]["blocks_agreement"] = decode_agreement(variant, variant, prompt_ids,
                                                              new_tokens)
     return out
-
-
-def smollm2_config() -> ModelConfig:
-    """SmolLM2-135M's shape (its GGUF's metadata): ~135M parameters, 538 MB in float32."""
-    return ModelConfig(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
-                       d_ff=1536, max_seq_len=2048, rope_base=100000.0, norm_eps=1e-5,
-                       tie_embeddings=True)
 
 
 def bytes_per_token(model: TinyGPT, context: int) -> int:
@@ -292,8 +286,6 @@ def _engine_row(ctx: BenchContext, model: TinyGPT, *, quick: bool) -> Comparison
     except ImportError as err:
         missing = f"{err.name} is not installed"
     if missing is None:
-        from tinygpt.bench.llamacpp import engine_vs_llama, write_gguf
-
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "smollm2-shape-F32.gguf"
             write_gguf(model, path, "F32")
