@@ -48,7 +48,6 @@ from tinygpt.kv_cache import (
     prefill,
     supports_kv_cache,
 )
-from tinygpt.quant import QuantizedDecodeStep
 from tinygpt.sampling import DEFAULT_ORDER, SamplingParams, check_order, sample_next_token
 
 STOP_REASONS = ("eos", "length", "stop_string")
@@ -206,6 +205,10 @@ class CachedLogits:
                 warnings.warn(f"compile=True is not supported for a quantized model "
                               f"({model.quant_scheme}); its eager fused step is used",
                               CompileFallbackWarning, stacklevel=3)
+            # Day 15's step, imported here: days 8-11 do not load day 15 (a quantized model
+            # comes from tinygpt.quant.quantize_model, so the module is loaded already).
+            from tinygpt.quant import QuantizedDecodeStep
+
             self.cache = KVCache.for_model(model, batch_size=1, max_len=length)
             self.step = QuantizedDecodeStep(model, self.cache)
             return
