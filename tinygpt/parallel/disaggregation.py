@@ -49,7 +49,7 @@ def mixed_workload(vocab_size: int, n_short: int = 6, n_long: int = 3, short_len
 
 
 def _itl_summary(token_times: dict[int, list[float]], decoding: set[int]) -> dict:
-    from tinygpt.bench.metrics import percentile
+    from tinygpt.metrics import percentile
 
     gaps = [b - a for i in decoding for a, b in zip(token_times[i], token_times[i][1:],
                                                      strict=False)]

@@ -1,0 +1,272 @@
+"""From a request's text to the token ids the engine takes: the served model's side of every
+endpoint. Prompts holds the tokenizer, the context and the ids that end a reply; it turns a
+chat conversation (through the chat template), a text prompt or token ids into checked ids,
+and a whole generation request into a Job, one entry per choice. The tokenizer endpoints
+(/tokenize, /detokenize, /tokenizer_info: vLLM's shapes) read and answer through it too.
+
+Everything here runs on the server's thread pool, never on the event loop."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+from tinygpt.server.checks import (
+    bounded,
+    check_common,
+    fit_context,
+    parse_json,
+    sampling_params,
+    too_long,
+    validate,
+)
+from tinygpt.server.protocol import (
+    CHAT_ROLES,
+    MAX_CHOICES,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+
+
+@dataclass
+class Job:
+    """A checked request, ready for the engine: one entry per choice."""
+
+    chat: bool
+    prompts: list[list[int]]          # per prompt
+    texts: list[str | None]           # per prompt: its text (completions' echo), if it had one
+    params: list                      # per choice (prompt-major): SamplingParams
+    prompt_of: list[int]              # per choice: its prompt's index
+    eos: list[int]
+    logprobs: int | None              # top alternatives per generated token (None: none)
+    echo: bool
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool            # usage so far in every chunk (vLLM's extension)
+    score_only: bool = False          # max_tokens 0 with echo: the prompt and its logprobs only
+
+
+def max_token_chars(tokenizer, vocab_size: int) -> int:
+    """The most characters one token's text can hold (special tokens' names included): a
+    text of more than (context - 1) times this many characters can never fit the context."""
+    longest = 1
+    for i in range(vocab_size):
+        try:
+            longest = max(longest, len(tokenizer.decode([i])))
+        except Exception:  # noqa: BLE001 (an id without text of its own)
+            continue
+    return longest
+
+
+class Prompts:
+    """The served model's text side. tokenizer: encode, decode, encode_chat, special_tokens;
+    context: the model's max_seq_len; vocab: its vocabulary size. eos_ids end a completion,
+    end_of_turn_ids a chat reply (default: the tokenizer's "<|endoftext|>", and "<|end|>" then
+    it; see tinygpt.loading.ModelInfo)."""
+
+    def __init__(self, tokenizer, context: int, vocab: int, model_id: str, eos_ids=None,
+                 end_of_turn_ids=None) -> None:
+        self.tokenizer, self.context, self.vocab, self.model_id = (tokenizer, context, vocab,
+                                                                   model_id)
+        self.specials = getattr(tokenizer, "special_tokens", {})
+        self.eos = ([self.specials[t] for t in ("<|endoftext|>",) if t in self.specials]
+                    if eos_ids is None else list(eos_ids))
+        self.end_of_turn = ([self.specials[t] for t in ("<|end|>",) if t in self.specials]
+                            + self.eos if end_of_turn_ids is None else list(end_of_turn_ids))
+        self.bos_id = getattr(tokenizer, "bos_id", None)
+        # a BOS the tokenizer puts before a text (GGUF's tokenizer.ggml.add_bos_token); the chat
+        # template writes its own markers, and token-id prompts are taken as they are
+        self.bos_prefix = ([self.bos_id] if self.bos_id is not None
+                           and getattr(tokenizer, "add_bos", False) else [])
+        self.chars_per_token = max_token_chars(tokenizer, vocab)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    # -- text, conversations and ids to checked ids ------------------------------------------
+
+    def chat_ids(self, messages) -> tuple[list[int], int]:
+        """Token ids of the conversation through the chat template (+ the assistant's turn),
+        and its characters; APIError 400 for what the template cannot render."""
+        turns, chars = [], 0
+        for i, message in enumerate(messages):
+            content = message.content
+            if isinstance(content, list):
+                kinds = sorted({part.type for part in content} - {"text"})
+                if kinds:
+                    raise APIError(400, f"messages[{i}].content: only text parts are "
+                                        f"implemented, got {kinds}", param="messages")
+                content = "\n".join(part.text or "" for part in content)
+            if message.tool_calls:
+                raise APIError(400, f"messages[{i}].tool_calls: tool calls are not "
+                                    f"implemented", param="messages")
+            turns.append({"role": CHAT_ROLES.get(message.role, message.role),
+                          "content": content or ""})
+            chars += len(content or "")
+        if chars > (self.context - 1) * self.chars_per_token:
+            raise APIError(400, f"messages hold {chars} characters; no tokenization of them "
+                                f"fits the model's context of {self.context} tokens",
+                           param="messages", code="context_length_exceeded")
+        try:
+            return self.tokenizer.encode_chat(turns), chars
+        except (TypeError, ValueError, KeyError) as err:
+            raise APIError(400, f"messages: {err}", param="messages") from None
+
+    def text_ids(self, text: str, param: str = "prompt", specials: bool = False) -> list[int]:
+        """A text's ids; specials: special-token names ("<|im_start|>") read as their ids."""
+        context = self.context
+        if len(text) > (context - 1) * self.chars_per_token:
+            raise APIError(400, f"{param}: {len(text)} characters; no tokenization of them fits "
+                                f"the model's context of {context} tokens", param=param,
+                           code="context_length_exceeded")
+        encode = self.tokenizer.encode
+        try:
+            if specials and "allowed_special" in inspect.signature(encode).parameters:
+                return encode(text, allowed_special="all")
+            return encode(text)
+        except (TypeError, ValueError) as err:
+            raise APIError(400, f"{param}: {err}", param=param) from None
+
+    def check_ids(self, ids: list[int], param: str) -> list[int]:
+        if len(ids) >= self.context:
+            raise APIError(400, f"{param}: {len(ids)} tokens; the model's context is "
+                                f"{self.context}", param=param, code="context_length_exceeded")
+        bad = [i for i in ids if not 0 <= i < self.vocab]
+        if bad:
+            raise APIError(400, f"{param}: token ids must be in [0, {self.vocab}), got "
+                                f"{bad[:5]}", param=param)
+        return ids
+
+    def completion_prompts(self, prompt) -> tuple[list[list[int]], list[str | None]]:
+        """/v1/completions' prompt (a text, ids, or a list of either) as ids, and each one's
+        text when it had one (for echo)."""
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        if not prompt:
+            raise APIError(400, "the prompt is empty: give at least one token", param="prompt")
+        if isinstance(prompt[0], int):
+            prompt = [prompt]
+        if len(prompt) > MAX_CHOICES:
+            raise APIError(400, f"prompt: {len(prompt)} prompts; at most {MAX_CHOICES}",
+                           param="prompt")
+        ids, texts = [], []
+        for i, item in enumerate(prompt):
+            where = "prompt" if len(prompt) == 1 else f"prompt[{i}]"
+            if isinstance(item, str):
+                ids.append(self.bos_prefix + self.text_ids(item, where, specials=True))
+                texts.append(item)
+            else:
+                ids.append(self.check_ids(list(item), where))
+                texts.append(None)
+        return ids, texts
+
+    # -- a generation request to a Job ---------------------------------------------------------
+
+    def prepare(self, raw: bytes, chat: bool) -> Job:
+        """Everything before the engine, on the thread pool: parse, check, tokenize."""
+        context = self.context
+        data = parse_json(raw)
+        too_long(data, context)
+        body = validate(ChatCompletionRequest if chat else CompletionRequest, data)
+        check_common(body, chat, self.model_id)
+        score_only = False
+        if chat:
+            ids, _ = self.chat_ids(body.messages)
+            prompts, texts = [ids], [None]
+            for name in ("max_completion_tokens", "max_tokens"):
+                if getattr(body, name) is not None:
+                    bounded(name, getattr(body, name), 1, context)
+            name = "max_completion_tokens" if body.max_completion_tokens is not None else \
+                "max_tokens"
+            asked, param = getattr(body, name), name
+            logprobs = (body.top_logprobs or 0) if body.logprobs else None
+            echo = False
+            stop_ids = self.end_of_turn
+        else:
+            prompts, texts = self.completion_prompts(body.prompt)
+            asked, param = body.max_tokens, "max_tokens"
+            logprobs, echo = body.logprobs, bool(body.echo)
+            stop_ids = self.eos
+            if asked == 0:
+                if not echo:
+                    raise APIError(400, "max_tokens 0 returns nothing without echo: give "
+                                        "max_tokens >= 1, or echo: true to score the prompt",
+                                   param="max_tokens")
+                # scoring: the engine computes prompt logprobs while it generates one token,
+                # which is then dropped (the OpenAI legacy API's max_tokens 0 with echo)
+                asked, score_only = 1, True
+        if len(prompts) * (body.n or 1) > MAX_CHOICES:
+            raise APIError(400, f"{len(prompts)} prompts times n={body.n or 1} choices; at "
+                                f"most {MAX_CHOICES} choices per request", param="n")
+        params, prompt_of = [], []
+        for p, ids in enumerate(prompts):
+            max_tokens = fit_context(len(ids), asked, context, param)
+            for i in range(body.n or 1):
+                seed = None if body.seed is None else body.seed + i
+                params.append(sampling_params(body, max_tokens, seed))
+                prompt_of.append(p)
+        options = body.stream_options or {}
+        return Job(chat, prompts, texts, params, prompt_of, [] if body.ignore_eos else stop_ids,
+                   logprobs, echo, bool(body.stream), bool(options.get("include_usage")),
+                   bool(options.get("include_usage") and options.get("continuous_usage_stats")),
+                   score_only)
+
+    # -- the tokenizer endpoints (vLLM's shapes) -----------------------------------------------
+
+    def _tokenizer_body(self, kind, raw: bytes):
+        """The body of a tokenizer endpoint, validated: no unknown fields, this model."""
+        body = validate(kind, parse_json(raw))
+        if body.model_extra:
+            raise APIError(400, f"unsupported field(s) {sorted(body.model_extra)}",
+                           param=sorted(body.model_extra)[0])
+        if body.model is not None and body.model != self.model_id:
+            raise APIError(404, f"the model {body.model!r} does not exist", param="model",
+                           code="model_not_found")
+        return body
+
+    def tokenize(self, raw: bytes) -> dict:
+        body = self._tokenizer_body(TokenizeRequest, raw)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give exactly one of prompt and messages", param="prompt")
+        bos_prefix = self.bos_prefix
+        if body.messages is not None:
+            if body.add_generation_prompt is False:
+                raise APIError(400, "add_generation_prompt: false is not implemented",
+                               param="add_generation_prompt")
+            ids, _ = self.chat_ids(body.messages)
+            if body.add_special_tokens:             # vLLM's default for messages: false
+                ids = bos_prefix + ids if ids[:1] != bos_prefix else ids
+        else:
+            ids = self.text_ids(body.prompt, specials=True)
+            if body.add_special_tokens is not False:   # vLLM's default for a prompt: true
+                ids = bos_prefix + ids
+        return {"count": len(ids), "max_model_len": self.context, "tokens": ids,
+                "token_strs": ([self.token_text(i) for i in ids] if body.return_token_strs
+                               else None)}
+
+    def detokenize(self, raw: bytes) -> dict:
+        body = self._tokenizer_body(DetokenizeRequest, raw)
+        bad = [i for i in body.tokens if not 0 <= i < self.vocab]
+        if bad:
+            raise APIError(400, f"tokens: ids must be in [0, {self.vocab}), got {bad[:5]}",
+                           param="tokens")
+        return {"prompt": self.tokenizer.decode(body.tokens)}
+
+    def info(self) -> dict:
+        """/tokenizer_info: the end-of-text token as its text (what /tokenize reads back as
+        its id: clients such as lm-evaluation-harness find its id by tokenizing it)."""
+        tokenizer, eos, bos_id = self.tokenizer, self.eos, self.bos_id
+        pad_id = getattr(tokenizer, "pad_id", None)
+        template = getattr(tokenizer, "chat_template", None)
+        return {"tokenizer_class": type(tokenizer).__name__, "vocab_size": self.vocab,
+                "model_max_length": self.context, "max_model_len": self.context,
+                "eos_token": self.token_text(eos[0]) if eos else None,
+                "eos_token_id": eos[0] if eos else None,
+                "bos_token": None if bos_id is None else self.token_text(bos_id),
+                "bos_token_id": bos_id, "add_bos_token": bool(self.bos_prefix),
+                "pad_token": None if pad_id is None else self.token_text(pad_id),
+                "special_tokens": dict(self.specials),
+                "chat_template": template if isinstance(template, str) else None}

@@ -1,0 +1,169 @@
+"""The endpoints, each a few lines that hand the work on: request bodies are read here under
+the HTTP limits (limits.read_body), then parsed, checked and tokenized on the thread pool
+(prompts.Prompts), submitted to the engine, and answered whole or streamed
+(responses.whole / responses.events). What a route needs it reads from `app.state.served`,
+which create_app (app.py) sets: the routes hold no state of their own."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse, StreamingResponse
+
+from tinygpt.engine import EngineClosed, EngineFull
+from tinygpt.server.limits import read_body
+from tinygpt.server.metrics import Metrics
+from tinygpt.server.openapi import ERRORS, request_body, stream_or
+from tinygpt.server.prompts import Job, Prompts
+from tinygpt.server.protocol import (
+    RETRY_AFTER_S,
+    APIError,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from tinygpt.server.responses import events, whole
+
+
+@dataclass
+class Served:
+    """What the routes serve: the engine (AsyncEngine's interface), the model's text side,
+    the metrics, the thread pool that parses and tokenizes, and the body limits."""
+
+    engine: object
+    prompts: Prompts
+    metrics: Metrics
+    pool: ThreadPoolExecutor
+    max_body_bytes: int
+    body_timeout_s: float
+
+    async def off_loop(self, fn: Callable, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def body(self, request: Request) -> bytes:
+        return await read_body(request, self.max_body_bytes, self.body_timeout_s)
+
+    def model_card(self) -> dict:
+        return {"id": self.prompts.model_id, "object": "model", "created": 0,
+                "owned_by": "tinygpt", "max_model_len": self.prompts.context}
+
+
+def served(request: Request) -> Served:
+    return request.app.state.served
+
+
+router = APIRouter()
+
+# -- health, metrics, models ----------------------------------------------------------------------
+
+
+@router.get("/health")
+async def health(request: Request):
+    return {"status": "ok", **vars(served(request).engine.stats())}
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+async def metrics(request: Request):
+    text, media_type = served(request).metrics.text()
+    return PlainTextResponse(text, media_type=media_type)
+
+
+@router.get("/v1/models", responses={200: {"model": ModelList}})
+async def models(request: Request):
+    return {"object": "list", "data": [served(request).model_card()]}
+
+
+@router.get("/v1/models/{name:path}", responses={200: {"model": ModelCard}, **ERRORS})
+async def one_model(request: Request, name: str):
+    model_id = served(request).prompts.model_id
+    if name != model_id:
+        raise APIError(404, f"the model {name!r} does not exist; this server serves "
+                            f"{model_id!r}", param="model", kind="not_found_error",
+                       code="model_not_found")
+    return served(request).model_card()
+
+
+# -- tokenizer endpoints (vLLM's shapes) ----------------------------------------------------------
+
+
+@router.post("/tokenize", openapi_extra=request_body(TokenizeRequest),
+             responses={200: {"model": TokenizeResponse}, **ERRORS})
+async def tokenize(request: Request):
+    state = served(request)
+    return await state.off_loop(state.prompts.tokenize, await state.body(request))
+
+
+@router.post("/detokenize", openapi_extra=request_body(DetokenizeRequest),
+             responses={200: {"model": DetokenizeResponse}, **ERRORS})
+async def detokenize(request: Request):
+    state = served(request)
+    return await state.off_loop(state.prompts.detokenize, await state.body(request))
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request):
+    return served(request).prompts.info()
+
+
+# -- generation -----------------------------------------------------------------------------------
+
+
+async def submit_all(engine, job: Job) -> list:
+    """One engine request per choice; none at all when the engine refuses one (429 when its
+    queue is full, 503 while it shuts down, 400 for what it cannot take)."""
+    requests = []
+    try:
+        for p, params in zip(job.prompt_of, job.params, strict=True):
+            requests.append(await engine.submit(
+                job.prompts[p], params, job.eos, logprobs=job.logprobs,
+                prompt_logprobs=job.logprobs if job.echo and job.logprobs is not None
+                else None))
+    except BaseException as err:
+        for request in requests:
+            request.cancel()
+        if isinstance(err, EngineFull):
+            raise APIError(429, str(err), kind="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        if isinstance(err, EngineClosed):
+            raise APIError(503, str(err), kind="service_unavailable") from None
+        if isinstance(err, TypeError | ValueError):   # what the engine itself cannot take
+            raise APIError(400, str(err)) from None
+        raise
+    return requests
+
+
+async def generate(request: Request, chat: bool):
+    state = served(request)
+    job = await state.off_loop(state.prompts.prepare, await state.body(request), chat)
+    requests = await submit_all(state.engine, job)
+    stamp, ident = int(time.time()), f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    if job.stream:
+        return StreamingResponse(events(job, requests, ident, stamp, state.prompts),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    return await whole(job, requests, ident, stamp, state.prompts)
+
+
+@router.post("/v1/completions", openapi_extra=request_body(CompletionRequest),
+             responses={200: stream_or(CompletionResponse), **ERRORS})
+async def completions(request: Request):
+    return await generate(request, chat=False)
+
+
+@router.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest),
+             responses={200: stream_or(ChatCompletionResponse), **ERRORS})
+async def chat_completions(request: Request):
+    return await generate(request, chat=True)
