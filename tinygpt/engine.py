@@ -142,6 +142,7 @@ class Request:
     loop: asyncio.AbstractEventLoop
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    constraint: object = None              # what may come next (tinygpt.generate.stream's)
     submitted_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None        # when the engine first ran it (queue time ends)
     token_times: list[float] = field(default_factory=list)
@@ -310,11 +311,13 @@ class Engine:
 
     def add_request(self, prompt_ids, params: SamplingParams, *, eos_ids: Sequence[int] = (),
                     request_id: Hashable | None = None, logprobs: int | None = None,
-                    prompt_logprobs: int | None = None) -> Hashable:
+                    prompt_logprobs: int | None = None, constraint=None) -> Hashable:
         """Queue a request; returns its id (`request_id`, or a fresh int). Sampling uses a
         generator seeded with params.seed (torch's global one when the seed is None).
         logprobs / prompt_logprobs: None, or how many top alternatives (>= 0) to keep beside
-        each generated / prompt token's log-probability (see the module docstring)."""
+        each generated / prompt token's log-probability (see the module docstring).
+        constraint: what may come next, as tinygpt.generate.stream takes it (log-probabilities
+        stay those of the model's raw logits)."""
         prompt = self.check_request(prompt_ids, params, eos_ids)
         vocab_size = self.model.cfg.vocab_size
         for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
@@ -334,7 +337,7 @@ class Engine:
         loop = token_events(lambda ids: holder.pop("logits"),
                             torch.tensor([prompt], device=device), params,
                             eos_ids[0] if eos_ids else None, self.tokenizer, generator,
-                            self.order, self.model.cfg.max_seq_len)
+                            self.order, self.model.cfg.max_seq_len, constraint)
         seq = Seq(request_id, prompt, params.max_new_tokens, arrival=self.steps,
                   cache_prefix=prompt_logprobs is None)
         self.scheduler.add(seq)
@@ -560,14 +563,15 @@ class AsyncEngine(_Frontend):
 
     async def submit(self, prompt_ids: Sequence[int], params: SamplingParams,
                      eos_ids: Sequence[int] = (), *, logprobs: int | None = None,
-                     prompt_logprobs: int | None = None) -> Request:
+                     prompt_logprobs: int | None = None, constraint=None) -> Request:
         """Queue a request; EngineFull when max_waiting already wait, EngineClosed after
         shutdown() began, ValueError / TypeError for arguments the engine cannot take.
-        logprobs, prompt_logprobs: as Engine.add_request's."""
+        logprobs, prompt_logprobs, constraint: as Engine.add_request's."""
         prompt = self.engine.check_request(prompt_ids, params, eos_ids)
         request = self._enqueue(prompt, params, eos_ids, self._inbox,
                                 lambda: len(self._inbox) + len(self.engine.scheduler.waiting),
-                                logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+                                logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                                constraint=constraint)
         return request
 
     def stats(self) -> EngineStats:
@@ -618,7 +622,8 @@ class AsyncEngine(_Frontend):
                         engine.add_request(request.prompt_ids, request.params,
                                            eos_ids=request.eos_ids, request_id=request.id,
                                            logprobs=request.logprobs,
-                                           prompt_logprobs=request.prompt_logprobs)
+                                           prompt_logprobs=request.prompt_logprobs,
+                                           constraint=request.constraint)
                     except Exception as err:  # noqa: BLE001 (checked in submit; never fatal)
                         request.cancel()
                         request._error = f"{type(err).__name__}: {err}"
@@ -680,7 +685,7 @@ class SerialEngine(_Frontend):
 
     async def submit(self, prompt_ids: Sequence[int], params: SamplingParams,
                      eos_ids: Sequence[int] = (), *, logprobs: int | None = None,
-                     prompt_logprobs: int | None = None) -> Request:
+                     prompt_logprobs: int | None = None, constraint=None) -> Request:
         """Queue a request; raises EngineFull when max_waiting requests already wait, and
         EngineClosed after shutdown() began. Arguments are checked by the caller (the server)
         and again by tinygpt.generate.stream on the worker. Log-probabilities are the
@@ -689,7 +694,7 @@ class SerialEngine(_Frontend):
             raise ValueError("logprobs and echo need the batching engine (serve with "
                              "--engine batch)")
         return self._enqueue(list(prompt_ids), params, eos_ids, self._waiting,
-                             lambda: len(self._waiting))
+                             lambda: len(self._waiting), constraint=constraint)
 
     def stats(self) -> EngineStats:
         with self._lock:
@@ -743,7 +748,7 @@ class SerialEngine(_Frontend):
         request.started_at = time.perf_counter()
         try:
             for event in stream(self.model, request.prompt_ids, request.params, eos_id=eos,
-                                tokenizer=self.tokenizer):
+                                tokenizer=self.tokenizer, constraint=request.constraint):
                 if request.cancelled:
                     self._finish(request, Event(None, "", "cancelled"))
                     return

@@ -291,7 +291,7 @@ def _check_args(model, params, eos_id, tokenizer, generator, order) -> tuple[int
 def stream(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
            eos_id: int | None = None, tokenizer=None, generator: torch.Generator | None = None,
            order: Sequence[str] = DEFAULT_ORDER, use_cache: bool = True,
-           compile: bool = False) -> Iterator[TokenEvent]:
+           compile: bool = False, constraint=None) -> Iterator[TokenEvent]:
     """Generate token by token, yielding a TokenEvent as soon as each token is chosen.
 
     model: maps ids (1, T) long -> logits (1, T, V) and has .cfg.vocab_size / .cfg.max_seq_len
@@ -305,6 +305,9 @@ def stream(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
     uncached loop. Both loops take the same arguments and yield the same kind of events.
     compile: opt-in compiled (CUDA graph) decode step; needs use_cache=True; off CUDA it falls
     back to the eager step with a CompileFallbackWarning saying why.
+    constraint: None, or what may come next (day 19's structured outputs): an object with
+    mask(logits (1, V)) -> (1, V) logits with the tokens it forbids at -inf, and
+    advance(token_id), called with each chosen token; one request uses it, and only one.
 
     Text is released only when it is final: the end that could still grow into a stop string,
     and a trailing U+FFFD (half of a multi-byte character), are held back until resolved.
@@ -335,11 +338,11 @@ def stream(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
             return last_token_logits(model, crop_context(ids, max_seq_len))
 
     return token_events(next_logits, prompt, params, eos_id, tokenizer, generator, tuple(order),
-                   max_seq_len)
+                        max_seq_len, constraint)
 
 
 def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, order,
-                 max_seq_len) -> Iterator[TokenEvent]:
+                 max_seq_len, constraint=None) -> Iterator[TokenEvent]:
     """The loop behind stream(); arguments already validated, prompt (1, T) on the device.
 
     next_logits(ids (1, n)) -> (1, V) gives the next-token logits of the context so far. The
@@ -369,9 +372,13 @@ def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, orde
             warned = True
         with torch.inference_mode(), token_context():
             logits = next_logits(ids)
+            if constraint is not None:
+                logits = constraint.mask(logits)
             generated_t = ids[:, prompt_len:] if penalized else None
             token = sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
                                       generated_ids=generated_t, order=order).item()
+        if constraint is not None:
+            constraint.advance(token)
         generated.append(token)
         buffer[0, ids.shape[1]] = token
         ids = buffer[:, :ids.shape[1] + 1]
@@ -408,7 +415,7 @@ def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, orde
 def generate(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
              eos_id: int | None = None, tokenizer=None, generator: torch.Generator | None = None,
              order: Sequence[str] = DEFAULT_ORDER, use_cache: bool = True,
-             compile: bool = False) -> GenerationResult:
+             compile: bool = False, constraint=None) -> GenerationResult:
     """Run stream() to the end and collect its events; same arguments. Batch size 1.
 
     use_cache=True (the default) runs the KV-cache loop when the model supports it,
@@ -422,7 +429,7 @@ def generate(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
     reason = None
     for event in stream(model, prompt_ids, params, eos_id=eos_id, tokenizer=tokenizer,
                         generator=generator, order=order, use_cache=use_cache,
-                        compile=compile):
+                        compile=compile, constraint=constraint):
         token_ids.append(event.token_id)
         if event.text is not None:
             pieces.append(event.text)

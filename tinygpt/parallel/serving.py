@@ -46,7 +46,10 @@ def _leader_engine_class():
             self._last: list[tuple] | None = None
 
         def add_request(self, prompt_ids, params, *, eos_ids=(), request_id=None,
-                        logprobs=None, prompt_logprobs=None):
+                        logprobs=None, prompt_logprobs=None, constraint=None):
+            if constraint is not None:    # each rank would need its own copy of the matcher
+                raise ValueError("constraint: structured outputs are not implemented over "
+                                 "tensor-parallel ranks")
             if params.seed is None:
                 params = dataclasses.replace(params, seed=int(torch.randint(2**62, ())))
             request_id = super().add_request(prompt_ids, params, eos_ids=eos_ids,
