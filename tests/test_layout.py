@@ -35,6 +35,7 @@ LONG_MODULES: dict[str, str] = {
     "batching.py": f"day 13: {DAY_MODULE}",
     "quant.py": f"day 15: {DAY_MODULE}",
     "engine.py": f"day 17: {DAY_MODULE}",
+    "constrained.py": f"day 19: {DAY_MODULE}",
 }
 
 
