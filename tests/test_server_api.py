@@ -179,16 +179,41 @@ CASES = [   # previously a 500 or a silent change: each is now a 4xx naming what
         "max_completion_tokens": 0}, 400, "max_completion_tokens"),
     ("logit_bias", "/v1/completions", {"model": "tinygpt", "prompt": "x",
                                        "logit_bias": {"5": 10}}, 400, "logit_bias"),
-    ("json response_format", "/v1/chat/completions", {
+    ("unknown response_format", "/v1/chat/completions", {
         "model": "tinygpt", "messages": [{"role": "user", "content": "hi"}],
-        "response_format": {"type": "json_object"}}, 400, "response_format"),
-    ("tools", "/v1/chat/completions", {"model": "tinygpt", "messages": [
-        {"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools"),
+        "response_format": {"type": "json"}}, 400, "response_format"),
+    ("json_schema without a schema", "/v1/chat/completions", {
+        "model": "tinygpt", "messages": [{"role": "user", "content": "hi"}],
+        "response_format": {"type": "json_schema"}}, 400, "response_format"),
+    ("a schema that is not JSON Schema", "/v1/chat/completions", {
+        "model": "tinygpt", "messages": [{"role": "user", "content": "hi"}],
+        "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "objekt"}}}}, 400,
+     "response_format.json_schema.schema"),
+    ("a pattern that is not a regex", "/v1/completions", {
+        "model": "tinygpt", "prompt": "x", "structured_outputs": {"regex": "(("}}, 400,
+     "structured_outputs.regex"),
+    ("two constraints at once", "/v1/completions", {
+        "model": "tinygpt", "prompt": "x", "response_format": {"type": "json_object"},
+        "structured_outputs": {"regex": "a+"}}, 400, "structured_outputs"),
+    ("a tool without its function", "/v1/chat/completions", {"model": "tinygpt", "messages": [
+        {"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 422,
+     "tools.0.function"),
+    ("tool_choice naming no tool", "/v1/chat/completions", {"model": "tinygpt", "messages": [
+        {"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {
+            "name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+     400, "tool_choice"),
+    ("tool_choice required without tools", "/v1/chat/completions", {
+        "model": "tinygpt", "messages": [{"role": "user", "content": "hi"}],
+        "tool_choice": "required"}, 400, "tool_choice"),
     ("image part", "/v1/chat/completions", {"model": "tinygpt", "messages": [
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      400, "messages"),
-    ("tool role the template lacks", "/v1/chat/completions", {"model": "tinygpt", "messages": [
-        {"role": "tool", "content": "42", "tool_call_id": "a"}]}, 400, "messages"),
+    ("tool calls in a user turn", "/v1/chat/completions", {"model": "tinygpt", "messages": [
+        {"role": "user", "content": "hi", "tool_calls": [{"id": "a", "type": "function",
+                                                          "function": {"name": "f",
+                                                                       "arguments": "{}"}}]}]},
+     400, "messages"),
     ("n too large", "/v1/completions", {"model": "tinygpt", "prompt": "x", "n": 1000}, 400,
      "n"),
     ("stop strings too long together", "/v1/completions", {

@@ -45,6 +45,8 @@ def _leader_engine_class():
             self._pending: list[tuple] = []
             self._last: list[tuple] | None = None
 
+        takes_constraints = False         # (the server offers no structured outputs then)
+
         def add_request(self, prompt_ids, params, *, eos_ids=(), request_id=None,
                         logprobs=None, prompt_logprobs=None, constraint=None):
             if constraint is not None:    # each rank would need its own copy of the matcher

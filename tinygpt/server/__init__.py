@@ -33,11 +33,16 @@ Log-probabilities are the log-softmax of the model's raw logits, before temperat
 penalties and filters (vLLM's default), so they do not depend on the sampling knobs. A list
 of prompts gives a choice per prompt; n > 1 gives n choices per prompt, choice i of a seeded
 request sampling with seed + i. Message content is a string or a list of {"type": "text"}
-parts (joined with newlines); the "developer" role is the system role; a "tool" message goes
-to the chat template, which answers a 400 when it has no such role (the shipped one has not).
-Fields that change nothing here are accepted (user, store, metadata, logprobs: false,
-response_format {"type": "text"}, parallel_tool_calls); fields that would change the output
-and are not implemented (tools, logit_bias, suffix, other response formats, ...) are a 400.
+parts (joined with newlines); the "developer" role is the system role.
+
+Structured outputs. response_format {"type": "json_object"} or {"type": "json_schema",
+"json_schema": {"name", "schema"}} and vLLM's structured_outputs (json, regex, choice,
+grammar, json_object) hold the reply to a grammar (structured.py over tinygpt.structured);
+tools with tool_choice none / auto / required / a named function, calls written and read in
+the format of tools.py, come back as message.tool_calls with finish_reason "tool_calls"
+(streamed: each call's id and name, then its arguments). Fields that change nothing here are
+accepted (user, store, metadata, logprobs: false, response_format {"type": "text"}); fields
+that would change the output and are not implemented (logit_bias, suffix, ...) are a 400.
 
 Limits. A body over --max-body-bytes is a 413; a body that does not arrive within
 --body-timeout seconds a 408; a prompt too long for the context is refused from its length in
@@ -70,6 +75,8 @@ hit rate). `--engine serial` serves one request at a time (the reference; no log
 Where things live (imports run down this list, never up):
     protocol.py    limits, APIError, the request models and the published response shapes
     checks.py      the body as JSON and as its model; the fields every request shares
+    tools.py       the tool-call format: tools in the prompt, calls written and read back
+    structured.py  the reply's shape: response_format, structured_outputs, tools -> a grammar
     prompts.py     text, chats and ids to checked token ids; a request to a Job; /tokenize
     responses.py   engine events to OpenAI's responses, whole or as server-sent events
     metrics.py     the Prometheus registry over the engine

@@ -19,6 +19,7 @@ from tinygpt.server.openapi import add_docs, openapi_schema
 from tinygpt.server.prompts import Prompts
 from tinygpt.server.protocol import BODY_TIMEOUT_S, MAX_BODY_BYTES, MODEL_ID, APIError
 from tinygpt.server.routes import Served, router
+from tinygpt.structured import Grammars
 
 
 def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
@@ -33,7 +34,15 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
     metrics = Metrics(engine)
     engine.on_finish = metrics.observe
     vocab = getattr(getattr(engine.model, "cfg", None), "vocab_size", 1 << 31)
-    prompts = Prompts(tokenizer, context, vocab, model_id, eos_ids, end_of_turn_ids)
+    # structured outputs need constraints in the engine's sampler and a tokenizer the grammar
+    # engine can read; without them, grammars says why (a request asking for one gets a 400)
+    grammars: Grammars | str = "the engine takes no constraints (--tensor-parallel-size > 1)"
+    if getattr(getattr(engine, "engine", engine), "takes_constraints", True):
+        try:
+            grammars = Grammars(tokenizer, vocab)
+        except (ValueError, TypeError, AttributeError) as err:
+            grammars = f"the grammar engine cannot read this model's tokenizer ({err})"
+    prompts = Prompts(tokenizer, context, vocab, model_id, eos_ids, end_of_turn_ids, grammars)
     pool = ThreadPoolExecutor(workers, thread_name_prefix="tinygpt-parse")
 
     @asynccontextmanager

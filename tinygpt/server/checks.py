@@ -114,7 +114,8 @@ def bounded(name: str, value, low, high):
 
 def check_common(body, chat: bool, model_id: str = MODEL_ID) -> None:
     """The fields of a generation request that do not need the tokenizer: unknown fields,
-    the model's name, n, best_of, seed, what is not implemented, stream_options, logprobs."""
+    the model's name, n, best_of, seed, what is not implemented, stream_options, logprobs
+    (the reply's shape, response_format and tools, is structured.reply_shape's)."""
     unknown = sorted(set(body.model_extra or {}))
     if unknown:
         fields = sorted(type(body).model_fields)
@@ -130,9 +131,6 @@ def check_common(body, chat: bool, model_id: str = MODEL_ID) -> None:
     bounded("seed", body.seed, 0, MAX_SEED)
     if body.logit_bias:
         raise APIError(400, "logit_bias is not implemented", param="logit_bias")
-    if body.response_format is not None and body.response_format.get("type") != "text":
-        raise APIError(400, f"response_format: only {{'type': 'text'}} is implemented, got "
-                            f"{body.response_format!r}"[:300], param="response_format")
     if body.stream_options is not None:
         if not body.stream:
             raise APIError(400, "stream_options needs stream: true", param="stream_options")
@@ -142,11 +140,6 @@ def check_common(body, chat: bool, model_id: str = MODEL_ID) -> None:
             raise APIError(400, "stream_options takes include_usage and vLLM's "
                                 "continuous_usage_stats (true / false)", param="stream_options")
     if chat:
-        if body.tools:
-            raise APIError(400, "tools (function calling) is not implemented", param="tools")
-        if body.tool_choice not in (None, "none", "auto"):
-            raise APIError(400, "tool_choice: only 'none' is possible without tools",
-                           param="tool_choice")
         if body.logprobs:
             bounded("top_logprobs", body.top_logprobs, 0, MAX_LOGPROBS)
         elif body.top_logprobs is not None:

@@ -29,6 +29,8 @@ from tinygpt.server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from tinygpt.server.structured import reply_shape
+from tinygpt.server.tools import assistant_text, tool_result_text, with_tools
 
 
 @dataclass
@@ -47,6 +49,8 @@ class Job:
     include_usage: bool
     continuous_usage: bool            # usage so far in every chunk (vLLM's extension)
     score_only: bool = False          # max_tokens 0 with echo: the prompt and its logprobs only
+    grammar: object = None            # tinygpt.structured.Grammar the reply is held to, if any
+    reads: str = "text"               # "tools": the reply is read for tool calls
 
 
 def max_token_chars(tokenizer, vocab_size: int) -> int:
@@ -65,10 +69,12 @@ class Prompts:
     """The served model's text side. tokenizer: encode, decode, encode_chat, special_tokens;
     context: the model's max_seq_len; vocab: its vocabulary size. eos_ids end a completion,
     end_of_turn_ids a chat reply (default: the tokenizer's "<|endoftext|>", and "<|end|>" then
-    it; see tinygpt.loading.ModelInfo)."""
+    it; see tinygpt.loading.ModelInfo). grammars: the tinygpt.structured.Grammars replies are
+    held to, or why there are none (structured outputs and tool_choice "required" are then
+    a 400 saying so)."""
 
     def __init__(self, tokenizer, context: int, vocab: int, model_id: str, eos_ids=None,
-                 end_of_turn_ids=None) -> None:
+                 end_of_turn_ids=None, grammars="not set up") -> None:
         self.tokenizer, self.context, self.vocab, self.model_id = (tokenizer, context, vocab,
                                                                    model_id)
         self.specials = getattr(tokenizer, "special_tokens", {})
@@ -82,15 +88,17 @@ class Prompts:
         self.bos_prefix = ([self.bos_id] if self.bos_id is not None
                            and getattr(tokenizer, "add_bos", False) else [])
         self.chars_per_token = max_token_chars(tokenizer, vocab)
+        self.grammars = grammars     # tinygpt.structured.Grammars, or why there are none
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
     # -- text, conversations and ids to checked ids ------------------------------------------
 
-    def chat_ids(self, messages) -> tuple[list[int], int]:
+    def chat_ids(self, messages, tools: list | None = None) -> tuple[list[int], int]:
         """Token ids of the conversation through the chat template (+ the assistant's turn),
-        and its characters; APIError 400 for what the template cannot render."""
+        and its characters; tools, earlier calls and their results are written in
+        tinygpt.server.tools' format. APIError 400 for what the template cannot render."""
         turns, chars = [], 0
         for i, message in enumerate(messages):
             content = message.content
@@ -100,12 +108,20 @@ class Prompts:
                     raise APIError(400, f"messages[{i}].content: only text parts are "
                                         f"implemented, got {kinds}", param="messages")
                 content = "\n".join(part.text or "" for part in content)
+            role, content = message.role, content or ""
             if message.tool_calls:
-                raise APIError(400, f"messages[{i}].tool_calls: tool calls are not "
-                                    f"implemented", param="messages")
-            turns.append({"role": CHAT_ROLES.get(message.role, message.role),
-                          "content": content or ""})
-            chars += len(content or "")
+                if role != "assistant":
+                    raise APIError(400, f"messages[{i}].tool_calls: only an assistant turn "
+                                        f"makes calls", param="messages")
+                content = assistant_text(content, [call.model_dump()
+                                                   for call in message.tool_calls])
+            elif role == "tool":
+                role, content = "user", tool_result_text(content, message.tool_call_id)
+            turns.append({"role": CHAT_ROLES.get(role, role), "content": content})
+            chars += len(content)
+        if tools:
+            turns = with_tools(turns, [tool.model_dump() for tool in tools])
+            chars += len(turns[0]["content"])
         if chars > (self.context - 1) * self.chars_per_token:
             raise APIError(400, f"messages hold {chars} characters; no tokenization of them "
                                 f"fits the model's context of {self.context} tokens",
@@ -172,9 +188,10 @@ class Prompts:
         too_long(data, context)
         body = validate(ChatCompletionRequest if chat else CompletionRequest, data)
         check_common(body, chat, self.model_id)
+        shape = reply_shape(self.grammars, body, chat)
         score_only = False
         if chat:
-            ids, _ = self.chat_ids(body.messages)
+            ids, _ = self.chat_ids(body.messages, shape.tools)
             prompts, texts = [ids], [None]
             for name in ("max_completion_tokens", "max_tokens"):
                 if getattr(body, name) is not None:
@@ -212,7 +229,7 @@ class Prompts:
         return Job(chat, prompts, texts, params, prompt_of, [] if body.ignore_eos else stop_ids,
                    logprobs, echo, bool(body.stream), bool(options.get("include_usage")),
                    bool(options.get("include_usage") and options.get("continuous_usage_stats")),
-                   score_only)
+                   score_only, shape.grammar, shape.reads)
 
     # -- the tokenizer endpoints (vLLM's shapes) -----------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 MODEL_ID = "tinygpt"
 KV_POOL_BYTES = 256 * 2**20          # the default KV pool's ceiling (see cli.default_kv_blocks)
@@ -55,6 +55,36 @@ _BODY = ConfigDict(extra="allow", allow_inf_nan=False, strict=True,
                    json_schema_extra={"additionalProperties": False})
 
 
+class JsonSchemaSpec(BaseModel):
+    """response_format's json_schema: the schema the reply must be valid under."""
+
+    model_config = _BODY
+    name: str
+    description: str | None = None
+    schema_: dict | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema"}."""
+
+    model_config = _BODY
+    type: str
+    json_schema: JsonSchemaSpec | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's structured_outputs: exactly one of json (a schema), regex, choice, grammar
+    (llguidance's Lark dialect) and json_object."""
+
+    model_config = _BODY
+    json_: dict | bool | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class Common(BaseModel):
     """The fields both generation endpoints take (OpenAI's, and vLLM's top_k, min_p and
     ignore_eos)."""
@@ -77,7 +107,8 @@ class Common(BaseModel):
     user: str | None = None
     store: bool | None = None
     metadata: dict | None = None
-    response_format: dict | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
     logit_bias: dict | None = None
     ignore_eos: bool | None = False
 
@@ -99,6 +130,21 @@ class Part(BaseModel):
     text: str | None = None
 
 
+class FunctionCall(BaseModel):
+    model_config = _BODY
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    """A call an assistant turn made: its arguments are a JSON text, as OpenAI sends them."""
+
+    model_config = _BODY
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
     """One turn of a conversation."""
 
@@ -107,7 +153,36 @@ class Message(BaseModel):
     content: str | list[Part] | None = None
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls: list | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class FunctionDef(BaseModel):
+    model_config = _BODY
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    """A function the model may call (OpenAI's {"type": "function", "function": {...}})."""
+
+    model_config = _BODY
+    type: str
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = _BODY
+    name: str
+
+
+class ToolChoice(BaseModel):
+    """tool_choice naming one function: {"type": "function", "function": {"name"}}."""
+
+    model_config = _BODY
+    type: str
+    function: NamedFunction
 
 
 class ChatCompletionRequest(Common):
@@ -117,8 +192,8 @@ class ChatCompletionRequest(Common):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list | None = None
-    tool_choice: str | dict | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | ToolChoice | None = None
     parallel_tool_calls: bool | None = None
 
 
@@ -192,7 +267,8 @@ class CompletionResponse(BaseModel):
 
 class ChatMessageOut(BaseModel):
     role: str
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):

@@ -3,7 +3,10 @@ same as server-sent events (`events`), with each choice's text, finish reason, u
 log-probabilities (completions': tokens, token_logprobs, top_logprobs, text_offset; chat's:
 content entries with bytes). A choice gathers its events in a Choice; an error event ends the
 response with an OpenAI error body (before the 200 when it is not streamed, as the stream's
-last event when it is)."""
+last event when it is). A chat reply read for tool calls (tinygpt.server.tools) that turns
+out to be calls becomes a message with tool_calls and finish_reason "tool_calls"; streamed,
+it is held back while it may still become calls, then sent as each call's id and name and
+then its arguments."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import json
 
 from tinygpt.server.prompts import Job, Prompts
 from tinygpt.server.protocol import APIError
+from tinygpt.server.tools import may_be_calls, parse_tool_calls
 
 
 class Choice:
@@ -24,6 +28,7 @@ class Choice:
         self.count, self.finish = 0, None
         self.tokens: list[tuple[int, float, tuple]] = []     # not yet sent (logprobs)
         self.started = False
+        self.holding, self.held = job.reads == "tools", ""    # text that may be tool calls
         self.offset = 0          # text_offset: characters before the next token
         if job.logprobs is not None and not job.chat and not job.echo:
             self.offset = len(self.text_prompt if self.text_prompt is not None
@@ -120,9 +125,13 @@ async def whole(job: Job, requests: list, ident: str, stamp: int, prompts: Promp
                     pieces.append(event.text)
             text = "".join(pieces)
             if job.chat:
-                item = {"index": choice.index, "message": {"role": "assistant",
-                                                            "content": text},
-                        "logprobs": choice.take(), "finish_reason": choice.finish}
+                message, finish = {"role": "assistant", "content": text}, choice.finish
+                calls = parse_tool_calls(text) if job.reads == "tools" else None
+                if calls is not None:
+                    message = {"role": "assistant", "content": None, "tool_calls": calls}
+                    finish = "tool_calls" if finish == "stop" else finish
+                item = {"index": choice.index, "message": message, "logprobs": choice.take(),
+                        "finish_reason": finish}
             else:
                 logprobs = None
                 if job.echo:
@@ -167,6 +176,17 @@ async def events(job: Job, requests: list, ident: str, stamp: int, prompts: Prom
         return {"index": choice.index, "text": text, "logprobs": choice.take(),
                 "finish_reason": finish}
 
+    def call_deltas(choice: Choice, calls: list[dict]):
+        """A reply's calls as OpenAI streams them: each call's id and name, then its
+        arguments."""
+        for number, call in enumerate(calls):
+            head = {"index": number, "id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""}}
+            tail = {"index": number, "function": {"arguments": call["function"]["arguments"]}}
+            for delta in (head, tail):
+                yield {"index": choice.index, "delta": {"tool_calls": [delta]},
+                       "logprobs": None, "finish_reason": None}
+
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(choice: Choice) -> None:
@@ -198,6 +218,20 @@ async def events(job: Job, requests: list, ident: str, stamp: int, prompts: Prom
             text = "" if job.score_only else event.text
             finish = choice.finish if job.score_only else (
                 event.finish_reason if event.finish_reason in ("stop", "length") else None)
+            if choice.holding:              # a reply that may be tool calls waits whole
+                choice.held += text
+                if not may_be_calls(choice.held):
+                    choice.holding, text, choice.held = False, choice.held, ""
+                elif finish is None:
+                    continue
+                else:
+                    calls = parse_tool_calls(choice.held)
+                    if calls is not None:
+                        for body in call_deltas(choice, calls):
+                            yield frame(body)
+                        text, finish = "", "tool_calls" if finish == "stop" else finish
+                    else:
+                        text = choice.held
             if text or finish or choice.tokens:
                 yield frame(piece(choice, text, finish))
         if job.include_usage:

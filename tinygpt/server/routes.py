@@ -122,15 +122,17 @@ async def tokenizer_info(request: Request):
 
 
 async def submit_all(engine, job: Job) -> list:
-    """One engine request per choice; none at all when the engine refuses one (429 when its
-    queue is full, 503 while it shuts down, 400 for what it cannot take)."""
+    """One engine request per choice, each with its own constraint when the reply has a
+    grammar; none at all when the engine refuses one (429 when its queue is full, 503 while
+    it shuts down, 400 for what it cannot take)."""
     requests = []
     try:
         for p, params in zip(job.prompt_of, job.params, strict=True):
+            constraint = None if job.grammar is None else job.grammar.constraint(job.eos)
             requests.append(await engine.submit(
                 job.prompts[p], params, job.eos, logprobs=job.logprobs,
                 prompt_logprobs=job.logprobs if job.echo and job.logprobs is not None
-                else None))
+                else None, constraint=constraint))
     except BaseException as err:
         for request in requests:
             request.cancel()

@@ -1,0 +1,173 @@
+"""What a request asks its reply to look like, as a grammar (tinygpt.structured): OpenAI's
+response_format ({"type": "json_object"} or {"type": "json_schema", "json_schema": {"name",
+"schema", "strict"}}), tools with tool_choice (chat), and vLLM's structured_outputs (json,
+regex, choice, grammar, json_object) on both endpoints. Each problem is a 400 naming the field:
+an unknown type, a schema that is not JSON Schema, a pattern that is not a regex, a grammar past
+the limits, two ways of constraining one reply.
+
+Tool calls follow tinygpt.server.tools' format. tool_choice "required" constrains the reply to
+one or more calls of the listed functions (one only with parallel_tool_calls false), a named
+function to one call of it; "auto" leaves the model free to answer in text or in calls (the
+reply is read for calls afterwards; nothing constrains a call the model starts by itself);
+"none" leaves the tools out of the prompt."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from tinygpt.server.protocol import APIError
+from tinygpt.server.tools import CALL_CLOSE, CALL_OPEN
+from tinygpt.structured import JSON_STYLE, Grammar, GrammarError, Grammars
+
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")      # OpenAI's rule for json_schema and tool names
+
+
+@dataclass
+class Shape:
+    """A request's reply shape: the grammar it is held to (None: free text) and how the
+    reply is read: "text", or "tools" (calls are parsed out of it)."""
+
+    grammar: Grammar | None
+    reads: str = "text"
+    tools: list | None = None        # the tools described in the prompt (None: none)
+
+
+def _compile(what: str, param: str, build) -> Grammar:
+    try:
+        return build()
+    except GrammarError as err:
+        raise APIError(400, f"{what}: {err}"[:1000], param=param) from None
+
+
+def _schema_grammar(grammars: Grammars, schema, param: str) -> Grammar:
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            raise APIError(400, f"{param}: the schema is not JSON", param=param) from None
+    if not isinstance(schema, dict | bool):
+        raise APIError(400, f"{param}: a JSON Schema is an object (or true / false)",
+                       param=param)
+    return _compile("the schema cannot be used", param, lambda: grammars.json_schema(schema))
+
+
+def response_format_grammar(grammars: Grammars, fmt) -> Grammar | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return grammars.json_object()
+    if fmt.type == "json_schema":
+        spec = fmt.json_schema
+        if spec is None:
+            raise APIError(400, "response_format: type json_schema needs json_schema: {\"name\", "
+                                "\"schema\"}", param="response_format")
+        if not NAME.match(spec.name):
+            raise APIError(400, f"response_format.json_schema.name must match {NAME.pattern}, "
+                                f"got {spec.name!r}"[:300], param="response_format")
+        return _schema_grammar(grammars, {} if spec.schema_ is None else spec.schema_,
+                               "response_format.json_schema.schema")
+    raise APIError(400, f"response_format.type must be one of ['text', 'json_object', "
+                        f"'json_schema'], got {fmt.type!r}"[:300], param="response_format")
+
+
+def structured_outputs_grammar(grammars: Grammars, spec) -> Grammar | None:
+    if spec is None:
+        return None
+    given = [name for name in ("json_", "regex", "choice", "grammar", "json_object")
+             if getattr(spec, name) not in (None, False)]
+    if len(given) != 1:
+        raise APIError(400, "structured_outputs: give exactly one of json, regex, choice, "
+                            "grammar and json_object", param="structured_outputs")
+    kind = given[0]
+    param = f"structured_outputs.{kind.rstrip('_')}"
+    if kind == "json_":
+        return _schema_grammar(grammars, spec.json_, param)
+    if kind == "json_object":
+        return grammars.json_object()
+    if kind == "regex":
+        return _compile("not a regex the engine takes", param, lambda: grammars.regex(spec.regex))
+    if kind == "choice":
+        return _compile("choice", param, lambda: grammars.choice(spec.choice))
+    return _compile("the grammar cannot be used", param, lambda: grammars.lark(spec.grammar))
+
+
+def call_schema(tool) -> dict:
+    """The JSON of one call of `tool`: {"name": its name, "arguments": its parameters}."""
+    parameters = tool.function.parameters
+    return {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+            "properties": {"name": {"const": tool.function.name},
+                           "arguments": parameters if parameters else {"type": "object"}}}
+
+
+def tool_grammar(grammars: Grammars, tools: list, many: bool) -> Grammar:
+    """Replies that are calls in tinygpt.server.tools' format: one, or one or more."""
+    schema = call_schema(tools[0]) if len(tools) == 1 else {
+        "anyOf": [call_schema(tool) for tool in tools]}
+    schema["x-guidance"] = JSON_STYLE           # the same JSON style as response_format's
+    call = (f"call: {json.dumps(CALL_OPEN)} %json {json.dumps(schema)} "
+            f"{json.dumps(CALL_CLOSE)}")
+    start = 'start: call ("\\n" call)*' if many else "start: call"
+    return _compile("the tools' parameters cannot be used", "tools",
+                    lambda: grammars.lark(f"{start}\n{call}\n"))
+
+
+def check_tools(tools: list) -> None:
+    names = set()
+    for i, tool in enumerate(tools):
+        if tool.type != "function":
+            raise APIError(400, f"tools[{i}].type must be 'function', got {tool.type!r}"[:300],
+                           param="tools")
+        if not NAME.match(tool.function.name):
+            raise APIError(400, f"tools[{i}].function.name must match {NAME.pattern}, got "
+                                f"{tool.function.name!r}"[:300], param="tools")
+        if tool.function.name in names:
+            raise APIError(400, f"tools[{i}]: a second function named "
+                                f"{tool.function.name!r}", param="tools")
+        names.add(tool.function.name)
+
+
+def reply_shape(grammars: Grammars | str, body, chat: bool) -> Shape:
+    """The shape of the reply a request asks for (APIError 400 for what cannot be served);
+    grammars: the served model's, or why there are none."""
+    tools = body.tools if chat else None
+    choice = body.tool_choice if chat else None
+    asked = [name for name, value in (("response_format", response_format_active(body)),
+                                      ("structured_outputs", body.structured_outputs),
+                                      ("tools", tools and choice != "none")) if value]
+    if len(asked) > 1:
+        raise APIError(400, f"{' and '.join(asked)}: one reply can be constrained one way; "
+                            f"give one of them", param=asked[1])
+    if asked and isinstance(grammars, str):
+        raise APIError(400, f"{asked[0]}: structured outputs are not available here: "
+                            f"{grammars}"[:500], param=asked[0])
+    if tools:
+        check_tools(tools)
+    if chat and choice is not None and not tools and choice != "none":
+        raise APIError(400, "tool_choice: without tools, only 'none' is possible",
+                       param="tool_choice")
+    if not tools or choice == "none":
+        if not asked:
+            return Shape(None)
+        return Shape(response_format_grammar(grammars, body.response_format)
+                     or structured_outputs_grammar(grammars, body.structured_outputs))
+    many = body.parallel_tool_calls is not False
+    if choice is None or choice == "auto":
+        return Shape(None, "tools", tools)
+    if choice == "required":
+        return Shape(tool_grammar(grammars, tools, many), "tools", tools)
+    if isinstance(choice, str):
+        raise APIError(400, f"tool_choice must be 'none', 'auto', 'required' or {{\"type\": "
+                            f"\"function\", \"function\": {{\"name\"}}}}, got {choice!r}"[:300],
+                       param="tool_choice")
+    named = [tool for tool in tools if tool.function.name == choice.function.name]
+    if choice.type != "function" or not named:
+        raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among "
+                            f"the tools"[:300], param="tool_choice")
+    return Shape(tool_grammar(grammars, named, many=False), "tools", tools)
+
+
+def response_format_active(body) -> bool:
+    fmt = body.response_format
+    return fmt is not None and fmt.type != "text"

@@ -1,0 +1,203 @@
+"""Day 19, in production: structured outputs with a real grammar engine behind the sampler.
+
+tinygpt.constrained is the teaching version: a regular-expression subset compiled to a DFA and
+walked over the vocabulary. A server needs all of JSON Schema (nesting, $ref, anyOf, bounds),
+tool calls and grammars, compiled in milliseconds and masked in tens of microseconds per token.
+This module puts llguidance (an Earley parser over a lazily built lexer; chosen against
+XGrammar and outlines-core by measurement, see tinygpt.bench.grammars and the README) behind
+the constraint interface that tinygpt.generate.stream and the engines take:
+
+    grammars = Grammars(tokenizer, vocab_size)       # once per served model
+    grammar = grammars.json_schema(schema)           # compiled once per schema, then cached
+    constraint = grammar.constraint(eos_ids=(2,))    # one per request
+    generate(model, prompt, params, eos_id=2, constraint=constraint)
+
+A constraint masks each step's logits with the tokens the grammar allows next (the end-of-text
+ids only once the text so far is complete) and advances with the token chosen, so the text
+always parses, and once the grammar is complete only the end can follow. Errors in what a
+client sends (a schema that is not JSON Schema, a pattern that is not a regex, a grammar past
+the limits) raise GrammarError with the engine's message, which the server answers with a 400.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+
+MAX_GRAMMAR_CHARS = 200_000      # a schema, regex or grammar's text; more is a GrammarError
+CACHED_GRAMMARS = 256            # compiled grammars kept (least recently used goes first)
+# JSON as the constraint writes it: one space after ":" and ",", no other whitespace, so the
+# model cannot pad forever and runs of forced tokens (keys, punctuation) are long
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class GrammarError(ValueError):
+    """What a client sent cannot be compiled (the grammar engine's message says why)."""
+
+
+class _Vocabulary:
+    """A tinygpt tokenizer (token_bytes, special_tokens, encode) as llguidance's
+    TokenizerWrapper reads one. Special tokens get a 0xFF byte first, which no UTF-8 text
+    holds, so grammar text can never spell one."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_id: int) -> None:
+        specials = set(getattr(tokenizer, "special_tokens", {}).values())
+        known = tokenizer.vocab_size
+        self.tokens = [b"\xff" + bytes(f"<unused_{i}>", "ascii") if i >= known else
+                       (b"\xff" if i in specials else b"") + tokenizer.token_bytes([i])[0]
+                       for i in range(vocab_size)]
+        self.special_token_ids = sorted(i for i in specials if i < vocab_size)
+        self.eos_token_id, self.bos_token_id = eos_id, getattr(tokenizer, "bos_id", None)
+        self._encode = tokenizer.encode
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._encode(text)
+
+
+class Grammar:
+    """A compiled grammar: hands out a fresh constraint per request."""
+
+    def __init__(self, key: str, matcher, vocab_size: int) -> None:
+        self.key, self._matcher, self.vocab_size = key, matcher, vocab_size
+
+    def constraint(self, eos_ids: Sequence[int]) -> GrammarConstraint:
+        """A constraint for one request that ends with any of eos_ids."""
+        return GrammarConstraint(self._matcher.deep_copy(), self.vocab_size, eos_ids)
+
+
+class GrammarConstraint:
+    """One request's grammar state: mask(logits) and advance(token), as
+    tinygpt.generate.stream takes a constraint."""
+
+    def __init__(self, matcher, vocab_size: int, eos_ids: Sequence[int]) -> None:
+        import llguidance.torch
+
+        self.matcher, self.vocab_size = matcher, vocab_size
+        self.eos_ids = tuple(int(i) for i in eos_ids)
+        if not self.eos_ids:
+            raise ValueError("eos_ids: a constrained request needs an end-of-text id to end on")
+        self._fill = llguidance.torch.fill_next_token_bitmask
+        self._bits = llguidance.torch.allocate_token_bitmask(1, vocab_size)
+        self._shifts = torch.arange(32, dtype=torch.int32)
+        self.finished = False
+
+    def allowed(self) -> torch.Tensor:
+        """(vocab_size,) bool: the tokens that may come next."""
+        self._fill(self.matcher, self._bits, 0)
+        if self.matcher.is_error():
+            raise GrammarError(self.matcher.get_error())
+        bits = (self._bits[0, :, None] >> self._shifts) & 1
+        allowed = bits.reshape(-1)[:self.vocab_size].bool()
+        ends = self.matcher.is_accepting()
+        allowed[list(self.eos_ids)] = ends      # only this request's ends, and only when done
+        return allowed
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        allowed = self.allowed().to(logits.device)
+        return logits.masked_fill(~allowed, float("-inf"))
+
+    def advance(self, token_id: int) -> None:
+        if token_id in self.eos_ids:
+            self.finished = True
+            return
+        if not self.matcher.consume_token(int(token_id)):
+            raise GrammarError(f"token {token_id} does not continue the grammar: "
+                               f"{self.matcher.get_error()}")
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar allows and no other (llguidance's fast-forward)."""
+        return list(self.matcher.compute_ff_tokens())
+
+
+class Grammars:
+    """Grammars for one tokenizer (a tinygpt tokenizer: token_bytes, special_tokens, encode;
+    or tinygpt.loading.HFTokenizer), compiled on demand and cached by their text (thread-safe:
+    the server compiles on its worker threads, never on the event loop or the engine's)."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_id: int | None = None, *,
+                 cached: int = CACHED_GRAMMARS) -> None:
+        import llguidance
+
+        if eos_id is None:
+            specials = getattr(tokenizer, "special_tokens", {})
+            eos_id = specials.get("<|endoftext|>", specials.get("<|im_end|>", 0))
+        self._llg = llguidance
+        self.vocab_size = vocab_size
+        hf = getattr(tokenizer, "tokenizer", None)        # tinygpt.loading.HFTokenizer's
+        if hf is not None and hasattr(hf, "convert_ids_to_tokens"):
+            import llguidance.hf
+
+            self.tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size)
+        else:
+            self.tokenizer = llguidance.LLTokenizer(
+                llguidance.TokenizerWrapper(_Vocabulary(tokenizer, vocab_size, eos_id)),
+                n_vocab=vocab_size)
+        self._cache: OrderedDict[str, Grammar] = OrderedDict()
+        self._lock = threading.Lock()
+        self.cached, self.compiled = cached, 0
+
+    # -- what can be asked for -----------------------------------------------------------------
+
+    def json_schema(self, schema: dict | bool) -> Grammar:
+        """Text that is one JSON value valid under `schema` (a JSON Schema, as a dict)."""
+        text = json.dumps(schema)         # (key order kept: properties come out in order)
+        return self._get(f"json:{text}", lambda: self._llg.LLMatcher.grammar_from_json_schema(
+            text, defaults=JSON_STYLE))
+
+    def json_object(self) -> Grammar:
+        """Any JSON object (OpenAI's response_format {"type": "json_object"})."""
+        return self.json_schema({"type": "object"})
+
+    def regex(self, pattern: str) -> Grammar:
+        """Text that matches `pattern` whole."""
+        return self._get(f"regex:{pattern}",
+                         lambda: self._llg.LLMatcher.grammar_from_regex(pattern))
+
+    def choice(self, options: Sequence[str]) -> Grammar:
+        """Exactly one of `options`."""
+        if not options or not all(isinstance(o, str) for o in options):
+            raise GrammarError("choice: give a non-empty list of strings")
+        return self.lark("start: " + " | ".join(json.dumps(o) for o in options))
+
+    def lark(self, grammar: str) -> Grammar:
+        """A grammar in llguidance's Lark dialect (which can embed %json {schema})."""
+        return self._get(f"lark:{grammar}", lambda: self._llg.LLMatcher.grammar_from_lark(
+            grammar))
+
+    # -- the cache -------------------------------------------------------------------------
+
+    def _get(self, key: str, build) -> Grammar:
+        if len(key) > MAX_GRAMMAR_CHARS:
+            raise GrammarError(f"the grammar's text has {len(key):,} characters; at most "
+                               f"{MAX_GRAMMAR_CHARS:,}")
+        with self._lock:
+            grammar = self._cache.get(key)
+            if grammar is not None:
+                self._cache.move_to_end(key)
+                return grammar
+        grammar = self._compile(key, build)
+        with self._lock:
+            self._cache[key] = grammar
+            self.compiled += 1
+            while len(self._cache) > self.cached:
+                self._cache.popitem(last=False)
+        return grammar
+
+    def _compile(self, key: str, build) -> Grammar:
+        try:
+            text = build()
+        except ValueError as err:        # not JSON, not a schema, not a regex ...
+            raise GrammarError(str(err)) from None
+        matcher = self._llg.LLMatcher(self.tokenizer, text, log_level=0)
+        if matcher.is_error():           # the constructor never raises: it sets an error
+            raise GrammarError(matcher.get_error())
+        grammar = Grammar(key, matcher, self.vocab_size)
+        probe = grammar.constraint(eos_ids=(0,))
+        probe.allowed()                  # some errors ($ref cycles) show at the first mask
+        return grammar
