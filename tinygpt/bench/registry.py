@@ -32,6 +32,7 @@ ROW_MODULES: tuple[str, ...] = (
     "tinygpt.bench.quant",          # day 15: int8 / int4 decode steps, torchao side by side
     "tinygpt.bench.engine",         # day 17: the serving engine, HF continuous batching, goodput
     "tinygpt.bench.parallel",       # day 18: tensor-parallel decode against one process
+    "tinygpt.bench.structured",     # day 19: structured outputs: validity, compile, mask cost
 )
 
 

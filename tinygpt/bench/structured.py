@@ -1,0 +1,205 @@
+"""Day 19's rows: structured outputs on SmolLM2-135M-Instruct (float32, CPU), through
+tinygpt.structured's grammars (llguidance) and the constraint the generate loop and the engine
+take.
+
+    structured_validity         the day's schemas (tinygpt/data/schemas/day19_schemas.json):
+                                the share whose constrained greedy reply to "an example of ..."
+                                parses, is valid under its schema and ends by itself (the model
+                                chose the end-of-turn token); target 100%
+    structured_compile          grammar compile time over the schema set, p99; target <= 1 s;
+                                a second request for a schema must compile nothing
+    structured_mask_cost        the constraint's time per token (mask and advance) over the
+                                batch-1 decode step, both measured in the same runs; <= 5%
+    structured_batch_mask_cost  16 constrained requests in one engine: the constraints' time
+                                over the engine's step time; <= 10%
+    structured_time_per_token   decode time per output token of a constrained reply over an
+                                unconstrained one (the mean gap between tokens, first token
+                                excluded), batch 1; <= 1.0x (forced tokens would have to pay
+                                for the masks: the loop does not fast-forward them yet)
+
+The quick plan (CI's smoke run) measures a few schemas with fewer tokens and shows every row
+except the cache check for information only: timings there run beside other tests, and a
+greedy reply can change with a CPU's float rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from importlib.resources import files
+
+from tinygpt.bench.harness import Comparison
+from tinygpt.bench.registry import BenchContext, register
+from tinygpt.engine import Engine
+from tinygpt.generate import stream
+from tinygpt.sampling import SamplingParams
+
+VALIDITY_TARGET, COMPILE_TARGET_S = 1.0, 1.0
+MASK_TARGET, BATCH_MASK_TARGET, TIME_TARGET = 0.05, 0.10, 1.0
+BATCH = 16
+
+
+def schema_set() -> list[dict]:
+    """The day's schemas: name, note, schema, a valid example and an invalid one."""
+    path = files("tinygpt") / "data" / "schemas" / "day19_schemas.json"
+    return json.loads(path.read_text())
+
+
+class Timed:
+    """A constraint that adds up the time its mask and advance take."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.seconds, self.calls = inner, 0.0, 0
+
+    def mask(self, logits):
+        start = time.perf_counter()
+        out = self.inner.mask(logits)
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
+        return out
+
+    def advance(self, token_id: int) -> None:
+        start = time.perf_counter()
+        self.inner.advance(token_id)
+        self.seconds += time.perf_counter() - start
+
+
+def prompt_ids(tokenizer, entry: dict) -> list[int]:
+    return tokenizer.encode_chat([{"role": "user", "content": (
+        f"Write one example of {entry['name'].replace('_', ' ')} ({entry['note']}) as JSON.")}])
+
+
+def run(model, tokenizer, ids, new_tokens: int, eos: list[int] | None, constraint=None):
+    """(token ids, text, finish reason, the gaps between tokens) of one greedy stream."""
+    tokens, pieces, gaps, finish, last = [], [], [], None, None
+    params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
+    for event in stream(model, ids, params, eos_id=eos[0] if eos else None, tokenizer=tokenizer,
+                        constraint=constraint):
+        now = time.perf_counter()
+        if last is not None:
+            gaps.append(now - last)
+        last = now
+        tokens.append(event.token_id)
+        pieces.append(event.text or "")
+        finish = event.finish_reason
+    return tokens, "".join(pieces), finish, gaps
+
+
+def _valid(text: str, schema: dict) -> bool:
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+@register("structured_outputs", day=19)
+def structured_outputs(ctx: BenchContext) -> list[Comparison]:
+    """Structured outputs on SmolLM2: validity, compile time, mask cost, time per token."""
+    from tinygpt.loading import load_model
+    from tinygpt.structured import Grammars
+
+    model, tokenizer, info = load_model("smollm2")
+    model = model.to(ctx.device)
+    eos = list(info.end_of_turn_ids)
+    entries = schema_set()
+    if ctx.quick:
+        entries = [e for e in entries if e["name"] in ("weather_args", "sentiment",
+                                                        "versioned_label")]
+    new_tokens = 96 if ctx.quick else 256
+    targeted = not ctx.quick
+    ctx.log(f"structured_outputs: {len(entries)} schemas, up to {new_tokens} tokens each ...")
+
+    start = time.perf_counter()
+    grammars = Grammars(tokenizer, model.cfg.vocab_size)
+    tokenizer_s = time.perf_counter() - start
+    compile_s, compiled = [], {}
+    for entry in entries:
+        start = time.perf_counter()
+        compiled[entry["name"]] = grammars.json_schema(entry["schema"])
+        compile_s.append(time.perf_counter() - start)
+    before = grammars.compiled
+    grammars.json_schema(entries[0]["schema"])
+    recompiled = grammars.compiled - before
+
+    results, masked_s, masked_tokens, gaps_on, gaps_off = [], 0.0, 0, [], []
+    for entry in entries:
+        ids = prompt_ids(tokenizer, entry)
+        timed = Timed(compiled[entry["name"]].constraint(eos))
+        tokens, text, finish, gaps = run(model, tokenizer, ids, new_tokens, eos, timed)
+        valid = _valid(text, entry["schema"])
+        results.append({"name": entry["name"], "valid": valid, "finish": finish,
+                        "tokens": len(tokens), "text": text[:300]})
+        masked_s, masked_tokens = masked_s + timed.seconds, masked_tokens + timed.calls
+        gaps_on += gaps
+        # the same prompt unconstrained, as many tokens (no end-of-turn), for the step time
+        _, _, _, free = run(model, tokenizer, ids, max(len(tokens), 2), None)
+        gaps_off += free
+    step_s = statistics.mean(gaps_off)
+    mask_per_token = masked_s / max(masked_tokens, 1)
+    good = sum(r["valid"] and r["finish"] == "eos" for r in results)
+    validity = good / len(results)
+    bad = [r["name"] for r in results if not (r["valid"] and r["finish"] == "eos")]
+
+    # 16 constrained requests in one engine
+    engine = Engine(model, tokenizer, num_blocks=BATCH * 24, block_size=16)
+    timers = []
+    for i in range(BATCH):
+        entry = entries[i % len(entries)]
+        timer = Timed(compiled[entry["name"]].constraint(eos))
+        timers.append(timer)
+        engine.add_request(prompt_ids(tokenizer, entry), SamplingParams(
+            temperature=0.0, max_new_tokens=new_tokens // 2), eos_ids=eos, constraint=timer)
+    start = time.perf_counter()
+    while engine.has_work:
+        engine.step()
+    engine_s = time.perf_counter() - start
+    batch_share = sum(t.seconds for t in timers) / engine_s
+
+    p99 = sorted(compile_s)[min(len(compile_s) - 1, round(0.99 * (len(compile_s) - 1)))]
+    ratio = statistics.mean(gaps_on) / step_s
+    common = {"machine_note": "SmolLM2-135M-Instruct float32 on the CPU, greedy",
+              "schemas": len(entries), "new_tokens": new_tokens}
+    rows = [
+        Comparison("structured_validity", "constrained greedy replies that parse, validate "
+                   "and end by themselves, SmolLM2", validity, VALIDITY_TARGET, ">=", "",
+                   met=not targeted or validity >= VALIDITY_TARGET,
+                   reason=None if validity >= VALIDITY_TARGET else
+                   f"{len(bad)} of {len(results)} did not: {bad} (cut by max_tokens: an "
+                   f"unbounded string or number lets the model write on)",
+                   details={**common, "results": results}, targeted=targeted),
+        Comparison("structured_compile", "grammar compile p99 over the schema set (a cached "
+                   "schema compiles nothing)", p99, COMPILE_TARGET_S, "<=", "s",
+                   met=p99 <= COMPILE_TARGET_S and recompiled == 0,
+                   reason=None if p99 <= COMPILE_TARGET_S and recompiled == 0 else
+                   f"p99 {p99:.3f} s; recompiled on a second request: {recompiled}",
+                   details={**common, "compile_seconds": compile_s,
+                            "tokenizer_seconds": tokenizer_s, "recompiled": recompiled}),
+        Comparison("structured_mask_cost", "mask + advance per token over the batch-1 decode "
+                   "step", mask_per_token / step_s, MASK_TARGET, "<=", "",
+                   met=not targeted or mask_per_token / step_s <= MASK_TARGET,
+                   reason=None if mask_per_token / step_s <= MASK_TARGET else
+                   f"{mask_per_token * 1e6:.0f} us per token against a {step_s * 1e3:.1f} ms "
+                   f"step", details={**common, "mask_seconds_per_token": mask_per_token,
+                                     "step_seconds": step_s}, targeted=targeted),
+        Comparison("structured_batch_mask_cost", f"{BATCH} constrained requests in one engine: "
+                   "the constraints' share of the step time", batch_share, BATCH_MASK_TARGET,
+                   "<=", "", met=not targeted or batch_share <= BATCH_MASK_TARGET,
+                   reason=None if batch_share <= BATCH_MASK_TARGET else
+                   f"the masks run one request after another on the engine's thread "
+                   f"({sum(t.calls for t in timers)} masks in {engine_s:.2f} s)",
+                   details={**common, "engine_seconds": engine_s, "steps": engine.steps},
+                   targeted=targeted),
+        Comparison("structured_time_per_token", "decode time per token, constrained over "
+                   "unconstrained, batch 1", ratio, TIME_TARGET, "<=", "x",
+                   met=not targeted or ratio <= TIME_TARGET,
+                   reason=None if ratio <= TIME_TARGET else
+                   f"{ratio:.3f}x: every token is sampled (the loop does not fast-forward "
+                   f"forced tokens yet), so the masks are pure cost",
+                   details={**common, "constrained_gap_seconds": statistics.mean(gaps_on),
+                            "unconstrained_gap_seconds": step_s}, targeted=targeted),
+    ]
+    return rows
