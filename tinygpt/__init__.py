@@ -25,7 +25,10 @@ One module per concept, named after the course day that finishes it:
                         preemption
     runner      day 17  one forward pass over every scheduled token on the paged cache
     engine      day 17  continuous batching (Engine, AsyncEngine) and the reference SerialEngine
-    server      day 17  python -m tinygpt serve: an OpenAI-compatible HTTP server
+    server      day 17  python -m tinygpt serve: an OpenAI-compatible HTTP server (a package)
+    parallel    day 18  tensor and pipeline parallelism on local ranks, the cost model (a package)
+    constrained day 19  a regex subset as a DFA, the vocabulary walk, masks, forced tokens
+    structured  day 19  structured outputs in production: llguidance grammars behind the sampler
     device_sampling     the token choice of a captured GPU step: per-row knobs, no host sync
     gguf                GGUF files: metadata, our own dequantization, a Llama GGUF as TinyGPT
     gguf_tokenizer      the byte-level BPE tokenizer and chat template stored in a GGUF file
