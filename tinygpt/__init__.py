@@ -15,6 +15,7 @@ One module per concept, named after the course day that finishes it:
     roofline    day 10  hardware table, roofline model, measured local roofline
     kv_cache    day 11  the static KV cache, prefill and cached decode, KV memory
     bench       day 12  TTFT, TPOT, percentiles, goodput; the course's speed targets (a package)
+    metrics     day 12  one request's TTFT, TPOT and inter-token latencies (bench uses them)
     batching    day 13  padded batches, batched KV cache, beam search, batching simulator
     speculative day 14  draft-then-verify decoding, prompt-lookup drafting, acceptance stats
     quant       day 15  int8 / int4 weight-only quantization, quantized linear, int8 KV cache
