@@ -11,20 +11,15 @@ a live server on SmolLM2-135M-Instruct (one per module; greedy, short replies):
 Both are test-only dependencies (pyproject.toml's dev extra; instructor installed by `make env`
 with --no-deps, see there). What the callers give a 135M model, and why:
 
-* `extra="forbid"` on the pydantic models. Without it their schemas leave additionalProperties
-  out, which JSON Schema reads as "any other property too": the server's grammar allows them,
-  and SmolLM2 goes on inventing properties until max_tokens ("length"; instructor then raises
-  IncompleteOutputException, pydantic-ai OutputTokenLimitExceeded).
 * `parallel_tool_calls=False` for pydantic-ai, which leaves it unset: with tool_choice
   "required" and several calls allowed, SmolLM2 repeats the same call until max_tokens.
 * The function tool is forced on the first step only (a per-step tool_choice, as pydantic-ai's
   documentation shows); left to "auto", SmolLM2 answers in text without calling it.
 
-Two tests are strict xfails for a server gap: a tool whose parameters use "$ref" into their own
-"$defs" (what pydantic writes for an Enum or a nested model) is a 400, because the server nests
-the parameters under the call's "arguments" property and the pointer "#/$defs/..." then
-resolves against the call's schema, which has no $defs. response_format json_schema takes the
-same schema (the JSON_SCHEMA test below uses it)."""
+The pydantic models leave additionalProperties out, as pydantic does by default: the server
+closes objects that list their properties (vLLM's default), so the model cannot invent keys.
+Models with an Enum use "$ref" into "$defs" (what pydantic writes), in tool parameters too.
+"""
 
 from __future__ import annotations
 
@@ -36,10 +31,8 @@ from typing import Annotated, Literal, NamedTuple
 import instructor
 import openai
 import pytest
-from instructor.core import InstructorRetryException
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from pydantic_ai import Agent
-from pydantic_ai.exceptions import ModelAPIError
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
@@ -48,16 +41,9 @@ from pydantic_ai.usage import UsageLimits
 pytestmark = pytest.mark.slow
 
 PARIS = [{"role": "user", "content": "Describe Paris."}]
-REF_GAP = ("server gap: tool parameters with \"$ref\": \"#/$defs/...\" (pydantic's Enum) are a "
-           "400, 'failed to compile JSON schema: Pointer '/$defs/Continent' does not exist': "
-           "tinygpt.server.structured.call_schema nests the parameters under the call's "
-           "\"arguments\" without moving their $defs to the root")
-
-
 class City(BaseModel):
     """Every field bounded (a string's maxLength, an int's range, a Literal), no $defs."""
 
-    model_config = ConfigDict(extra="forbid")
     name: str = Field(max_length=20)
     country: str = Field(max_length=20)
     population_millions: int = Field(ge=0, le=50)
@@ -74,7 +60,6 @@ class Continent(enum.StrEnum):
 class Place(BaseModel):
     """An Enum field: pydantic writes it as {"$ref": "#/$defs/Continent"} plus "$defs"."""
 
-    model_config = ConfigDict(extra="forbid")
     name: str = Field(max_length=20)
     continent: Continent
     size: Literal["small", "medium", "large"]
@@ -129,7 +114,6 @@ def test_instructor_json_schema_mode_gets_a_validated_instance_with_an_enum(serv
         place.model_dump()
 
 
-@pytest.mark.xfail(strict=True, raises=InstructorRetryException, reason=REF_GAP)
 def test_instructor_tools_mode_with_an_enum(server):
     place, completion = instructor_extract(server, instructor.Mode.TOOLS, Place)
     assert isinstance(place, Place) and completion.choices[0].finish_reason == "tool_calls"
@@ -181,7 +165,6 @@ def test_pydantic_ai_calls_a_tool_and_answers_after_its_result(server):
     assert any(isinstance(p, TextPart) for p in last.parts)
 
 
-@pytest.mark.xfail(strict=True, raises=ModelAPIError, reason=REF_GAP)
 def test_pydantic_ai_output_type_with_an_enum(server):
     agent = Agent(chat_model(server), output_type=Place, model_settings=SETTINGS, retries=0)
     result = agent.run_sync("Describe Paris.", usage_limits=UsageLimits(request_limit=1))

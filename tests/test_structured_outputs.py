@@ -182,7 +182,8 @@ def test_auto_leaves_the_model_free_and_text_stays_text(real):
 
 
 def test_hostile_schemas_are_bounded(real):
-    for depth, param in ((900, "response_format.json_schema.schema"), (5000, None)):
+    for depth, param in ((300, "response_format.json_schema.schema"),    # our limit, 200
+                         (5000, None)):                           # the JSON parser's own
         deep = '{"type": "array", "items": ' * depth + '{"type": "integer"}' + "}" * depth
         body = ('{"model": "tinygpt", "messages": [{"role": "user", "content": "hi"}], '
                 '"response_format": {"type": "json_schema", "json_schema": {"name": "deep", '
@@ -288,3 +289,30 @@ def test_without_a_grammar_engine_structured_requests_are_a_400_saying_why(monke
         assert plain.status_code == 200                 # everything else is served
     finally:
         served.close()
+
+
+def test_pydantic_style_schemas_refs_into_defs_and_open_objects(real):
+    """What pydantic writes: "$ref" into "$defs" (an Enum), and objects without
+    additionalProperties, which the server closes (vLLM's default) so no key is invented."""
+    place = {"type": "object", "required": ["city", "size"],
+             "properties": {"city": {"type": "string", "maxLength": 8},
+                            "size": {"$ref": "#/$defs/Size"}},
+             "$defs": {"Size": {"enum": ["small", "large"], "type": "string"}}}
+    tool = {"type": "function", "function": {"name": "final_result", "parameters": place}}
+    other = {"type": "function", "function": {"name": "other", "parameters": {
+        "type": "object", "properties": {"size": {"$ref": "#/$defs/Size"}},
+        "$defs": {"Size": {"const": "tiny"}}}}}       # the same $defs name, another meaning
+    for seed in range(3):
+        reply = chat(real, tools=[tool, other], tool_choice="required", seed=seed,
+                     temperature=1.0, parallel_tool_calls=False)["choices"][0]
+        (call,) = reply["message"]["tool_calls"]
+        arguments = json.loads(call["function"]["arguments"])
+        if call["function"]["name"] == "final_result":
+            jsonschema.validate(arguments, place)
+            assert set(arguments) == {"city", "size"}
+        else:
+            assert arguments in ({}, {"size": "tiny"})
+        content = chat(real, seed=seed, temperature=1.0, response_format={
+            "type": "json_schema", "json_schema": {"name": "place", "schema": place}}
+        )["choices"][0]["message"]["content"]
+        assert set(json.loads(content)) == {"city", "size"}

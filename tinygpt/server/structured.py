@@ -41,6 +41,25 @@ def _compile(what: str, param: str, build) -> Grammar:
         raise APIError(400, f"{what}: {err}"[:1000], param=param) from None
 
 
+MAX_DEPTH = 200       # levels of nesting in a schema or tool parameters (the engine's own
+                      # recursion limit refuses deeper grammars anyway, at about 60 levels)
+
+
+def check_depth(value, param: str) -> None:
+    """APIError 400 when `value` nests deeper than MAX_DEPTH (counted without recursion, so a
+    hostile schema cannot exhaust Python's stack here)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise APIError(400, f"{param}: nested more than {MAX_DEPTH} levels deep",
+                           param=param)
+        children = item.values() if isinstance(item, dict) else item if isinstance(
+            item, list) else ()
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, dict | list))
+
+
 def _schema_grammar(grammars: Grammars, schema, param: str) -> Grammar:
     if isinstance(schema, str):
         try:
@@ -50,7 +69,9 @@ def _schema_grammar(grammars: Grammars, schema, param: str) -> Grammar:
     if not isinstance(schema, dict | bool):
         raise APIError(400, f"{param}: a JSON Schema is an object (or true / false)",
                        param=param)
-    return _compile("the schema cannot be used", param, lambda: grammars.json_schema(schema))
+    check_depth(schema, param)
+    return _compile("the schema cannot be used", param,
+                    lambda: grammars.json_schema(closed(schema)))
 
 
 def response_format_grammar(grammars: Grammars, fmt) -> Grammar | None:
@@ -93,18 +114,61 @@ def structured_outputs_grammar(grammars: Grammars, spec) -> Grammar | None:
     return _compile("the grammar cannot be used", param, lambda: grammars.lark(spec.grammar))
 
 
-def call_schema(tool) -> dict:
-    """The JSON of one call of `tool`: {"name": its name, "arguments": its parameters}."""
-    parameters = tool.function.parameters
-    return {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-            "properties": {"name": {"const": tool.function.name},
-                           "arguments": parameters if parameters else {"type": "object"}}}
+def closed(schema):
+    """`schema` with every object that lists its properties closed to others (an object
+    schema with "properties" and no "additionalProperties", "patternProperties" or
+    "unevaluatedProperties" gets additionalProperties: false), as vLLM's grammars close them
+    by default: JSON Schema would let a model add keys forever, and a small one does. Objects
+    that list no properties ({"type": "object"}) stay open."""
+    if isinstance(schema, list):
+        return [closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: closed(value) if key not in ("const", "enum", "default", "examples") else value
+           for key, value in schema.items()}
+    if "properties" in out and not {"additionalProperties", "patternProperties",
+                                    "unevaluatedProperties"} & set(out):
+        out["additionalProperties"] = False
+    return out
+
+
+def _rebase(value, base: str):
+    """value with each local "$ref" ("#", "#/...") pointing under `base` instead."""
+    if isinstance(value, list):
+        return [_rebase(item, base) for item in value]
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, item in value.items():
+        if key == "$ref" and isinstance(item, str) and (item == "#" or item.startswith("#/")):
+            out[key] = base + item[1:]
+        elif key in ("const", "enum", "default", "examples"):
+            out[key] = item
+        else:
+            out[key] = _rebase(item, base)
+    return out
+
+
+def call_schema(tools: list) -> dict:
+    """The JSON of one call of any of `tools`: {"name": its name, "arguments": its
+    parameters}. Each tool's parameters sit in $defs under the tool's name, their own
+    references ("#/$defs/...", "#") rebased there, so that pydantic's $defs still resolve and
+    two tools' definitions never collide."""
+    defs, calls = {}, []
+    for tool in tools:
+        parameters = tool.function.parameters or {"type": "object"}
+        defs[tool.function.name] = _rebase(closed(parameters), f"#/$defs/{tool.function.name}")
+        calls.append({"type": "object", "additionalProperties": False,
+                      "required": ["name", "arguments"],
+                      "properties": {"name": {"const": tool.function.name},
+                                     "arguments": {"$ref": f"#/$defs/{tool.function.name}"}}})
+    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    return {**schema, "$defs": defs}
 
 
 def tool_grammar(grammars: Grammars, tools: list, many: bool) -> Grammar:
     """Replies that are calls in tinygpt.server.tools' format: one, or one or more."""
-    schema = call_schema(tools[0]) if len(tools) == 1 else {
-        "anyOf": [call_schema(tool) for tool in tools]}
+    schema = call_schema(tools)
     schema["x-guidance"] = JSON_STYLE           # the same JSON style as response_format's
     call = (f"call: {json.dumps(CALL_OPEN)} %json {json.dumps(schema)} "
             f"{json.dumps(CALL_CLOSE)}")
@@ -116,6 +180,7 @@ def tool_grammar(grammars: Grammars, tools: list, many: bool) -> Grammar:
 def check_tools(tools: list) -> None:
     names = set()
     for i, tool in enumerate(tools):
+        check_depth(tool.function.parameters, "tools")
         if tool.type != "function":
             raise APIError(400, f"tools[{i}].type must be 'function', got {tool.type!r}"[:300],
                            param="tools")
