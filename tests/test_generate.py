@@ -13,6 +13,7 @@ from torch import nn
 
 import tinygpt
 import tinygpt.model
+from tests.float64 import float64_twin
 from tinygpt.generate import (
     CachedLogits,
     ContextCroppedWarning,
@@ -645,13 +646,24 @@ def test_cached_loop_past_the_window_crops_like_the_uncached_one():
         generate(model, list(range(12)), SamplingParams(temperature=0, max_new_tokens=5))
 
 
-def test_cached_logits_refuses_a_context_that_skips_tokens():
+def test_cached_logits_takes_several_new_tokens_and_refuses_a_context_that_does_not_grow():
     model = tiny_gpt()
     logits = CachedLogits(model, prompt_len=3, max_new_tokens=4)
     logits(torch.tensor([[1, 2, 3]]))
     assert logits.cache.max_len == 6  # prompt + new tokens - 1: the last one is never fed
-    with pytest.raises(ValueError, match="extend the cached context by one token"):
-        logits(torch.tensor([[1, 2, 3, 4, 5]]))
+    with pytest.raises(ValueError, match="extend the cached context by at least one token"):
+        logits(torch.tensor([[1, 2, 3]]))
+    # tokens a grammar forced arrive together (day 19): the logits of feeding them one by one
+    together = logits(torch.tensor([[1, 2, 3, 4, 5]]))
+    one_by_one = CachedLogits(model, prompt_len=3, max_new_tokens=4)
+    one_by_one(torch.tensor([[1, 2, 3]]))
+    one_by_one(torch.tensor([[1, 2, 3, 4]]))
+    reference = one_by_one(torch.tensor([[1, 2, 3, 4, 5]]))
+    with torch.no_grad():
+        truth = float64_twin(model)(torch.tensor([[1, 2, 3, 4, 5]]))[:, -1]
+    check_float32_error("5 ids fed as prompt + 2 new at once", together, reference, truth,
+                        factor=4.0, floor=1e-6)
+    assert logits.cache.length == 5
 
 
 def test_use_cache_and_compile_arguments():

@@ -32,6 +32,7 @@ Batch size 1 only: stop conditions are per sequence, and batching is day 13's to
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import sys
 import time
@@ -183,7 +184,8 @@ class CachedLogits:
 
     Call it with the whole context ids (1, n) after each new token, as the uncached loop calls
     last_token_logits: the first call prefills the prompt into a fresh cache, later calls feed
-    only the newest id ids[:, -1:] at offset n - 1. A preallocated cache cannot slide (its
+    only the newest id ids[:, -1:] at offset n - 1 (or, after tokens a grammar forced, the new
+    ids in one pass: DecodeStep.extend). A preallocated cache cannot slide (its
     keys carry RoPE angles of their positions), so once the context outgrows max_seq_len each
     call re-reads the cropped window without the cache, exactly as the uncached loop does.
     The cache holds min(max_seq_len, prompt_len + max_new_tokens - 1) positions: the last new
@@ -231,9 +233,14 @@ class CachedLogits:
             return prefill(self.model, self.cache, ids)
         if ids.shape[1] > self.max_seq_len:
             return last_token_logits(self.model, crop_context(ids, self.max_seq_len))
-        if ids.shape[1] != self.cache.length + 1:
-            raise ValueError(f"ids must extend the cached context by one token: the cache holds "
-                             f"{self.cache.length} positions, ids has {ids.shape[1]}")
+        new = ids.shape[1] - self.cache.length
+        if new < 1:
+            raise ValueError(f"ids must extend the cached context by at least one token: the "
+                             f"cache holds {self.cache.length} positions, ids has {ids.shape[1]}")
+        if new > 1 and hasattr(self.step, "extend"):    # forced tokens (day 19): one pass
+            return self.step.extend(ids[:, self.cache.length:])[-1:]
+        for position in range(self.cache.length, ids.shape[1] - 1):    # (a quantized step)
+            self.step(ids[:, position:position + 1])
         return self.step(ids[:, -1:])
 
 
@@ -338,17 +345,21 @@ def stream(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
             return last_token_logits(model, crop_context(ids, max_seq_len))
 
     return token_events(next_logits, prompt, params, eos_id, tokenizer, generator, tuple(order),
-                        max_seq_len, constraint)
+                        max_seq_len, constraint, fast_forward=True)
 
 
 def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, order,
-                 max_seq_len, constraint=None) -> Iterator[TokenEvent]:
+                 max_seq_len, constraint=None, fast_forward=False) -> Iterator[TokenEvent]:
     """The loop behind stream(); arguments already validated, prompt (1, T) on the device.
 
     next_logits(ids (1, n)) -> (1, V) gives the next-token logits of the context so far. The
     loop owns everything per request (sampling with its generator, penalties over its own
     history, stop conditions, held-back text), so day 17's engine drives one of these per
     request with logits it computed for a whole batch, and gets batch-1 behaviour by design.
+    fast_forward: when the constraint has forced() (the tokens its grammar allows and no
+    other), append them without calling next_logits or sampling (next_logits then gets
+    several new ids at once); only for a next_logits that takes that (stream's do; the
+    engine's, which feeds one token per step, does not).
     """
     device = prompt.device
     prompt_len = prompt.shape[1]
@@ -363,6 +374,8 @@ def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, orde
         or params.presence_penalty != 0   # the history is read only when a penalty is on
     # what next_logits wants around a token's work (CachedLogits: torch's threads)
     token_context = getattr(next_logits, "token_context", contextlib.nullcontext)
+    forced: collections.deque[int] = collections.deque()
+    find_forced = getattr(constraint, "forced", None) if fast_forward else None
     while True:
         if ids.shape[1] > max_seq_len and not warned:
             warnings.warn(
@@ -370,13 +383,17 @@ def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, orde
                 f"(cfg.max_seq_len = {max_seq_len}); from now on only the last {max_seq_len} "
                 "tokens are fed to the model", ContextCroppedWarning, stacklevel=2)
             warned = True
-        with torch.inference_mode(), token_context():
-            logits = next_logits(ids)
-            if constraint is not None:
-                logits = constraint.mask(logits)
-            generated_t = ids[:, prompt_len:] if penalized else None
-            token = sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
-                                      generated_ids=generated_t, order=order).item()
+        if forced:                   # the grammar allows this token and no other
+            token = forced.popleft()
+        else:
+            with torch.inference_mode(), token_context():
+                logits = next_logits(ids)
+                if constraint is not None:
+                    logits = constraint.mask(logits)
+                generated_t = ids[:, prompt_len:] if penalized else None
+                token = sample_next_token(logits, params, generator=generator,
+                                          prompt_ids=prompt, generated_ids=generated_t,
+                                          order=order).item()
         if constraint is not None:
             constraint.advance(token)
         generated.append(token)
@@ -410,6 +427,8 @@ def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, orde
                          finish_reason=finish)
         if finish is not None:
             return
+        if find_forced is not None and not forced:
+            forced.extend(find_forced())
 
 
 def generate(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,

@@ -1,0 +1,105 @@
+"""tinygpt.structured: llguidance grammars behind the generate loop's constraint. The oracle
+for fast-forward is the same constraint with its forced() hidden (every token masked and
+sampled): greedy replies must be identical token for token, with fewer masks and passes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tinygpt import load_pretrained
+from tinygpt.generate import generate
+from tinygpt.sampling import SamplingParams
+from tinygpt.structured import Grammars, GrammarError
+
+SCHEMA = {"type": "object", "additionalProperties": False,
+          "required": ["name", "colour", "count"],
+          "properties": {"name": {"type": "string", "maxLength": 8},
+                         "colour": {"enum": ["red", "green", "blue"]},
+                         "count": {"type": "integer", "minimum": 0, "maximum": 99}}}
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    model, tokenizer = load_pretrained()
+    return model.eval(), tokenizer, Grammars(tokenizer, model.cfg.vocab_size)
+
+
+class Counted:
+    """A constraint that counts its masks; hide=True hides forced() (no fast-forward)."""
+
+    def __init__(self, inner, hide: bool) -> None:
+        self.inner, self.masks = inner, 0
+        if not hide:
+            self.forced = inner.forced
+
+    def mask(self, logits):
+        self.masks += 1
+        return self.inner.mask(logits)
+
+    def advance(self, token_id):
+        self.inner.advance(token_id)
+
+
+def test_fast_forward_gives_the_masked_loops_tokens_with_fewer_masks(shipped):
+    model, tokenizer, grammars = shipped
+    eos = tokenizer.special_tokens["<|endoftext|>"]
+    grammar = grammars.json_schema(SCHEMA)
+    for prompt in ("the cat", "a dog sat on", "once upon a time"):
+        runs = {}
+        for hide in (True, False):
+            constraint = Counted(grammar.constraint([eos]), hide)
+            result = generate(model, tokenizer.encode(prompt), SamplingParams(
+                temperature=0, max_new_tokens=80), eos_id=eos, tokenizer=tokenizer,
+                constraint=constraint)
+            runs[hide] = (result, constraint.masks)
+        (plain, plain_masks), (fast, fast_masks) = runs[True], runs[False]
+        assert fast.token_ids == plain.token_ids and fast.text == plain.text
+        assert plain_masks == len(plain.token_ids)               # one mask per token
+        assert fast_masks < plain_masks                          # keys and punctuation forced
+        value = json.loads(fast.text)
+        assert list(value) == ["name", "colour", "count"] and fast.stop_reason == "eos"
+
+
+def test_the_uncached_loop_fast_forwards_too(shipped):
+    model, tokenizer, grammars = shipped
+    eos = tokenizer.special_tokens["<|endoftext|>"]
+    grammar = grammars.json_schema(SCHEMA)
+    cached, uncached = (generate(model, tokenizer.encode("the cat"), SamplingParams(
+        temperature=0, max_new_tokens=80), eos_id=eos, constraint=grammar.constraint([eos]),
+        use_cache=use) for use in (True, False))
+    assert cached.token_ids == uncached.token_ids
+
+
+def test_the_end_is_allowed_only_when_the_value_is_complete(shipped):
+    model, tokenizer, grammars = shipped
+    eos = tokenizer.special_tokens["<|endoftext|>"]
+    constraint = grammars.regex("ab?").constraint([eos])
+    allowed = constraint.allowed()
+    assert not allowed[eos]
+    a = tokenizer.encode("a")
+    assert allowed[a[0]] and int(allowed.sum()) >= 1
+    constraint.advance(a[0])
+    allowed = constraint.allowed()
+    assert allowed[eos]                                        # "a" matches: the end may come
+    logits = constraint.mask(torch.zeros(1, model.cfg.vocab_size))
+    assert torch.isinf(logits[0, ~allowed]).all() and not torch.isinf(logits[0, allowed]).any()
+    with pytest.raises(GrammarError, match="does not continue"):
+        constraint.advance(tokenizer.encode("z")[0])
+
+
+def test_what_cannot_be_compiled_is_a_grammar_error_and_a_compile_is_cached(shipped):
+    _, _, grammars = shipped
+    for bad in (lambda: grammars.json_schema({"type": "objekt"}),
+                lambda: grammars.regex("(("), lambda: grammars.choice([]),
+                lambda: grammars.lark("start: missing_rule"),
+                lambda: grammars.regex("a" * 300_000)):
+        with pytest.raises(GrammarError):
+            bad()
+    first = grammars.json_schema({"const": "cached"})
+    compiled = grammars.compiled
+    assert grammars.json_schema({"const": "cached"}) is first and grammars.compiled == compiled
+    with pytest.raises(ValueError, match="eos_ids"):
+        first.constraint([])
