@@ -182,6 +182,13 @@ def test_a_failing_or_dead_rank_raises_instead_of_hanging():
         P.run_ranks(divmod, 0)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where NCCL cannot start")
+def test_a_group_that_cannot_connect_is_launched_again_then_reported():
+    with pytest.raises(RuntimeError, match=r"could not join the process group(.|\n)*"
+                                           r"after 3 launches"):
+        P.run_ranks(divmod, 2, backend="nccl", timeout_s=30)
+
+
 # -- pipeline and cost model ----------------------------------------------------------------
 
 

@@ -66,7 +66,11 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int, backend: str
                timeout_s: float, args: tuple, results) -> None:
     """Body of one launched rank: join the group, run fn, report its value or its traceback."""
     try:
-        init_rank(rank, world_size, port, backend, timeout_s)
+        try:
+            init_rank(rank, world_size, port, backend, timeout_s)
+        except BaseException:  # noqa: BLE001 - the launcher may start the group again
+            results.put((rank, "init-error", traceback.format_exc()))
+            return
         value = fn(rank, world_size, *args)
         # by value (plain pickle), not as shared memory that dies with this process
         results.put((rank, "ok", pickle.dumps(value)))
@@ -95,6 +99,13 @@ def _context():
     return _CONTEXT
 
 
+RENDEZVOUS_ATTEMPTS = 3     # launches of a group whose ranks could not connect (see run_ranks)
+
+
+class _RendezvousFailed(RuntimeError):
+    """A rank could not join the process group (before any of fn ran)."""
+
+
 def run_ranks(fn: Callable, world_size: int, *args, timeout_s: float = 60.0,
               backend: str | None = None) -> list:
     """Run fn(rank, world_size, *args) in `world_size` local processes; return the values.
@@ -103,7 +114,10 @@ def run_ranks(fn: Callable, world_size: int, *args, timeout_s: float = 60.0,
     return value picklable. The ranks share one process group (backend default:
     default_backend()). Returns the ranks' return values in rank order. Raises RuntimeError
     with the rank's traceback when a rank fails or dies, and TimeoutError when the ranks are
-    not done after timeout_s seconds; either way every rank is stopped first.
+    not done after timeout_s seconds; either way every rank is stopped first. A group whose
+    ranks cannot connect (gloo's mesh broken by a port another process took between our
+    choosing it and the ranks binding it: on a busy machine it happens) is launched again on a
+    new port, up to RENDEZVOUS_ATTEMPTS times; fn has not run in any rank then.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
@@ -112,6 +126,18 @@ def run_ranks(fn: Callable, world_size: int, *args, timeout_s: float = 60.0,
     backend = default_backend(world_size) if backend is None else backend
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):
+        try:
+            return _launch(fn, world_size, args, timeout_s, backend)
+        except _RendezvousFailed as err:
+            if attempt == RENDEZVOUS_ATTEMPTS:
+                raise RuntimeError(f"{err} (after {attempt} launches)") from None
+    raise AssertionError("unreachable")
+
+
+def _launch(fn: Callable, world_size: int, args: tuple, timeout_s: float,
+            backend: str) -> list:
+    """One launch of run_ranks' group on a fresh port."""
     ctx = _context()
     results = ctx.Queue()
     port = free_port()
@@ -138,6 +164,9 @@ def run_ranks(fn: Callable, world_size: int, *args, timeout_s: float = 60.0,
                     raise TimeoutError(f"the {world_size} ranks were not done after "
                                        f"{timeout_s} s (ranks done: {sorted(values)})") from None
                 continue
+            if status == "init-error":
+                raise _RendezvousFailed(f"rank {rank} of {world_size} could not join the "
+                                        f"process group:\n{value}")
             if status == "error":            # a dead peer is the cause worth naming first
                 time.sleep(0.2)
                 dead = [f"rank {r} died with exit code {p.exitcode} before reporting; "
