@@ -184,10 +184,10 @@ class CachedLogits:
 
     Call it with the whole context ids (1, n) after each new token, as the uncached loop calls
     last_token_logits: the first call prefills the prompt into a fresh cache, later calls feed
-    only the newest id ids[:, -1:] at offset n - 1 (or, after tokens a grammar forced, the new
-    ids in one pass: DecodeStep.extend). A preallocated cache cannot slide (its
-    keys carry RoPE angles of their positions), so once the context outgrows max_seq_len each
-    call re-reads the cropped window without the cache, exactly as the uncached loop does.
+    only the newest id ids[:, -1:] at offset n - 1 (after tokens a grammar forced, the new ids
+    in one pass: DecodeStep.extend). A preallocated cache cannot slide (its keys carry RoPE
+    angles of their positions), so once the context outgrows max_seq_len each call re-reads
+    the cropped window without the cache, exactly as the uncached loop does.
     The cache holds min(max_seq_len, prompt_len + max_new_tokens - 1) positions: the last new
     token is never fed back.
     compile: opt-in CUDA-graph decode step (see tinygpt.kv_cache.DecodeStep); on another
@@ -233,15 +233,14 @@ class CachedLogits:
             return prefill(self.model, self.cache, ids)
         if ids.shape[1] > self.max_seq_len:
             return last_token_logits(self.model, crop_context(ids, self.max_seq_len))
-        new = ids.shape[1] - self.cache.length
-        if new < 1:
+        if ids.shape[1] <= self.cache.length:
             raise ValueError(f"ids must extend the cached context by at least one token: the "
                              f"cache holds {self.cache.length} positions, ids has {ids.shape[1]}")
-        if new > 1 and hasattr(self.step, "extend"):    # forced tokens (day 19): one pass
+        if ids.shape[1] > self.cache.length + 1 and hasattr(self.step, "extend"):  # day 19
             return self.step.extend(ids[:, self.cache.length:])[-1:]
-        for position in range(self.cache.length, ids.shape[1] - 1):    # (a quantized step)
-            self.step(ids[:, position:position + 1])
-        return self.step(ids[:, -1:])
+        for position in range(self.cache.length, ids.shape[1]):         # (a quantized step)
+            logits = self.step(ids[:, position:position + 1])
+        return logits
 
 
 # ----------------------------------------------------------------------------------------------
@@ -356,10 +355,8 @@ def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, orde
     loop owns everything per request (sampling with its generator, penalties over its own
     history, stop conditions, held-back text), so day 17's engine drives one of these per
     request with logits it computed for a whole batch, and gets batch-1 behaviour by design.
-    fast_forward: when the constraint has forced() (the tokens its grammar allows and no
-    other), append them without calling next_logits or sampling (next_logits then gets
-    several new ids at once); only for a next_logits that takes that (stream's do; the
-    engine's, which feeds one token per step, does not).
+    fast_forward: append the constraint's forced() tokens unsampled, so next_logits gets them
+    at once (stream's can; the engine's, one token per step, cannot).
     """
     device = prompt.device
     prompt_len = prompt.shape[1]
