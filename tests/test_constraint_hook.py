@@ -114,3 +114,38 @@ def test_the_async_engines_pass_the_constraint_on(shipped, engine_class):
             await engine.shutdown(1.0)
 
     assert asyncio.run(run()) == script + [eos]
+
+
+class Breaks:
+    """A constraint whose third mask raises (a grammar past its limits, say)."""
+
+    def __init__(self) -> None:
+        self.masks = 0
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        self.masks += 1
+        if self.masks == 3:
+            raise ValueError("the grammar gave up")
+        return logits
+
+    def advance(self, token_id: int) -> None:
+        pass
+
+
+def test_a_failing_constraint_ends_its_request_alone(shipped):
+    model, tokenizer = shipped
+    eos = tokenizer.special_tokens["<|endoftext|>"]
+    prompts = [tokenizer.encode(t) for t in ("the cat", "a dog", "on the mat")]
+    params = SamplingParams(temperature=0, max_new_tokens=10)
+    engine = Engine(model, tokenizer, num_blocks=64, block_size=4)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, params, eos_ids=(eos,), request_id=i,
+                           constraint=Breaks() if i == 1 else None)
+    failed = {}
+    while engine.has_work:
+        engine.step()
+        failed.update(engine.failures())
+    assert failed == {1: "ValueError: the grammar gave up"} and engine.failures() == {}
+    for i in (0, 2):                      # the others: their batch-1 tokens, whole
+        assert engine.result(i).token_ids == generate(model, prompts[i], params,
+                                                      eos_id=eos).token_ids

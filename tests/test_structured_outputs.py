@@ -316,3 +316,41 @@ def test_pydantic_style_schemas_refs_into_defs_and_open_objects(real):
             "type": "json_schema", "json_schema": {"name": "place", "schema": place}}
         )["choices"][0]["message"]["content"]
         assert set(json.loads(content)) == {"city", "size"}
+
+
+def test_hostile_requests_beside_a_stream_leave_it_whole(real):
+    """Refusing hostile schemas (and compiling a big enum) happens beside a running stream,
+    which still ends with every token: a request that asks too much never takes the server."""
+    import asyncio
+
+    deep = '{"type": "array", "items": ' * 300 + '{"type": "integer"}' + "}" * 300
+    hostile = [
+        ('{"model": "tinygpt", "messages": [{"role": "user", "content": "hi"}], '
+         '"response_format": {"type": "json_schema", "json_schema": {"name": "d", "schema": '
+         f'{deep}}}}}}}'),
+        json.dumps({"model": "tinygpt", "messages": HI, "max_tokens": 4, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "e", "schema": {
+                "enum": [f"v{i}" for i in range(10_000)]}}}}),
+        json.dumps({"model": "tinygpt", "prompt": "x", "structured_outputs": {
+            "regex": "(a+)+$" * 50}}),
+        json.dumps({"model": "tinygpt", "prompt": "x", "structured_outputs": {
+            "grammar": "start: " + " | ".join(f'"{i}"' for i in range(5000))}})]
+    stream = json.dumps({"model": "tinygpt", "prompt": "the cat", "max_tokens": 60,
+                         "ignore_eos": True, "stream": True, "temperature": 0})
+    headers = {"content-type": "application/json"}
+
+    async def together():
+        return await asyncio.gather(
+            real.client.post("/v1/completions", content=stream, headers=headers),
+            *(real.client.post("/v1/chat/completions" if "messages" in body else
+                               "/v1/completions", content=body, headers=headers)
+              for body in hostile))
+
+    streamed, *answers = real.loop.run_until_complete(together())
+    assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
+    chunks = [json.loads(line[6:]) for line in streamed.text.splitlines()
+              if line.startswith("data: {")]
+    assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["text"] is not None) >= 60
+    assert [a.status_code < 500 for a in answers] == [True] * len(answers), \
+        [a.text[:200] for a in answers]
+    assert answers[0].status_code == 400

@@ -284,6 +284,7 @@ class Engine:
         self.tokens_generated = 0
         self._active: dict[Hashable, _Active] = {}
         self._results: dict[Hashable, _Active] = {}     # finished, until release()
+        self._failed: dict[Hashable, str] = {}          # failed alone, until failures()
         self._ids = itertools.count()
 
     def check_request(self, prompt_ids, params: SamplingParams,
@@ -395,7 +396,14 @@ class Engine:
                 continue
             active = self._active[item.seq.id]
             active.holder["logits"] = logits[row:row + 1]
-            event = next(active.loop)
+            try:
+                event = next(active.loop)
+            except Exception as err:  # noqa: BLE001 - its own loop (a constraint) failed: it alone
+                self.scheduler.finish(item.seq)
+                del self._active[item.seq.id]
+                self._failed[item.seq.id] = f"{type(err).__name__}: {err}"
+                finished.append(item.seq.id)
+                continue
             if active.logprobs is not None:
                 active.token_logprobs.extend(logprob_entries(logits[row:row + 1],
                                                              [event.token_id], active.logprobs))
@@ -469,6 +477,13 @@ class Engine:
         """When the request was first admitted (perf_counter seconds; None while queued)."""
         active = self._active.get(request_id) or self._results.get(request_id)
         return None if active is None else active.started_at
+
+    def failures(self) -> dict[Hashable, str]:
+        """The requests whose own token loop raised (a constraint's grammar past its limits,
+        say) since the last call, each with its error: they left the engine in that step, and
+        every other request went on. Clears the list."""
+        failed, self._failed = self._failed, {}
+        return failed
 
     def release(self, request_id: Hashable) -> None:
         """Forget a finished request's result (a server does, once it has streamed it)."""
@@ -660,6 +675,8 @@ class AsyncEngine(_Frontend):
                 else:
                     engine.release(request_id)
                     self._finish(request, out)
+            for request_id, error in engine.failures().items():
+                self._finish(self._live[request_id], Event(None, "", "error", error))
 
     def _forget(self, request: Request) -> None:
         self._live.pop(request.id, None)

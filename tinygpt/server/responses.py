@@ -95,6 +95,8 @@ class Choice:
 def failure(event) -> APIError | None:
     """The error an event ends its request with, if it does."""
     if event.finish_reason == "error":
+        if (event.error or "").startswith("GrammarError"):   # the request's grammar, past limits
+            return APIError(400, event.error[:1000], code="grammar_error")
         return APIError(500, event.error or "generation failed", kind="server_error")
     if event.finish_reason == "cancelled":
         return APIError(503, "the request was cancelled: the server is shutting down",
