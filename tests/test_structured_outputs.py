@@ -287,6 +287,12 @@ def test_without_a_grammar_engine_structured_requests_are_a_400_saying_why(monke
         plain = served.post("/v1/chat/completions", {"model": "tinygpt", "messages": HI,
                                                      "max_tokens": 2})
         assert plain.status_code == 200                 # everything else is served
+        auto = served.post("/v1/chat/completions", {"model": "tinygpt", "messages": HI,
+                                                    "max_tokens": 2, "tools": [WEATHER]})
+        assert auto.status_code == 200                  # "auto" tools need no grammar
+        required = served.post("/v1/chat/completions", {
+            "model": "tinygpt", "messages": HI, "tools": [WEATHER], "tool_choice": "required"})
+        assert required.status_code == 400 and required.json()["error"]["param"] == "tools"
     finally:
         served.close()
 

@@ -204,9 +204,10 @@ def reply_shape(grammars: Grammars | str, body, chat: bool) -> Shape:
     if len(asked) > 1:
         raise APIError(400, f"{' and '.join(asked)}: one reply can be constrained one way; "
                             f"give one of them", param=asked[1])
-    if asked and isinstance(grammars, str):
-        raise APIError(400, f"{asked[0]}: structured outputs are not available here: "
-                            f"{grammars}"[:500], param=asked[0])
+    needs = [name for name in asked if name != "tools" or choice not in (None, "auto")]
+    if needs and isinstance(grammars, str):      # ("auto" tools need no grammar)
+        raise APIError(400, f"{needs[0]}: structured outputs are not available here: "
+                            f"{grammars}"[:500], param=needs[0])
     if tools:
         check_tools(tools)
     if chat and choice is not None and not tools and choice != "none":
