@@ -18,6 +18,10 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+__all__ = ["PERCENTILES", "RequestTrace", "e2e_latency", "goodput", "inter_token_latencies",
+           "meets_slo", "percentile", "request_metrics", "summarize", "tokens_per_second",
+           "tpot", "ttft"]
+
 PERCENTILES = (50, 90, 99)
 
 

@@ -82,25 +82,11 @@ from tinygpt.bench.plan import BenchPlan, bench_plan
 from tinygpt.bench.registry import BenchContext, register, row_groups
 from tinygpt.bench.report import format_table, plot_timeline, write_json
 from tinygpt.bench.run import SCHEMA_VERSION, run_bench
-from tinygpt.metrics import (
-                                   PERCENTILES,
-                                   RequestTrace,
-                                   e2e_latency,
-                                   goodput,
-                                   inter_token_latencies,
-                                   meets_slo,
-                                   percentile,
-                                   request_metrics,
-                                   summarize,
-                                   tokens_per_second,
-                                   tpot,
-                                   ttft,
-)
+from tinygpt.metrics import *  # noqa: F403 (day 12's request metrics, see tinygpt.metrics)
+from tinygpt.metrics import __all__ as _METRICS
 
 __all__ = [
-    "PERCENTILES", "RequestTrace", "e2e_latency", "goodput", "inter_token_latencies",
-    "meets_slo", "percentile", "request_metrics", "summarize", "tokens_per_second", "tpot",
-    "ttft", "Comparison", "machine_info", "measure_read_bandwidth", "median_round",
+    *_METRICS, "Comparison", "machine_info", "measure_read_bandwidth", "median_round",
     "random_prompt", "run_requests", "synchronize", "trace_request", "bandwidth_model_config",
     "build_model", "course_model_config", "cuda_bandwidth_model_config", "medium_model_config",
     "model_info", "BenchPlan", "bench_plan", "BenchContext", "register", "row_groups",

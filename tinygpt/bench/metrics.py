@@ -6,23 +6,5 @@ without loading every benchmark row: importing anything inside tinygpt.bench run
 tinygpt/bench/__init__.py. Inside the package, import tinygpt.metrics directly.
 """
 
-from tinygpt.metrics import (
-                             PERCENTILES,
-                             RequestTrace,
-                             e2e_latency,
-                             goodput,
-                             inter_token_latencies,
-                             meets_slo,
-                             percentile,
-                             request_metrics,
-                             summarize,
-                             tokens_per_second,
-                             tpot,
-                             ttft,
-)
-
-__all__ = [
-    "PERCENTILES", "RequestTrace", "e2e_latency", "goodput", "inter_token_latencies",
-    "meets_slo", "percentile", "request_metrics", "summarize", "tokens_per_second", "tpot",
-    "ttft",
-]
+from tinygpt.metrics import *  # noqa: F403 (every name of tinygpt.metrics, as before)
+from tinygpt.metrics import __all__  # noqa: F401

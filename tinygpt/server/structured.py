@@ -114,6 +114,10 @@ def structured_outputs_grammar(grammars: Grammars, spec) -> Grammar | None:
     return _compile("the grammar cannot be used", param, lambda: grammars.lark(spec.grammar))
 
 
+# keywords whose values are JSON data, not schemas: the walkers below leave them as they are
+DATA_KEYWORDS = ("const", "enum", "default", "examples")
+
+
 def closed(schema):
     """`schema` with every object that lists its properties closed to others (an object
     schema with "properties" and no "additionalProperties", "patternProperties" or
@@ -124,7 +128,7 @@ def closed(schema):
         return [closed(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {key: closed(value) if key not in ("const", "enum", "default", "examples") else value
+    out = {key: value if key in DATA_KEYWORDS else closed(value)
            for key, value in schema.items()}
     if "properties" in out and not {"additionalProperties", "patternProperties",
                                     "unevaluatedProperties"} & set(out):
@@ -142,7 +146,7 @@ def _rebase(value, base: str):
     for key, item in value.items():
         if key == "$ref" and isinstance(item, str) and (item == "#" or item.startswith("#/")):
             out[key] = base + item[1:]
-        elif key in ("const", "enum", "default", "examples"):
+        elif key in DATA_KEYWORDS:
             out[key] = item
         else:
             out[key] = _rebase(item, base)
