@@ -1,0 +1,301 @@
+"""Day 20: mixture of experts: routers, dispatch by expert, load, and what a decode step reads.
+
+A mixture-of-experts (MoE) layer replaces one SwiGLU MLP with E of them ("experts") and a
+router that sends each token to k << E of them:
+
+    logits = x @ router.T                        (N, E)   one score per token and expert
+    weights, experts = route(logits)             (N, k)   the k chosen experts and their weights
+    y[n] = sum_j weights[n, j] * expert_{experts[n, j]}(x[n])      (+ shared experts, if any)
+
+Routers (transformers' modeling files are the reference):
+
+    route_softmax_topk    softmax over all E, keep the top k, renormalize them to sum to 1
+                          (Mixtral always; Qwen2/3-MoE and OLMoE when norm_topk_prob)
+    route_sigmoid_groups  DeepSeek-V3: sigmoid scores; a per-expert bias is added for choosing
+                          only; experts come in n_group groups, a group is ranked by the sum of
+                          its top 2 biased scores and only the best topk_group groups compete;
+                          the weights are the unbiased scores, normalized, times a scale (2.5)
+
+Two ways to run the experts, equal up to float32 summation order:
+
+    moe_loop      the plain oracle: for every token, for every chosen expert, one MLP on one row
+    dispatch      sort the (token, expert) pairs by expert, one product per expert over all its
+                  rows, scatter the weighted rows back with index_add: reads each chosen
+                  expert's weights once, and never an expert nobody chose
+
+Expert weights are stacked: w1 and w3 (E, d_expert, D) (gate and up), w2 (E, D, d_expert)
+(down), so expert e's MLP is w2[e](silu(w1[e] x) * w3[e] x), SwiGLU's layout per expert.
+
+What a batch costs: under uniform routing a token misses a given expert with probability
+1 - k/E, so B tokens touch E (1 - (1 - k/E)^B) distinct experts on average
+(`expected_distinct_experts`); a decode step reads those experts' weights plus every dense
+weight (`moe_decode_bytes`). At batch 1 that is k experts; at large B it is nearly all E.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROUTERS = ("softmax", "sigmoid_groups")
+
+
+# --------------------------------------------------------------------------------------------
+# routers: logits (N, E) -> weights (N, k) float32, experts (N, k) int64
+
+
+def _check_logits(logits: torch.Tensor, k: int) -> None:
+    if not isinstance(logits, torch.Tensor) or logits.ndim != 2:
+        raise ValueError(f"logits must be a tensor of shape (N, E), got "
+                         f"{getattr(logits, 'shape', type(logits).__name__)}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= logits.shape[1]:
+        raise ValueError(f"k must be an int in [1, E={logits.shape[1]}], got {k!r}")
+
+
+def route_softmax_topk(logits: torch.Tensor, k: int, renormalize: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over all experts (in float32), the top k, renormalized when `renormalize`.
+
+    Renormalizing the top k of a softmax equals a softmax over the top k logits (Mixtral).
+    Returns weights (N, k) float32 and experts (N, k) int64, largest weight first.
+    """
+    _check_logits(logits, k)
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, experts = torch.topk(probs, k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+def route_sigmoid_groups(logits: torch.Tensor, bias: torch.Tensor, k: int, n_group: int = 1,
+                         topk_group: int = 1, renormalize: bool = True, scale: float = 1.0
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3's router: sigmoid scores, bias for choosing only, group-limited top k.
+
+    logits (N, E); bias (E,) (`e_score_correction_bias`, balances the load without an aux loss);
+    E must split into n_group groups of at least 2; the topk_group groups with the largest sum
+    of their 2 best biased scores stay eligible. The weights are the chosen experts' sigmoid
+    scores without the bias, divided by their sum when `renormalize`, times `scale`.
+    Returns weights (N, k) float32 and experts (N, k) int64.
+    """
+    _check_logits(logits, k)
+    n, e = logits.shape
+    if bias.shape != (e,):
+        raise ValueError(f"bias must have shape (E,) = ({e},), got {tuple(bias.shape)}")
+    if n_group < 1 or e % n_group or e // n_group < 2:
+        raise ValueError(f"n_group must split E={e} into groups of at least 2 experts, got "
+                         f"{n_group}")
+    if not 1 <= topk_group <= n_group or k > topk_group * (e // n_group):
+        raise ValueError(f"topk_group must be in [1, n_group={n_group}] and keep at least k={k} "
+                         f"experts eligible, got {topk_group}")
+    scores = torch.sigmoid(logits.float())
+    choice = scores + bias.float()
+    group_scores = choice.view(n, n_group, e // n_group).topk(2, dim=-1).values.sum(dim=-1)
+    keep = torch.zeros_like(group_scores, dtype=torch.bool)
+    keep.scatter_(1, group_scores.topk(topk_group, dim=-1).indices, True)
+    keep = keep.repeat_interleave(e // n_group, dim=1)                          # (N, E)
+    experts = choice.masked_fill(~keep, float("-inf")).topk(k, dim=-1).indices
+    weights = scores.gather(1, experts)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scale, experts
+
+
+# --------------------------------------------------------------------------------------------
+# running the experts
+
+
+def expert_mlp(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor
+               ) -> torch.Tensor:
+    """One expert's SwiGLU on rows x (M, D): w2(silu(w1 x) * w3 x) with w1, w3 (I, D), w2 (D, I)."""
+    return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+
+
+def moe_loop(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, w1: torch.Tensor,
+             w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """The oracle: token by token, chosen expert by chosen expert. x (N, D) -> (N, D).
+
+    Reads an expert's weights once per (token, expert) pair: N k matrix-vector products.
+    """
+    out = torch.zeros_like(x)
+    for n in range(x.shape[0]):
+        for j in range(experts.shape[1]):
+            e = int(experts[n, j])
+            y = expert_mlp(x[n:n + 1], w1[e], w3[e], w2[e])
+            out[n] += (weights[n, j] * y[0].float()).to(x.dtype)
+    return out
+
+
+def sort_by_expert(experts: torch.Tensor, n_experts: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Group the (token, slot) pairs by expert.
+
+    experts (N, k) -> order (N k,) the flat pair indices sorted by expert (stable: tokens in
+    order within an expert), tokens (N k,) the token of each sorted pair, counts (E,) pairs per
+    expert. Expert e's rows are order[offsets[e]:offsets[e + 1]], offsets = 0, cumsum(counts).
+    """
+    flat = experts.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    tokens = order // experts.shape[1]
+    counts = torch.bincount(flat, minlength=n_experts)
+    return order, tokens, counts
+
+
+def dispatch(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, w1: torch.Tensor,
+             w3: torch.Tensor, w2: torch.Tensor, capacity: int | None = None) -> torch.Tensor:
+    """Grouped dispatch: one product per chosen expert over all of its rows. x (N, D) -> (N, D).
+
+    capacity: at most this many rows per expert, the earliest tokens first; the pairs past it
+    are dropped (their weight is lost, as in capacity-factor training). None: dropless, as
+    inference engines run (a dropped pair changes a token's output because of other tokens in
+    the batch).
+    """
+    n_experts = w1.shape[0]
+    order, tokens, counts = sort_by_expert(experts, n_experts)
+    flat_weights = weights.reshape(-1)[order]
+    out = torch.zeros_like(x)
+    start = 0
+    for e, count in enumerate(counts.tolist()):
+        if count == 0:
+            continue
+        end = start + count
+        rows = tokens[start:end] if capacity is None else tokens[start:min(end, start + capacity)]
+        if len(rows):
+            y = expert_mlp(x[rows], w1[e], w3[e], w2[e])
+            w = flat_weights[start:start + len(rows), None]
+            out.index_add_(0, rows, (y.float() * w).to(x.dtype))
+        start = end
+    return out
+
+
+def dropped_pairs(experts: torch.Tensor, n_experts: int, capacity: int) -> int:
+    """How many (token, expert) pairs a per-expert capacity drops."""
+    counts = torch.bincount(experts.reshape(-1), minlength=n_experts)
+    return int((counts - capacity).clamp(min=0).sum())
+
+
+# --------------------------------------------------------------------------------------------
+# the layer
+
+
+class MoE(nn.Module):
+    """A mixture-of-experts feed-forward layer: router, E SwiGLU experts, optional shared expert.
+
+    x (..., D) -> (..., D). router: "softmax" (renormalize: Mixtral True, Qwen's norm_topk_prob)
+    or "sigmoid_groups" (DeepSeek-V3: n_group, topk_group, scale; bias is the buffer
+    `e_score_correction_bias`). d_shared > 0 adds a shared SwiGLU expert every token goes
+    through (DeepSeek-V3: n_shared_experts * d_expert wide). `last_experts` holds the experts the
+    most recent forward chose (N, k), for measuring what a step reads.
+    """
+
+    def __init__(self, d_model: int, n_experts: int, top_k: int, d_expert: int,
+                 router: str = "softmax", renormalize: bool = True, n_group: int = 1,
+                 topk_group: int = 1, scale: float = 1.0, d_shared: int = 0) -> None:
+        super().__init__()
+        if router not in ROUTERS:
+            raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
+        if not 1 <= top_k <= n_experts:
+            raise ValueError(f"top_k must be in [1, n_experts={n_experts}], got {top_k}")
+        self.n_experts, self.top_k, self.d_expert = n_experts, top_k, d_expert
+        self.router, self.renormalize, self.scale = router, renormalize, scale
+        self.n_group, self.topk_group = n_group, topk_group
+        self.gate = nn.Linear(d_model, n_experts, bias=False)
+        self.w1 = nn.Parameter(torch.empty(n_experts, d_expert, d_model))
+        self.w3 = nn.Parameter(torch.empty(n_experts, d_expert, d_model))
+        self.w2 = nn.Parameter(torch.empty(n_experts, d_model, d_expert))
+        if router == "sigmoid_groups":
+            self.register_buffer("e_score_correction_bias", torch.zeros(n_experts))
+        self.shared = None
+        if d_shared:
+            from tinygpt.model import SwiGLU          # day 05's MLP (model imports this module)
+
+            self.shared = SwiGLU(d_model, d_shared)
+        self.last_experts: torch.Tensor | None = None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (N, D) -> weights (N, k) float32, experts (N, k)."""
+        if self.router == "softmax":
+            return route_softmax_topk(self.gate(x), self.top_k, self.renormalize)
+        logits = F.linear(x.float(), self.gate.weight.float())      # DeepSeek-V3: float32
+        return route_sigmoid_groups(logits, self.e_score_correction_bias, self.top_k,
+                                    self.n_group, self.topk_group, self.renormalize, self.scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        weights, experts = self.route(flat)
+        self.last_experts = experts
+        out = dispatch(flat, weights, experts, self.w1, self.w3, self.w2)
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        return out.reshape(shape)
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.n_experts}, top_k={self.top_k}, d_expert={self.d_expert}, "
+                f"router={self.router!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# load and bytes
+
+
+def expert_load(experts: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """Pairs routed to each expert: (E,) int64."""
+    return torch.bincount(experts.reshape(-1), minlength=n_experts)
+
+
+def load_imbalance(experts: torch.Tensor, n_experts: int) -> float:
+    """The busiest expert's load over the mean load (1.0 = perfectly balanced).
+
+    With capacity-free dispatch on one device per expert, the step waits for the busiest one.
+    """
+    load = expert_load(experts, n_experts).float()
+    return float(load.max() / load.mean())
+
+
+def expected_distinct_experts(n_experts: int, k: int, batch: int) -> float:
+    """Distinct experts B tokens touch under uniform top-k routing: E (1 - (1 - k/E)^B)."""
+    if not 1 <= k <= n_experts or batch < 0:
+        raise ValueError(f"need 1 <= k <= n_experts and batch >= 0, got k={k}, "
+                         f"n_experts={n_experts}, batch={batch}")
+    return n_experts * (1.0 - (1.0 - k / n_experts) ** batch)
+
+
+def moe_decode_bytes(dense_bytes: float, expert_bytes: float, n_moe_layers: int,
+                     n_experts: int, k: int, batch: int) -> float:
+    """Weight bytes one decode step of `batch` sequences reads, under uniform routing.
+
+    dense_bytes: everything every token uses (embeddings row aside: attention, norms, routers,
+    shared experts, dense layers, the head). expert_bytes: one expert's three matrices.
+    """
+    return dense_bytes + n_moe_layers * expected_distinct_experts(n_experts, k, batch) \
+        * expert_bytes
+
+
+def critical_batch(flops_per_byte: float, n_experts: int, k: int, max_batch: int = 1 << 16
+                   ) -> int | None:
+    """The smallest batch whose expert products reach a machine's FLOPs per byte.
+
+    An expert's products do 2 flops per weight per row it sees; at batch B each touched expert
+    sees B k / distinct(B) rows on average, so its arithmetic intensity is 2 B k / distinct(B)
+    flops per weight (per byte at 1 byte per weight; divide flops_per_byte by the bytes per
+    weight). A dense MLP reaches the same intensity at B = flops_per_byte / 2: routing moves the
+    critical batch out by about E / k. None when max_batch does not reach it.
+    """
+    def intensity(b: int) -> float:                    # grows with b: bisect
+        return 2.0 * b * k / expected_distinct_experts(n_experts, k, b)
+
+    if intensity(max_batch) < flops_per_byte:
+        return None
+    low, high = 1, max_batch
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if intensity(mid) < flops_per_byte else (low, mid)
+    return low
+
+
+__all__ = ["ROUTERS", "route_softmax_topk", "route_sigmoid_groups", "expert_mlp", "moe_loop",
+           "sort_by_expert", "dispatch", "dropped_pairs", "MoE", "expert_load",
+           "load_imbalance", "expected_distinct_experts", "moe_decode_bytes", "critical_batch"]
+
