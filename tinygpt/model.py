@@ -14,15 +14,27 @@ A decoder-only transformer in the Llama layout, readable top to bottom:
   so a KV cache can later feed one new token at position t.
 - Optional weight tying: the LM head reuses the embedding matrix (V, D).
 
+Day 20 adds two options, both off by default (every dense config and checkpoint is unchanged):
+
+- Mixture of experts (cfg.n_experts > 0): a sparse layer's feed_forward is tinygpt.moe.MoE
+  (a router and E SwiGLU experts, k of them per token, optionally a shared expert) instead of
+  one SwiGLU; layers listed in cfg.dense_layers keep the dense SwiGLU of width d_ff.
+  Qwen3-MoE and Mixtral are this layout (tinygpt.hf_models loads them).
+- q/k norm (cfg.qk_norm, Qwen3): an RMSNorm over head_dim on every query and key head, inside
+  Attention.qkv, before RoPE.
+
+Fast paths written for the dense layout (fused products, C decode layers, tensor-parallel
+shards, GGUF writers) ask cfg.fast_path_refusal() and run the modules above instead, or refuse.
+
 The parameter names follow Meta's Llama reference code (wq, wk, wv, wo, w1, w2, w3, ...);
-`from_hf_llama` / `to_hf_llama` translate to and from Hugging Face's LlamaForCausalLM.
+`from_hf_llama` / `to_hf_llama` translate to and from Hugging Face's LlamaForCausalLM
+(tinygpt.hf_models: Qwen3-MoE and Mixtral).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tinygpt.attention import grouped_query_attention, merge_heads, split_heads
+from tinygpt.moe import ROUTERS, MoE
 from tinygpt.positions import apply_rope, rope_cos_sin
 
 if TYPE_CHECKING:                                   # day 11's cache; no import cycle at run time
@@ -42,9 +55,17 @@ class ModelConfig:
 
     vocab_size: number of token ids V.   d_model: residual width D.   n_layers: blocks L.
     n_heads: query heads H.   n_kv_heads: key/value heads (GQA when < n_heads; must divide it).
-    d_ff: hidden width of the SwiGLU MLP.   max_seq_len: longest context the model accepts.
-    rope_base: RoPE theta.   norm_eps: RMSNorm epsilon.   tie_embeddings: share the input
-    embedding matrix with the LM head.
+    d_ff: hidden width of the SwiGLU MLP (of the dense layers).   max_seq_len: longest context
+    the model accepts.   rope_base: RoPE theta.   norm_eps: RMSNorm epsilon.
+    tie_embeddings: share the input embedding matrix with the LM head.
+
+    Mixture of experts (day 20; n_experts = 0 is a dense model and the other fields then keep
+    their defaults): n_experts E routed experts per sparse layer, top_k of them per token, each
+    a SwiGLU of width d_expert; router "softmax" (norm_topk_prob: renormalize the top k) or
+    "sigmoid_groups" (DeepSeek-V3: n_group groups, the best topk_group eligible, weights times
+    routed_scale); n_shared_experts: a shared SwiGLU of width n_shared_experts * d_expert every
+    token goes through; dense_layers: indices of layers that keep the dense SwiGLU (d_ff).
+    qk_norm: RMSNorm over head_dim on queries and keys before RoPE (Qwen3).
     """
 
     vocab_size: int
@@ -57,6 +78,17 @@ class ModelConfig:
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
+    n_experts: int = 0
+    top_k: int = 0
+    d_expert: int = 0
+    router: str = "softmax"
+    norm_topk_prob: bool = True
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scale: float = 1.0
+    n_shared_experts: int = 0
+    dense_layers: tuple[int, ...] = ()
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
@@ -77,6 +109,64 @@ class ModelConfig:
             raise ValueError(f"rope_base must be > 0, got {self.rope_base!r}")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
+        self._check_moe()
+
+    def _check_moe(self) -> None:
+        """The day-20 fields: clear errors naming the field and what it may be."""
+        for name in ("norm_topk_prob", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group",
+                     "n_shared_experts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        dense = self.dense_layers
+        if not isinstance(dense, (tuple, list)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in dense):
+            raise ValueError(f"dense_layers must be a tuple of layer indices, got {dense!r}")
+        object.__setattr__(self, "dense_layers", tuple(sorted(dense)))   # hashable, ordered
+        if not self.is_moe:
+            defaults = {f.name: f.default for f in fields(self)}
+            for name in ("top_k", "d_expert", "router", "norm_topk_prob", "n_group",
+                         "topk_group", "routed_scale", "n_shared_experts", "dense_layers"):
+                if getattr(self, name) != defaults[name]:
+                    raise ValueError(f"{name}={getattr(self, name)!r} needs a mixture-of-experts "
+                                     f"model: set n_experts >= 1 (n_experts=0 is dense)")
+            return
+        e = self.n_experts
+        if not 1 <= self.top_k <= e:
+            raise ValueError(f"top_k must be in [1, n_experts={e}], got {self.top_k!r}")
+        if self.d_expert < 1:
+            raise ValueError(f"d_expert must be >= 1 for a mixture-of-experts model, got "
+                             f"{self.d_expert!r}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
+        if isinstance(self.routed_scale, bool) or not isinstance(self.routed_scale,
+                                                                 (int, float)) \
+                or not 0 < self.routed_scale < math.inf:
+            raise ValueError(f"routed_scale must be a finite number > 0, got "
+                             f"{self.routed_scale!r}")
+        if self.router == "softmax":
+            for name in ("n_group", "topk_group", "routed_scale"):
+                if getattr(self, name) != 1:
+                    raise ValueError(f"{name} must be 1 with router 'softmax' (groups and a "
+                                     f"scale are 'sigmoid_groups' options), got "
+                                     f"{getattr(self, name)!r}")
+        else:
+            g = self.n_group
+            if g < 1 or e % g or e // g < 2:
+                raise ValueError(f"n_group must divide n_experts={e} into groups of at least 2 "
+                                 f"experts, got {g!r}")
+            if not 1 <= self.topk_group <= g or self.top_k > self.topk_group * (e // g):
+                raise ValueError(f"topk_group must be in [1, n_group={g}] and keep at least "
+                                 f"top_k={self.top_k} experts eligible, got {self.topk_group!r}")
+        if len(set(dense)) != len(dense) or not all(0 <= i < self.n_layers for i in dense):
+            raise ValueError(f"dense_layers must be distinct layer indices in [0, n_layers="
+                             f"{self.n_layers}), got {dense!r}")
+        if len(dense) == self.n_layers:
+            raise ValueError(f"dense_layers lists all {self.n_layers} layers: no layer would be "
+                             f"sparse; use n_experts=0 for a dense model")
 
     @property
     def head_dim(self) -> int:
@@ -86,6 +176,36 @@ class ModelConfig:
     def n_rep(self) -> int:
         """Query heads per key/value head (the GQA group size)."""
         return self.n_heads // self.n_kv_heads
+
+    @property
+    def is_moe(self) -> bool:
+        """True for a mixture-of-experts model (n_experts > 0)."""
+        return self.n_experts > 0
+
+    def is_moe_layer(self, i: int) -> bool:
+        """True when layer i's feed_forward is a tinygpt.moe.MoE (False: day 05's SwiGLU)."""
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers:
+            raise ValueError(f"i must be a layer index in [0, n_layers={self.n_layers}), got "
+                             f"{i!r}")
+        return self.is_moe and i not in self.dense_layers
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """The indices of the sparse layers (empty for a dense model)."""
+        return tuple(i for i in range(self.n_layers) if self.is_moe_layer(i))
+
+    def fast_path_refusal(self) -> str | None:
+        """Why the fast paths written for day 05's dense layers (the fused decode step and its
+        C layers, the engine's batched products, quantized steps, tensor-parallel shards, GGUF
+        writers) cannot run this model, or None when they can. Those paths run the model's
+        own modules instead (Block, Attention.qkv, MoE) or refuse with this reason."""
+        if self.is_moe:
+            return (f"the model has mixture-of-experts layers (n_experts={self.n_experts}, "
+                    f"top_k={self.top_k}): their feed_forward is tinygpt.moe.MoE, not one "
+                    f"SwiGLU")
+        if self.qk_norm:
+            return "the model normalizes queries and keys per head before RoPE (qk_norm=True)"
+        return None
 
 # --------------------------------------------------------------------------------------------
 # building blocks
@@ -132,6 +252,8 @@ class Attention(nn.Module):
     """Causal grouped-query self-attention with RoPE and no biases.
 
     wq: D -> H * head_dim, wk and wv: D -> H_kv * head_dim, wo: H * head_dim -> D.
+    With cfg.qk_norm, q_norm and k_norm (RMSNorm over head_dim, one weight shared by the heads)
+    normalize each query and key head before RoPE (Qwen3); otherwise both are None.
     `qkv` computes rotated queries and keys and the values; `forward` attends and projects back.
     Keeping the two steps apart lets a KV cache slot in between them.
     """
@@ -143,18 +265,25 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: (B, T, D); cos, sin: (T, head_dim) or (B, T, head_dim) for the T positions of x.
 
-        Returns q (B, H, T, head_dim) and k (B, H_kv, T, head_dim), both rotated by RoPE,
-        and v (B, H_kv, T, head_dim).
+        Returns q (B, H, T, head_dim) and k (B, H_kv, T, head_dim), both normalized per head
+        (with q/k norm) and rotated by RoPE, and v (B, H_kv, T, head_dim).
         """
-        q = apply_rope(split_heads(self.wq(x), self.n_heads), cos, sin)
-        k = apply_rope(split_heads(self.wk(x), self.n_kv_heads), cos, sin)
+        q = split_heads(self.wq(x), self.n_heads)
+        k = split_heads(self.wk(x), self.n_kv_heads)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         v = split_heads(self.wv(x), self.n_kv_heads)
-        return q, k, v
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: LayerKVCache | None = None,
@@ -179,14 +308,25 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm transformer block: x + attention(norm(x)), then h + feed_forward(norm(h))."""
+    """One pre-norm transformer block: x + attention(norm(x)), then h + feed_forward(norm(h)).
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    feed_forward is day 05's SwiGLU(d_model, d_ff), or on a sparse layer of a mixture-of-experts
+    config (cfg.is_moe_layer(layer_index)) a tinygpt.moe.MoE built from cfg's fields.
+    """
+
+    def __init__(self, cfg: ModelConfig, layer_index: int = 0) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.feed_forward = SwiGLU(cfg.d_model, cfg.d_ff)
+        self.feed_forward: SwiGLU | MoE
+        if cfg.is_moe_layer(layer_index):
+            self.feed_forward = MoE(
+                cfg.d_model, cfg.n_experts, cfg.top_k, cfg.d_expert, router=cfg.router,
+                renormalize=cfg.norm_topk_prob, n_group=cfg.n_group, topk_group=cfg.topk_group,
+                scale=cfg.routed_scale, d_shared=cfg.n_shared_experts * cfg.d_expert)
+        else:
+            self.feed_forward = SwiGLU(cfg.d_model, cfg.d_ff)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: LayerKVCache | None = None,
@@ -215,7 +355,7 @@ class TinyGPT(nn.Module):
             raise TypeError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -230,8 +370,11 @@ class TinyGPT(nn.Module):
     def init_weights(self, seed: int) -> None:
         """Deterministic init: matrices ~ N(0, 0.02^2), norm weights 1.
 
-        The projections that write into the residual stream (wo, w2) get std 0.02 / sqrt(2 L)
-        (GPT-2's scaled init) so the residual does not grow with depth. Draws come from a CPU
+        The projections that write into the residual stream (wo, w2, and the experts' stacked
+        w2 of a MoE layer, (E, D, d_expert)) get std 0.02 / sqrt(2 L) (GPT-2's scaled init) so
+        the residual does not grow with depth; the router (gate) and the experts' w1, w3 are
+        matrices like any other, and DeepSeek's e_score_correction_bias, a buffer, stays 0.
+        Draws come from a CPU
         generator seeded with `seed`, in parameter order, so the result is the same on any device.
         The draws are made on the CPU explicitly, so building the model inside a device context
         (`with torch.device("cuda"):`) does not pair a CPU generator with a CUDA tensor.
@@ -244,7 +387,8 @@ class TinyGPT(nn.Module):
             if p.ndim == 1:
                 p.fill_(1.0)
                 continue
-            std = resid_std if name.endswith(("wo.weight", "w2.weight")) else 0.02
+            std = resid_std if name.endswith(("wo.weight", "w2.weight", "feed_forward.w2")) \
+                else 0.02
             p.copy_(torch.randn(p.shape, generator=gen, device="cpu") * std)
 
     def _check_inputs(self, idx: torch.Tensor, input_pos: torch.Tensor | None) -> None:
@@ -323,210 +467,58 @@ def count_parameters(cfg: ModelConfig) -> int:
     """Number of parameters of TinyGPT(cfg), in closed form (a tied matrix counts once).
 
         attention per layer   D * (H * hd) + 2 * D * (H_kv * hd) + (H * hd) * D
-        SwiGLU per layer      3 * D * d_ff
+                              [+ 2 * hd with q/k norm]
+        SwiGLU per layer      3 * D * d_ff                                  (a dense layer)
+        MoE per layer         E * D  +  3 * E * D * d_expert  +  3 * D * (S * d_expert)
+                              router     routed experts         shared experts (S of them)
         norms per layer       2 * D
-        total                 V * D + L * (attention + SwiGLU + norms) + D  [+ V * D if untied]
+        total                 V * D + sum over layers (attention + SwiGLU or MoE + norms) + D
+                              [+ V * D if untied]
+
+    Buffers are not parameters: RoPE's tables and DeepSeek's e_score_correction_bias (E,).
     """
     D, hd = cfg.d_model, cfg.head_dim
     attention = D * cfg.n_heads * hd + 2 * D * cfg.n_kv_heads * hd + cfg.n_heads * hd * D
-    mlp = 3 * D * cfg.d_ff
-    per_layer = attention + mlp + 2 * D
+    attention += 2 * hd if cfg.qk_norm else 0
+    n_moe = len(cfg.moe_layers)
+    dense = (cfg.n_layers - n_moe) * 3 * D * cfg.d_ff
+    moe = n_moe * (cfg.n_experts * D + 3 * D * cfg.d_expert * (cfg.n_experts
+                                                                 + cfg.n_shared_experts))
     embeddings = cfg.vocab_size * D
     lm_head = 0 if cfg.tie_embeddings else cfg.vocab_size * D
-    return embeddings + cfg.n_layers * per_layer + D + lm_head
+    return embeddings + cfg.n_layers * (attention + 2 * D) + dense + moe + D + lm_head
+
+
+def count_active_parameters(cfg: ModelConfig) -> int:
+    """Parameters one token's forward pass uses: everything but the routed experts it skips.
+
+        active = count_parameters(cfg) - n_moe_layers * (E - k) * 3 * D * d_expert
+
+    That is the embeddings, the head, every attention, norm, router, shared expert and dense
+    layer, and k of the E routed experts in each sparse layer: the "active parameters" model
+    cards quote (Mixtral-8x7B: 12.9B of 46.7B; Mixtral's config gives exactly that, see
+    tests/test_moe_model.py). Equals count_parameters for a dense model. The embedding matrix
+    counts whole although a token reads one row of it (as model cards count it).
+    """
+    skipped = cfg.n_experts - cfg.top_k if cfg.is_moe else 0
+    return count_parameters(cfg) - len(cfg.moe_layers) * skipped * 3 * cfg.d_model \
+        * cfg.d_expert
 
 
 # --------------------------------------------------------------------------------------------
-# Hugging Face Llama interoperability (transformers is only needed by `to_hf_llama`)
+# Hugging Face interoperability lives in tinygpt.hf_models (which imports this module)
+
+_HF_NAMES = ("hf_llama_key_map", "config_from_hf", "from_hf_llama", "config_to_hf",
+             "to_hf_llama")
 
 
-def hf_llama_key_map(cfg: ModelConfig) -> dict[str, str]:
-    """Map every TinyGPT state_dict key to its Hugging Face LlamaForCausalLM key."""
-    names = {
-        "tok_embeddings.weight": "model.embed_tokens.weight",
-        "norm.weight": "model.norm.weight",
-        "output.weight": "lm_head.weight",
-    }
-    per_layer = {
-        "attention_norm.weight": "input_layernorm.weight",
-        "attention.wq.weight": "self_attn.q_proj.weight",
-        "attention.wk.weight": "self_attn.k_proj.weight",
-        "attention.wv.weight": "self_attn.v_proj.weight",
-        "attention.wo.weight": "self_attn.o_proj.weight",
-        "ffn_norm.weight": "post_attention_layernorm.weight",
-        "feed_forward.w1.weight": "mlp.gate_proj.weight",
-        "feed_forward.w3.weight": "mlp.up_proj.weight",
-        "feed_forward.w2.weight": "mlp.down_proj.weight",
-    }
-    for i in range(cfg.n_layers):
-        for ours, theirs in per_layer.items():
-            names[f"layers.{i}.{ours}"] = f"model.layers.{i}.{theirs}"
-    return names
+def __getattr__(name: str) -> Any:
+    """Day 05's Hugging Face conversions (from_hf_llama, to_hf_llama, config_from_hf,
+    config_to_hf, hf_llama_key_map) are written in tinygpt.hf_models beside day 20's Qwen3-MoE
+    and Mixtral ones; `from tinygpt.model import from_hf_llama` still works (PEP 562: the name
+    is looked up there on first use, so the two modules do not import each other on load)."""
+    if name in _HF_NAMES:
+        from tinygpt import hf_models
 
-
-_MISSING = object()
-
-
-def _hf_get(hf_config: Any, name: str, default: Any = _MISSING) -> Any:
-    """Read a field from a transformers config object or a config.json dict."""
-    if isinstance(hf_config, Mapping):
-        value = hf_config.get(name, default)
-    else:
-        value = getattr(hf_config, name, default)
-    if value is _MISSING:
-        raise ValueError(f"hf_config has no field {name!r}, which a Llama config needs")
-    return value
-
-
-def _hf_rope_theta(hf_config: Any) -> float:
-    """RoPE theta of a Llama config; reject RoPE scaling variants TinyGPT does not implement.
-
-    transformers 5 keeps it in `rope_parameters = {"rope_type": ..., "rope_theta": ...}`; older
-    config.json files have a top-level `rope_theta` and an optional `rope_scaling` dict.
-    """
-    params = _hf_get(hf_config, "rope_parameters", None)
-    if params is None:
-        params = _hf_get(hf_config, "rope_scaling", None)
-    params = dict(params or {})
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(f"RoPE scaling type {rope_type!r} is not supported; TinyGPT implements "
-                         f"only rope_type 'default' (plain RoPE with rope_theta)")
-    return float(params.get("rope_theta", _hf_get(hf_config, "rope_theta", 10000.0)))
-
-
-def config_from_hf(hf_config: Any) -> ModelConfig:
-    """ModelConfig equivalent to a Hugging Face LlamaConfig (or its config.json as a dict).
-
-    Raises ValueError for Llama variants TinyGPT cannot represent: biases, an activation other
-    than SiLU, head_dim != hidden_size / num_attention_heads, or scaled RoPE.
-    """
-    model_type = _hf_get(hf_config, "model_type", "llama")
-    if model_type != "llama":
-        raise ValueError(f"hf_config.model_type must be 'llama', got {model_type!r}")
-    act = _hf_get(hf_config, "hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"hidden_act must be 'silu' (SwiGLU), got {act!r}")
-    for name in ("attention_bias", "mlp_bias"):
-        if _hf_get(hf_config, name, False):
-            raise ValueError(f"{name}=True is not supported: TinyGPT's linear layers have no bias")
-    d_model = _hf_get(hf_config, "hidden_size")
-    n_heads = _hf_get(hf_config, "num_attention_heads")
-    head_dim = _hf_get(hf_config, "head_dim", None)
-    if head_dim is not None and n_heads and head_dim * n_heads != d_model:
-        raise ValueError(f"head_dim ({head_dim}) must equal hidden_size / num_attention_heads "
-                         f"({d_model} / {n_heads}); TinyGPT derives head_dim from d_model")
-    n_kv_heads = _hf_get(hf_config, "num_key_value_heads", None) or n_heads
-    return ModelConfig(
-        vocab_size=_hf_get(hf_config, "vocab_size"),
-        d_model=d_model,
-        n_layers=_hf_get(hf_config, "num_hidden_layers"),
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        d_ff=_hf_get(hf_config, "intermediate_size"),
-        max_seq_len=_hf_get(hf_config, "max_position_embeddings"),
-        rope_base=_hf_rope_theta(hf_config),
-        norm_eps=float(_hf_get(hf_config, "rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(_hf_get(hf_config, "tie_word_embeddings", False)),
-    )
-
-
-def from_hf_llama(state_dict: Mapping[str, torch.Tensor] | nn.Module, hf_config: Any,
-                  dtype: torch.dtype | None = None) -> TinyGPT:
-    """Build a TinyGPT holding the weights of a Hugging Face LlamaForCausalLM.
-
-    state_dict: the model's state_dict (or the model itself); keys "model.embed_tokens.weight",
-    "model.layers.{i}.self_attn.q_proj.weight", ..., "lm_head.weight" (optional when tied).
-    hf_config: its LlamaConfig or config.json dict. dtype: defaults to the embedding's dtype.
-    Raises ValueError on missing, unexpected or wrongly shaped weights.
-    """
-    if isinstance(state_dict, nn.Module):
-        state_dict = state_dict.state_dict()
-    if not isinstance(state_dict, Mapping):
-        raise TypeError(f"state_dict must be a mapping of names to tensors or an nn.Module, got "
-                        f"{type(state_dict).__name__}")
-    cfg = config_from_hf(hf_config)
-    key_map = hf_llama_key_map(cfg)
-    theirs = {k: v for k, v in state_dict.items() if not k.endswith("rotary_emb.inv_freq")}
-    if cfg.tie_embeddings:
-        lm_head = theirs.pop("lm_head.weight", None)
-        embed = theirs.get("model.embed_tokens.weight")
-        if lm_head is not None and embed is not None and not torch.equal(lm_head, embed):
-            raise ValueError("hf_config.tie_word_embeddings is True but lm_head.weight differs "
-                             "from model.embed_tokens.weight")
-        del key_map["output.weight"]
-    missing = sorted(set(key_map.values()) - set(theirs))
-    unexpected = sorted(set(theirs) - set(key_map.values()))
-    if missing or unexpected:
-        raise ValueError(f"state_dict does not match a LlamaForCausalLM with this config: "
-                         f"missing keys {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
-                         f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
-
-    if dtype is None:
-        dtype = theirs["model.embed_tokens.weight"].dtype
-    model = TinyGPT(cfg, seed=None).to(dtype)
-    ours = model.state_dict()
-    new_state = {}
-    for our_key, their_key in key_map.items():
-        tensor = theirs[their_key]
-        if tuple(tensor.shape) != tuple(ours[our_key].shape):
-            raise ValueError(f"{their_key} has shape {tuple(tensor.shape)}, expected "
-                             f"{tuple(ours[our_key].shape)} for {cfg}")
-        new_state[our_key] = tensor
-    if cfg.tie_embeddings:
-        new_state["output.weight"] = new_state["tok_embeddings.weight"]
-    model.load_state_dict(new_state, strict=True)
-    return model.eval()
-
-
-def config_to_hf(cfg: ModelConfig, **overrides: Any):
-    """A transformers LlamaConfig describing the same architecture as `cfg`.
-
-    bos/eos/pad token ids are None unless given in `overrides`, which are passed to LlamaConfig.
-    """
-    from transformers import LlamaConfig
-
-    kwargs: dict[str, Any] = dict(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.d_model,
-        intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_kv_heads,
-        head_dim=cfg.head_dim,
-        max_position_embeddings=cfg.max_seq_len,
-        rms_norm_eps=cfg.norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_base)},
-        tie_word_embeddings=cfg.tie_embeddings,
-        hidden_act="silu",
-        attention_bias=False,
-        mlp_bias=False,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    kwargs.update(overrides)
-    return LlamaConfig(**kwargs)
-
-
-@torch.no_grad()
-def to_hf_llama(model: TinyGPT, attn_implementation: str = "sdpa", **config_overrides: Any):
-    """A transformers LlamaForCausalLM (eval mode, same dtype and device) with `model`'s weights.
-
-    attn_implementation: "sdpa" or "eager". config_overrides go to `config_to_hf`.
-    """
-    from transformers import LlamaForCausalLM
-
-    if not isinstance(model, TinyGPT):
-        raise TypeError(f"model must be a TinyGPT, got {type(model).__name__}")
-    if attn_implementation not in ("sdpa", "eager"):
-        raise ValueError(f"attn_implementation must be 'sdpa' or 'eager', got "
-                         f"{attn_implementation!r}")
-    hf_config = config_to_hf(model.cfg, attn_implementation=attn_implementation,
-                             **config_overrides)
-    param = next(model.parameters())
-    hf_model = LlamaForCausalLM(hf_config).to(device=param.device, dtype=param.dtype)
-    key_map = hf_llama_key_map(model.cfg)
-    ours = model.state_dict()
-    hf_model.load_state_dict({theirs: ours[k] for k, theirs in key_map.items()}, strict=True)
-    return hf_model.eval()
+        return getattr(hf_models, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

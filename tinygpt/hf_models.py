@@ -1,0 +1,568 @@
+"""Hugging Face checkpoints as TinyGPT: Llama (day 05), Qwen3-MoE and Mixtral (day 20).
+
+    config_from_hf(hf_config)           a ModelConfig from a transformers config or config.json
+    from_hf(state_dict, hf_config)      a TinyGPT holding the weights, for any of MODEL_TYPES
+    from_hf_llama, from_hf_moe          the same for one family (the mixture-of-experts ones)
+    hf_llama_key_map, config_to_hf, to_hf_llama     day 05's Llama, both ways
+    moe_from_deepseek_v3(module)        our MoE(router="sigmoid_groups") with the weights of a
+                                        transformers DeepseekV3MoE (the router and block only)
+
+The families, as transformers 5 writes them (model_type in config.json):
+
+    llama       dense SwiGLU layers
+    qwen3_moe   softmax router, top k renormalized when norm_topk_prob; q/k norm (RMSNorm
+                over head_dim before RoPE); layer i is sparse unless i is in mlp_only_layers or
+                (i + 1) % decoder_sparse_step != 0, and dense layers are intermediate_size wide,
+                experts moe_intermediate_size; num_experts (num_local_experts in
+                transformers 5's own config.json), num_experts_per_tok
+    mixtral     softmax router, top k always renormalized; every layer sparse, experts
+                intermediate_size wide; num_local_experts, num_experts_per_tok
+
+Expert weights come in two layouts, both accepted (per MoE layer, not mixed):
+
+    per expert  what the Hub's checkpoints hold and what save_pretrained writes (transformers
+                5.23 converts back on saving): model.layers.{i}.mlp.experts.{e}.gate_proj /
+                up_proj / down_proj.weight (Qwen3-MoE); model.layers.{i}.block_sparse_moe.
+                experts.{e}.w1 / w3 / w2.weight and block_sparse_moe.gate.weight (Mixtral)
+    fused       what a transformers 5 model holds in memory (its state_dict(); transformers'
+                conversion_mapping.py merges the per-expert keys on loading):
+                mlp.experts.gate_up_proj (E, 2 I, D), gate rows first, then up; and
+                mlp.experts.down_proj (E, D, I); Mixtral's router is mlp.gate.weight
+
+Ours: layers.{i}.feed_forward.gate.weight (E, D), w1 and w3 (E, I, D), w2 (E, D, I) (see
+tinygpt.moe), and attention.q_norm.weight / k_norm.weight (head_dim,).
+
+Refused with a ValueError naming the reason: head_dim != hidden_size / num_attention_heads,
+attention or MLP biases, an activation other than SiLU, any RoPE scaling, a sliding window
+shorter than the context (Mixtral's, Qwen's use_sliding_window: day 21), Qwen2-MoE's gated
+shared expert (shared_expert_gate), and DeepSeek-V3 folders (multi-head latent attention,
+which arrives with day 21; its router and MoE block convert with moe_from_deepseek_v3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from tinygpt.model import ModelConfig, TinyGPT
+from tinygpt.moe import MoE
+
+MODEL_TYPES = ("llama", "qwen3_moe", "mixtral")
+
+# families a user may meet, and why they are not loaded (yet)
+REFUSED = {
+    "deepseek_v3": "DeepSeek-V3's attention is multi-head latent attention (compressed K/V and "
+                   "a decoupled RoPE key), which arrives with day 21; its router and MoE block "
+                   "convert with tinygpt.hf_models.moe_from_deepseek_v3",
+    "qwen2_moe": "Qwen2-MoE gates its shared expert with a sigmoid (shared_expert_gate) and "
+                 "has q/k/v biases, neither of which TinyGPT implements",
+}
+
+# per-expert weight names in the Hub's layout: (gate, up, down)
+EXPERT_NAMES = {"qwen3_moe": ("gate_proj", "up_proj", "down_proj"),
+                "mixtral": ("w1", "w3", "w2")}
+
+
+def check_model_type(model_type: Any) -> str:
+    """`model_type` if TinyGPT loads it, else a ValueError listing MODEL_TYPES (and saying why
+    for the families in REFUSED)."""
+    if model_type in MODEL_TYPES:
+        return model_type
+    why = f": {REFUSED[model_type]}" if model_type in REFUSED else ""
+    raise ValueError(f"hf_config.model_type must be one of {MODEL_TYPES}, got "
+                     f"{model_type!r}{why}")
+
+
+# --------------------------------------------------------------------------------------------
+# Llama (day 05)
+
+
+def hf_llama_key_map(cfg: ModelConfig) -> dict[str, str]:
+    """Map every TinyGPT state_dict key to its Hugging Face LlamaForCausalLM key."""
+    _check_dense(cfg, "hf_llama_key_map")
+    names = {
+        "tok_embeddings.weight": "model.embed_tokens.weight",
+        "norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight",
+    }
+    per_layer = {
+        "attention_norm.weight": "input_layernorm.weight",
+        "attention.wq.weight": "self_attn.q_proj.weight",
+        "attention.wk.weight": "self_attn.k_proj.weight",
+        "attention.wv.weight": "self_attn.v_proj.weight",
+        "attention.wo.weight": "self_attn.o_proj.weight",
+        "ffn_norm.weight": "post_attention_layernorm.weight",
+        "feed_forward.w1.weight": "mlp.gate_proj.weight",
+        "feed_forward.w3.weight": "mlp.up_proj.weight",
+        "feed_forward.w2.weight": "mlp.down_proj.weight",
+    }
+    for i in range(cfg.n_layers):
+        for ours, theirs in per_layer.items():
+            names[f"layers.{i}.{ours}"] = f"model.layers.{i}.{theirs}"
+    return names
+
+
+_MISSING = object()
+
+
+def _hf_get(hf_config: Any, name: str, default: Any = _MISSING, family: str = "Llama") -> Any:
+    """Read a field from a transformers config object or a config.json dict."""
+    if isinstance(hf_config, Mapping):
+        value = hf_config.get(name, default)
+    else:
+        value = getattr(hf_config, name, default)
+    if value is _MISSING:
+        raise ValueError(f"hf_config has no field {name!r}, which a {family} config needs")
+    return value
+
+
+def _check_dense(cfg: ModelConfig, what: str) -> None:
+    if cfg.fast_path_refusal() is not None:
+        raise ValueError(f"{what} describes a dense Llama: {cfg.fast_path_refusal()}")
+
+
+def _hf_rope_theta(hf_config: Any) -> float:
+    """RoPE theta of a Llama config; reject RoPE scaling variants TinyGPT does not implement.
+
+    transformers 5 keeps it in `rope_parameters = {"rope_type": ..., "rope_theta": ...}`; older
+    config.json files have a top-level `rope_theta` and an optional `rope_scaling` dict.
+    """
+    params = _hf_get(hf_config, "rope_parameters", None)
+    if params is None:
+        params = _hf_get(hf_config, "rope_scaling", None)
+    params = dict(params or {})
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"RoPE scaling type {rope_type!r} is not supported; TinyGPT implements "
+                         f"only rope_type 'default' (plain RoPE with rope_theta)")
+    return float(params.get("rope_theta", _hf_get(hf_config, "rope_theta", 10000.0)))
+
+
+def config_from_hf(hf_config: Any) -> ModelConfig:
+    """ModelConfig equivalent to a Hugging Face config of one of MODEL_TYPES (a transformers
+    config object, or its config.json as a dict; model_type defaults to "llama").
+
+    Raises ValueError for variants TinyGPT cannot represent: biases, an activation other
+    than SiLU, head_dim != hidden_size / num_attention_heads, or scaled RoPE; for the
+    mixture-of-experts families see config_from_hf_moe.
+    """
+    model_type = check_model_type(_hf_get(hf_config, "model_type", "llama"))
+    if model_type != "llama":
+        return config_from_hf_moe(hf_config)
+    act = _hf_get(hf_config, "hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"hidden_act must be 'silu' (SwiGLU), got {act!r}")
+    for name in ("attention_bias", "mlp_bias"):
+        if _hf_get(hf_config, name, False):
+            raise ValueError(f"{name}=True is not supported: TinyGPT's linear layers have no bias")
+    d_model = _hf_get(hf_config, "hidden_size")
+    n_heads = _hf_get(hf_config, "num_attention_heads")
+    head_dim = _hf_get(hf_config, "head_dim", None)
+    if head_dim is not None and n_heads and head_dim * n_heads != d_model:
+        raise ValueError(f"head_dim ({head_dim}) must equal hidden_size / num_attention_heads "
+                         f"({d_model} / {n_heads}); TinyGPT derives head_dim from d_model")
+    n_kv_heads = _hf_get(hf_config, "num_key_value_heads", None) or n_heads
+    return ModelConfig(
+        vocab_size=_hf_get(hf_config, "vocab_size"),
+        d_model=d_model,
+        n_layers=_hf_get(hf_config, "num_hidden_layers"),
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        d_ff=_hf_get(hf_config, "intermediate_size"),
+        max_seq_len=_hf_get(hf_config, "max_position_embeddings"),
+        rope_base=_hf_rope_theta(hf_config),
+        norm_eps=float(_hf_get(hf_config, "rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(_hf_get(hf_config, "tie_word_embeddings", False)),
+    )
+
+
+def from_hf_llama(state_dict: Mapping[str, torch.Tensor] | nn.Module, hf_config: Any,
+                  dtype: torch.dtype | None = None) -> TinyGPT:
+    """Build a TinyGPT holding the weights of a Hugging Face LlamaForCausalLM.
+
+    state_dict: the model's state_dict (or the model itself); keys "model.embed_tokens.weight",
+    "model.layers.{i}.self_attn.q_proj.weight", ..., "lm_head.weight" (optional when tied).
+    hf_config: its LlamaConfig or config.json dict. dtype: defaults to the embedding's dtype.
+    Raises ValueError on missing, unexpected or wrongly shaped weights.
+    """
+    if isinstance(state_dict, nn.Module):
+        state_dict = state_dict.state_dict()
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"state_dict must be a mapping of names to tensors or an nn.Module, got "
+                        f"{type(state_dict).__name__}")
+    model_type = _hf_get(hf_config, "model_type", "llama")
+    if model_type != "llama":
+        raise ValueError(f"from_hf_llama loads model_type 'llama', got {model_type!r}; "
+                         f"tinygpt.hf_models.from_hf loads every one of {MODEL_TYPES}")
+    cfg = config_from_hf(hf_config)
+    key_map = hf_llama_key_map(cfg)
+    theirs = {k: v for k, v in state_dict.items() if not k.endswith("rotary_emb.inv_freq")}
+    if cfg.tie_embeddings:
+        lm_head = theirs.pop("lm_head.weight", None)
+        embed = theirs.get("model.embed_tokens.weight")
+        if lm_head is not None and embed is not None and not torch.equal(lm_head, embed):
+            raise ValueError("hf_config.tie_word_embeddings is True but lm_head.weight differs "
+                             "from model.embed_tokens.weight")
+        del key_map["output.weight"]
+    missing = sorted(set(key_map.values()) - set(theirs))
+    unexpected = sorted(set(theirs) - set(key_map.values()))
+    if missing or unexpected:
+        raise ValueError(f"state_dict does not match a LlamaForCausalLM with this config: "
+                         f"missing keys {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
+                         f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+
+    if dtype is None:
+        dtype = theirs["model.embed_tokens.weight"].dtype
+    model = TinyGPT(cfg, seed=None).to(dtype)
+    ours = model.state_dict()
+    new_state = {}
+    for our_key, their_key in key_map.items():
+        tensor = theirs[their_key]
+        if tuple(tensor.shape) != tuple(ours[our_key].shape):
+            raise ValueError(f"{their_key} has shape {tuple(tensor.shape)}, expected "
+                             f"{tuple(ours[our_key].shape)} for {cfg}")
+        new_state[our_key] = tensor
+    if cfg.tie_embeddings:
+        new_state["output.weight"] = new_state["tok_embeddings.weight"]
+    model.load_state_dict(new_state, strict=True)
+    return model.eval()
+
+
+def config_to_hf(cfg: ModelConfig, **overrides: Any):
+    """A transformers LlamaConfig describing the same architecture as `cfg`.
+
+    bos/eos/pad token ids are None unless given in `overrides`, which are passed to LlamaConfig.
+    A mixture-of-experts or q/k-norm config is refused (a ValueError): a Llama has neither.
+    """
+    from transformers import LlamaConfig
+
+    _check_dense(cfg, "config_to_hf")
+
+    kwargs: dict[str, Any] = dict(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_seq_len,
+        rms_norm_eps=cfg.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_base)},
+        tie_word_embeddings=cfg.tie_embeddings,
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    kwargs.update(overrides)
+    return LlamaConfig(**kwargs)
+
+
+@torch.no_grad()
+def to_hf_llama(model: TinyGPT, attn_implementation: str = "sdpa", **config_overrides: Any):
+    """A transformers LlamaForCausalLM (eval mode, same dtype and device) with `model`'s weights.
+
+    attn_implementation: "sdpa" or "eager". config_overrides go to `config_to_hf`.
+    """
+    from transformers import LlamaForCausalLM
+
+    if not isinstance(model, TinyGPT):
+        raise TypeError(f"model must be a TinyGPT, got {type(model).__name__}")
+    if attn_implementation not in ("sdpa", "eager"):
+        raise ValueError(f"attn_implementation must be 'sdpa' or 'eager', got "
+                         f"{attn_implementation!r}")
+    hf_config = config_to_hf(model.cfg, attn_implementation=attn_implementation,
+                             **config_overrides)
+    param = next(model.parameters())
+    hf_model = LlamaForCausalLM(hf_config).to(device=param.device, dtype=param.dtype)
+    key_map = hf_llama_key_map(model.cfg)
+    ours = model.state_dict()
+    hf_model.load_state_dict({theirs: ours[k] for k, theirs in key_map.items()}, strict=True)
+    return hf_model.eval()
+
+
+# --------------------------------------------------------------------------------------------
+# Qwen3-MoE and Mixtral (day 20)
+
+
+def _n_experts(hf_config: Any, family: str) -> int:
+    """Qwen3-MoE's num_experts (the Hub's name) or num_local_experts (transformers 5's)."""
+    names = ("num_local_experts",) if family == "mixtral" else ("num_experts",
+                                                                 "num_local_experts")
+    values = {n: _hf_get(hf_config, n, None) for n in names}
+    given = {v for v in values.values() if v is not None}
+    if len(given) != 1:
+        raise ValueError(f"hf_config must give the number of experts once, as "
+                         f"{' or '.join(names)}; got {values}")
+    return given.pop()
+
+
+def config_from_hf_moe(hf_config: Any) -> ModelConfig:
+    """ModelConfig of a Hugging Face Qwen3-MoE or Mixtral config (object or config.json dict).
+
+    See the module docstring for how the fields map. ValueError for what TinyGPT does not
+    implement: biases, an activation other than SiLU, head_dim != hidden_size /
+    num_attention_heads, scaled RoPE, and a sliding window shorter than the context.
+    """
+    family = check_model_type(_hf_get(hf_config, "model_type"))
+    if family == "llama":
+        raise ValueError("config_from_hf_moe reads model_type 'qwen3_moe' or 'mixtral'; use "
+                         "config_from_hf for 'llama'")
+
+    def get(name: str, default: Any = _MISSING) -> Any:
+        return _hf_get(hf_config, name, default, family=family)
+
+    act = get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"hidden_act must be 'silu' (SwiGLU experts), got {act!r}")
+    for name in ("attention_bias", "mlp_bias", "qkv_bias"):
+        if get(name, False):
+            raise ValueError(f"{name}=True is not supported: TinyGPT's linear layers have no bias")
+    d_model, n_heads, n_layers = get("hidden_size"), get("num_attention_heads"), \
+        get("num_hidden_layers")
+    head_dim = get("head_dim", None)
+    if head_dim is not None and n_heads and head_dim * n_heads != d_model:
+        raise ValueError(f"head_dim ({head_dim}) must equal hidden_size / num_attention_heads "
+                         f"({d_model} / {n_heads}); TinyGPT derives head_dim from d_model")
+    context = get("max_position_embeddings")
+    window = get("sliding_window", None)
+    if family == "qwen3_moe" and not get("use_sliding_window", False):
+        window = None                                 # transformers ignores it then
+    if window is not None and window < context:
+        raise ValueError(f"sliding_window={window} is shorter than max_position_embeddings="
+                         f"{context}: sliding-window attention arrives with day 21 (KV memory "
+                         f"for long context); TinyGPT attends over the whole context")
+    n_experts, top_k = _n_experts(hf_config, family), get("num_experts_per_tok")
+    if family == "mixtral":
+        d_ff = d_expert = get("intermediate_size")
+        dense, renormalize, qk_norm = [], True, False
+    else:
+        d_ff, d_expert = get("intermediate_size"), get("moe_intermediate_size")
+        step, only = get("decoder_sparse_step", 1), list(get("mlp_only_layers", None) or [])
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise ValueError(f"decoder_sparse_step must be an integer >= 1, got {step!r}")
+        # transformers' Qwen3MoeDecoderLayer: sparse iff not mlp-only, experts, a step's layer
+        dense = [i for i in range(n_layers)
+                 if i in only or n_experts == 0 or (i + 1) % step != 0]
+        renormalize, qk_norm = bool(get("norm_topk_prob", False)), True
+    moe: dict[str, Any] = {}
+    if len(dense) < n_layers:                       # else a dense model (no expert anywhere)
+        moe = dict(n_experts=n_experts, top_k=top_k, d_expert=d_expert,
+                   norm_topk_prob=renormalize, dense_layers=tuple(dense))
+    return ModelConfig(
+        vocab_size=get("vocab_size"), d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+        n_kv_heads=get("num_key_value_heads", None) or n_heads, d_ff=d_ff,
+        max_seq_len=context, rope_base=_hf_rope_theta(hf_config),
+        norm_eps=float(get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(get("tie_word_embeddings", False)), qk_norm=qk_norm, **moe)
+
+
+def _common_key_map(cfg: ModelConfig) -> dict[str, str]:
+    """Our key -> the Hugging Face key of everything but the feed-forward blocks."""
+    names = {"tok_embeddings.weight": "model.embed_tokens.weight",
+             "norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+    per_layer = {"attention_norm.weight": "input_layernorm.weight",
+                 "attention.wq.weight": "self_attn.q_proj.weight",
+                 "attention.wk.weight": "self_attn.k_proj.weight",
+                 "attention.wv.weight": "self_attn.v_proj.weight",
+                 "attention.wo.weight": "self_attn.o_proj.weight",
+                 "ffn_norm.weight": "post_attention_layernorm.weight"}
+    if cfg.qk_norm:
+        per_layer["attention.q_norm.weight"] = "self_attn.q_norm.weight"
+        per_layer["attention.k_norm.weight"] = "self_attn.k_norm.weight"
+    for i in range(cfg.n_layers):
+        for ours, theirs in per_layer.items():
+            names[f"layers.{i}.{ours}"] = f"model.layers.{i}.{theirs}"
+        if not cfg.is_moe_layer(i):
+            for ours, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+                names[f"layers.{i}.feed_forward.{ours}.weight"] = \
+                    f"model.layers.{i}.mlp.{theirs}.weight"
+    return names
+
+
+class _Keys:
+    """Their tensors by key, taken one by one; what is left over or was missing is reported."""
+
+    def __init__(self, state: Mapping[str, torch.Tensor], family: str) -> None:
+        self.left: dict[str, torch.Tensor] = {}
+        for key, tensor in state.items():
+            if key.endswith("rotary_emb.inv_freq"):
+                continue
+            if family == "mixtral":                  # the Hub's name of the MoE block
+                key = key.replace(".block_sparse_moe.", ".mlp.")
+            if key in self.left:
+                raise ValueError(f"state_dict holds {key!r} twice (as block_sparse_moe and mlp)")
+            self.left[key] = tensor
+        self.missing: list[str] = []
+
+    def take(self, key: str) -> torch.Tensor | None:
+        if key not in self.left:
+            self.missing.append(key)
+            return None
+        return self.left.pop(key)
+
+    def has(self, key: str) -> bool:
+        return key in self.left
+
+
+def _experts(keys: _Keys, prefix: str, cfg: ModelConfig, family: str
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """w1, w3 (E, I, D) and w2 (E, D, I) of one MoE layer, from either layout (see the module
+    docstring); None when keys are missing (recorded in keys.missing)."""
+    e, i, d = cfg.n_experts, cfg.d_expert, cfg.d_model
+    fused = [f"{prefix}experts.gate_up_proj", f"{prefix}experts.down_proj"]
+    per_expert = [k for k in keys.left if k.startswith(f"{prefix}experts.")
+                  and k[len(f"{prefix}experts."):].split(".")[0].isdigit()]
+    if any(keys.has(k) for k in fused):
+        if per_expert:
+            raise ValueError(f"{prefix}experts holds both the fused layout (gate_up_proj, "
+                             f"down_proj) and per-expert weights ({per_expert[0]}, ...): "
+                             f"give one layout per layer")
+        gate_up, down = keys.take(fused[0]), keys.take(fused[1])
+        if gate_up is None or down is None:
+            return None
+        if tuple(gate_up.shape) != (e, 2 * i, d):
+            raise ValueError(f"{fused[0]} has shape {tuple(gate_up.shape)}, expected "
+                             f"(n_experts, 2 * d_expert, d_model) = {(e, 2 * i, d)}")
+        return gate_up[:, :i], gate_up[:, i:], down
+    gate, up, down_name = EXPERT_NAMES[family]
+    stacked = []
+    for name in (gate, up, down_name):
+        parts = [keys.take(f"{prefix}experts.{j}.{name}.weight") for j in range(e)]
+        if any(p is None for p in parts):
+            return None
+        shapes = {tuple(p.shape) for p in parts}
+        if len(shapes) != 1:
+            raise ValueError(f"{prefix}experts.*.{name}.weight come in several shapes "
+                             f"{sorted(shapes)}")
+        stacked.append(torch.stack(parts))
+    return stacked[0], stacked[1], stacked[2]
+
+
+def from_hf_moe(state_dict: Mapping[str, torch.Tensor] | nn.Module, hf_config: Any,
+                dtype: torch.dtype | None = None) -> TinyGPT:
+    """A TinyGPT holding the weights of a Hugging Face Qwen3MoeForCausalLM or
+    MixtralForCausalLM: its state_dict (the fused expert layout), the model itself, or the
+    tensors of a folder's *.safetensors (per-expert keys). hf_config: its config object or
+    config.json dict. dtype: defaults to the embedding's dtype.
+
+    ValueError on missing, unexpected or wrongly shaped weights, naming them (and for Qwen2-MoE's
+    shared_expert_gate, which TinyGPT does not implement).
+    """
+    if isinstance(state_dict, nn.Module):
+        state_dict = state_dict.state_dict()
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"state_dict must be a mapping of names to tensors or an nn.Module, got "
+                        f"{type(state_dict).__name__}")
+    cfg = config_from_hf_moe(hf_config)
+    family = _hf_get(hf_config, "model_type")
+    gated = sorted(k for k in state_dict if "shared_expert" in k)
+    if gated:
+        raise ValueError(f"state_dict has a shared expert ({gated[0]}, ...): Qwen2-MoE's "
+                         f"sigmoid-gated shared expert is not implemented ({family} has none)")
+    keys = _Keys(state_dict, family)
+    key_map = _common_key_map(cfg)
+    if cfg.tie_embeddings:
+        lm_head = keys.left.pop("lm_head.weight", None)
+        embed = keys.left.get("model.embed_tokens.weight")
+        if lm_head is not None and embed is not None and not torch.equal(lm_head, embed):
+            raise ValueError("hf_config.tie_word_embeddings is True but lm_head.weight differs "
+                             "from model.embed_tokens.weight")
+        del key_map["output.weight"]
+    new_state = {ours: keys.take(theirs) for ours, theirs in key_map.items()}
+    names = dict(key_map)
+    for i in cfg.moe_layers:
+        prefix, ours = f"model.layers.{i}.mlp.", f"layers.{i}.feed_forward."
+        new_state[ours + "gate.weight"] = keys.take(prefix + "gate.weight")
+        names[ours + "gate.weight"] = prefix + "gate.weight"
+        experts = _experts(keys, prefix, cfg, family)
+        if experts is not None:
+            for name, tensor in zip(("w1", "w3", "w2"), experts, strict=True):
+                new_state[ours + name], names[ours + name] = tensor, f"{prefix}experts ({name})"
+    missing, unexpected = keys.missing, sorted(keys.left)
+    if missing or unexpected:
+        raise ValueError(f"state_dict does not match a {family} model with this config: "
+                         f"missing keys {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
+                         f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+    if dtype is None:
+        dtype = new_state["tok_embeddings.weight"].dtype
+    with torch.device("meta"):                    # shapes only: the weights are assigned below
+        model = TinyGPT(cfg, seed=None)
+    ours = model.state_dict()
+    for key, tensor in new_state.items():
+        if tuple(tensor.shape) != tuple(ours[key].shape):
+            raise ValueError(f"{names[key]} has shape {tuple(tensor.shape)}, expected "
+                             f"{tuple(ours[key].shape)} for {cfg}")
+        new_state[key] = tensor.to(dtype, copy=True).contiguous()   # never the caller's
+    if cfg.tie_embeddings:
+        new_state["output.weight"] = new_state["tok_embeddings.weight"]
+    model.load_state_dict(new_state, strict=True, assign=True)
+    if cfg.tie_embeddings:
+        model.output.weight = model.tok_embeddings.weight
+    return _real_rope_tables(model).eval()
+
+
+def _real_rope_tables(model: TinyGPT) -> TinyGPT:
+    """RoPE's tables of a model built on the meta device, computed for real."""
+    from tinygpt.positions import rope_cos_sin
+
+    cfg = model.cfg
+    weight = model.tok_embeddings.weight
+    cos, sin = rope_cos_sin(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)
+    model.register_buffer("rope_cos", cos.to(weight), persistent=False)
+    model.register_buffer("rope_sin", sin.to(weight), persistent=False)
+    return model
+
+
+def from_hf(state_dict: Mapping[str, torch.Tensor] | nn.Module, hf_config: Any,
+            dtype: torch.dtype | None = None) -> TinyGPT:
+    """A TinyGPT from any of MODEL_TYPES: from_hf_llama or from_hf_moe by hf_config's
+    model_type (default "llama"); ValueError listing the allowed types for any other."""
+    if check_model_type(_hf_get(hf_config, "model_type", "llama")) == "llama":
+        return from_hf_llama(state_dict, hf_config, dtype)
+    return from_hf_moe(state_dict, hf_config, dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# DeepSeek-V3's MoE block (its whole model, with latent attention, is day 21's)
+
+
+@torch.no_grad()
+def moe_from_deepseek_v3(module: nn.Module) -> MoE:
+    """Our MoE(router="sigmoid_groups", ...) with the weights of a transformers DeepseekV3MoE
+    (module.gate: DeepseekV3TopkRouter, module.experts: fused gate_up_proj (E, 2 I, D) and
+    down_proj (E, D, I), module.shared_experts: a SwiGLU of n_shared_experts * I), in the
+    dtype and on the device of its weights, in eval mode.
+
+    The router's fields carry over: top_k, n_group, topk_group, norm_topk_prob and
+    routed_scaling_factor, and its e_score_correction_bias (a buffer, used for choosing only).
+    """
+    gate, experts = getattr(module, "gate", None), getattr(module, "experts", None)
+    shared = getattr(module, "shared_experts", None)
+    if gate is None or experts is None or not hasattr(gate, "e_score_correction_bias"):
+        raise TypeError(f"module must be a transformers DeepseekV3MoE (gate with "
+                        f"e_score_correction_bias, experts, shared_experts), got "
+                        f"{type(module).__name__}")
+    n_experts, d_model = gate.weight.shape
+    d_expert = experts.down_proj.shape[-1]
+    d_shared = 0 if shared is None else shared.gate_proj.weight.shape[0]
+    moe = MoE(d_model, n_experts, gate.top_k, d_expert, router="sigmoid_groups",
+              renormalize=bool(gate.norm_topk_prob), n_group=gate.num_group,
+              topk_group=gate.topk_group, scale=float(gate.routed_scaling_factor),
+              d_shared=d_shared).to(device=gate.weight.device, dtype=experts.down_proj.dtype)
+    moe.gate.weight.copy_(gate.weight)
+    moe.e_score_correction_bias.copy_(gate.e_score_correction_bias)
+    moe.w1.copy_(experts.gate_up_proj[:, :d_expert])
+    moe.w3.copy_(experts.gate_up_proj[:, d_expert:])
+    moe.w2.copy_(experts.down_proj)
+    if shared is not None:
+        moe.shared.w1.weight.copy_(shared.gate_proj.weight)
+        moe.shared.w3.weight.copy_(shared.up_proj.weight)
+        moe.shared.w2.weight.copy_(shared.down_proj.weight)
+    return moe.eval()
