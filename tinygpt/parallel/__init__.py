@@ -22,7 +22,13 @@ The package, one room per concern (each imports only rooms above it in this list
                     send/recv, micro-batches, the measured idle share against GPipe's
     cost            LINKS, ring_allreduce_seconds, allreduce_bytes, tp_decode_estimate,
                     measure_allreduce, fit_link, measure_tp_decode: what tensor parallelism
-                    sends and what that costs on a link, predicted and measured on gloo
+                    sends and what that costs on a link, predicted and measured on gloo;
+                    alltoall_bytes, alltoall_seconds, ep_comm_estimate, measure_alltoall,
+                    fit_alltoall_link: the same for expert parallelism's all-to-alls
+    experts         ExpertParallelMoE, expert_parallel_model, expert_range, token_range,
+                    dispatch_rows, EPStats, EP_COMM, ep_check, measure_ep_decode: day 20's
+                    expert parallelism, E / p experts per rank, token rows sent to them and
+                    back with all-to-alls
     disaggregation  mixed_workload, compare_disaggregation: a prefill rank shipping paged KV
                     blocks to a decode rank, against the colocated engine with and without
                     chunked prefill
@@ -37,13 +43,19 @@ from tinygpt.parallel.comm import COMM, CommStats
 from tinygpt.parallel.cost import (
     LINKS,
     SMOLLM2_135M,
+    EPCommEstimate,
     Link,
     TPDecodeMeasurement,
     TPEstimate,
     allgather_seconds,
     allreduce_bytes,
+    alltoall_bytes,
+    alltoall_seconds,
+    ep_comm_estimate,
+    fit_alltoall_link,
     fit_link,
     measure_allreduce,
+    measure_alltoall,
     measure_tp_decode,
     ring_allreduce_seconds,
     tp_decode_estimate,
@@ -53,6 +65,18 @@ from tinygpt.parallel.disaggregation import (
     Workload,
     compare_disaggregation,
     mixed_workload,
+)
+from tinygpt.parallel.experts import (
+    EP_COMM,
+    EPDecodeMeasurement,
+    EPStats,
+    ExpertParallelMoE,
+    dispatch_rows,
+    ep_check,
+    expert_parallel_model,
+    expert_range,
+    measure_ep_decode,
+    token_range,
 )
 from tinygpt.parallel.layers import (
     ColumnParallelLinear,
@@ -85,6 +109,10 @@ __all__ = [
     "SMOLLM2_135M", "Link", "LINKS", "ring_allreduce_seconds", "allgather_seconds",
     "allreduce_bytes", "TPEstimate", "tp_decode_estimate", "measure_allreduce", "fit_link",
     "TPDecodeMeasurement", "measure_tp_decode",
+    "alltoall_bytes", "alltoall_seconds", "EPCommEstimate", "ep_comm_estimate",
+    "measure_alltoall", "fit_alltoall_link",
+    "expert_range", "token_range", "dispatch_rows", "EPStats", "EP_COMM", "ExpertParallelMoE",
+    "expert_parallel_model", "ep_check", "EPDecodeMeasurement", "measure_ep_decode",
     "Workload", "mixed_workload", "DisaggregationReport", "compare_disaggregation",
     "SERVE_TIMEOUT_S", "start_tensor_parallel", "follow_leader",
 ]

@@ -15,6 +15,14 @@ Measured on local ranks (gloo on a CPU, NCCL on GPUs):
     measure_tp_decode        greedy decode in one process against p tensor-parallel ranks,
                              with the prediction on the fitted link beside it
 
+Expert parallelism (tinygpt.parallel.experts) sends token rows with all-to-alls instead:
+
+    alltoall_bytes           bytes one rank sends in one all-to-all under uniform routing
+    alltoall_seconds         latency + the bytes the busiest rank sends / bandwidth
+    ep_comm_estimate         an expert-parallel step's all-to-alls and all-gathers on a link
+    measure_alltoall         seconds of one all-to-all on local ranks, per size
+    fit_alltoall_link        a Link fitted to those seconds
+
 SMOLLM2_135M is the course's real model's shape, for the estimates.
 """
 
@@ -209,15 +217,21 @@ def fit_link(measured: Mapping[int, float], world_size: int, name: str = "measur
     """A Link fitted to measure_allreduce's figures by least squares on
     t = latency + 2 (p - 1) / p x bytes / bandwidth (bytes = 4 n)."""
     xs = [2 * (world_size - 1) / world_size * 4 * n for n in measured]
-    ts = list(measured.values())
+    return _fit_line(name, xs, list(measured.values()), "all-reduce")
+
+
+def _fit_line(name: str, xs: list[float], ts: list[float], what: str) -> Link:
+    """The Link of the least-squares line t = latency + x / bandwidth (x: bytes a rank sends)."""
     k = len(xs)
+    if k < 2:
+        raise ValueError(f"fitting a link needs at least 2 measured sizes, got {k}")
     mean_x, mean_t = sum(xs) / k, sum(ts) / k
     var = sum((x - mean_x) ** 2 for x in xs)
     slope = sum((x - mean_x) * (t - mean_t) for x, t in zip(xs, ts, strict=True)) / var
     slope = max(slope, 1e-15)
     latency = max(mean_t - slope * mean_x, 0.0)
     return Link(name, 1 / slope, latency,
-                f"fitted to {k} all-reduce sizes measured on this machine's ranks")
+                f"fitted to {k} {what} sizes measured on this machine's ranks")
 
 
 def _tp_decode_rank(rank: int, world_size: int, source, prompt_len: int,
@@ -297,3 +311,143 @@ def measure_tp_decode(source, world_size: int, prompt_len: int = 16, new_tokens:
         max(r["comm_seconds"] for r in many), worst["comm_calls"], worst["comm_bytes"],
         predicted_comm, one["step_seconds"] / world_size + predicted_comm, link,
         all(r["tokens"] == one["tokens"] for r in many))
+
+
+# --------------------------------------------------------------------------------------------
+# expert parallelism: the all-to-all (tinygpt.parallel.experts)
+
+
+def _check_count(name: str, value, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+def alltoall_bytes(tokens: float, top_k: int, d_model: int, world_size: int,
+                   dtype: str = "fp32") -> float:
+    """Bytes ONE rank sends to the other ranks in one expert-parallel all-to-all (the dispatch;
+    the combine sends as many back), for `tokens` tokens on that rank, each routed to top_k
+    experts, when routing is uniform over experts spread evenly over p ranks:
+
+        tokens x top_k x (p - 1) / p x d_model x bytes per value
+
+    A (token, slot) row stays home with probability 1/p, so (p - 1)/p of the rows leave. With
+    a batch of B split over p ranks the busiest rank holds ceil(B / p) tokens; under uniform
+    routing it also receives as many rows as it sends, on average. 0 for p = 1.
+    """
+    from tinygpt.flops import DTYPE_BITS
+
+    if dtype not in DTYPE_BITS:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_BITS)}, got {dtype!r}")
+    if not tokens >= 0:
+        raise ValueError(f"tokens must be >= 0, got {tokens!r}")
+    _check_count("top_k", top_k)
+    _check_count("d_model", d_model)
+    _check_count("world_size", world_size)
+    return tokens * top_k * (world_size - 1) / world_size * d_model * DTYPE_BITS[dtype] / 8
+
+
+def alltoall_seconds(nbytes: float, world_size: int, link) -> float:
+    """Time of one all-to-all in which the busiest rank sends (or receives) `nbytes` to (from)
+    the others: latency + nbytes / bandwidth.
+
+    Every rank has its own link into a switch (NVSwitch, a PCIe switch), each direction at
+    `link.bandwidth`, so the ranks' sends proceed at once and the busiest rank's bytes set the
+    time; an uneven routing makes one rank the busiest. 0 for p = 1 (nothing leaves).
+    """
+    link = _check_link(link)
+    _check_count("world_size", world_size)
+    if not nbytes >= 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
+    if world_size == 1:
+        return 0.0
+    return link.latency + nbytes / link.bandwidth
+
+
+@dataclass(frozen=True)
+class EPCommEstimate:
+    """Predicted communication of one expert-parallel forward (one decode step at batch B):
+    per MoE layer three all-to-alls (the counts, the dispatch, the combine) and one all-gather
+    of the token outputs, for the busiest rank under uniform routing."""
+
+    world_size: int
+    alltoalls: int                   # all-to-alls per step
+    gathers: int                     # all-gathers per step
+    alltoall_seconds: float          # all of them together
+    gather_seconds: float
+    bytes_per_alltoall: float        # the dispatch's rows one rank sends (the combine's too)
+
+    @property
+    def seconds(self) -> float:
+        return self.alltoall_seconds + self.gather_seconds
+
+
+def ep_comm_estimate(batch: int, top_k: int, d_model: int, n_experts: int, world_size: int,
+                     link, n_moe_layers: int = 1, dtype: str = "fp32") -> EPCommEstimate:
+    """The all-to-alls and all-gathers of `n_moe_layers` expert-parallel MoE layers for a batch
+    of `batch` tokens split over `world_size` ranks on `link` (a Link or a LINKS name).
+
+    Per layer, for the busiest rank (ceil(B / p) tokens): the counts (E / p int64 to each
+    other rank: latency-bound), the dispatch and the combine (alltoall_bytes each), then the
+    all-gather of the p x ceil(B / p) token outputs (allgather_seconds). At batch 1 every
+    term is a latency: 4 collectives per MoE layer whatever the bytes.
+    """
+    from tinygpt.flops import DTYPE_BITS
+
+    for name, value in (("batch", batch), ("n_experts", n_experts),
+                        ("world_size", world_size)):
+        _check_count(name, value)
+    _check_count("n_moe_layers", n_moe_layers, low=0)
+    link = _check_link(link)
+    chunk = -(-batch // world_size)
+    rows = alltoall_bytes(chunk, top_k, d_model, world_size, dtype)
+    counts = n_experts * 8 * (world_size - 1) / world_size
+    per_layer = alltoall_seconds(counts, world_size, link) \
+        + 2 * alltoall_seconds(rows, world_size, link)
+    gather = allgather_seconds(world_size * chunk * d_model * DTYPE_BITS[dtype] / 8,
+                               world_size, link)
+    many = world_size > 1
+    return EPCommEstimate(world_size, 3 * n_moe_layers if many else 0,
+                          n_moe_layers if many else 0, n_moe_layers * per_layer,
+                          n_moe_layers * gather, rows)
+
+
+def _alltoall_rank(rank: int, world_size: int, sizes: list[int], repeats: int) -> dict:
+    """Mean seconds of an all-to-all of each size (float32 values each rank sends in all)."""
+    out = {}
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    for n in sizes:
+        x = torch.ones(n, device=device)
+        y = torch.empty_like(x)
+        for _ in range(3):
+            dist.all_to_all_single(y, x)
+        dist.barrier()
+        t0 = time.perf_counter()                     # back to back, as a step issues them
+        for _ in range(repeats):
+            dist.all_to_all_single(y, x)
+        out[n] = (time.perf_counter() - t0) / repeats
+    return out
+
+
+def measure_alltoall(world_size: int = 2, sizes: tuple[int, ...] = (1024, 65536, 1 << 20),
+                     repeats: int = 30, backend: str | None = None) -> dict[int, float]:
+    """Measured seconds of one all-to-all on local ranks in which each rank sends n float32
+    values in all, n / p to every rank (itself included), for each n in sizes (multiples of
+    world_size): `repeats` back-to-back all-to-alls, the slowest rank's mean."""
+    _check_count("world_size", world_size, low=2)
+    bad = [n for n in sizes if isinstance(n, bool) or not isinstance(n, int) or n < 1
+           or n % world_size]
+    if bad:
+        raise ValueError(f"sizes must be positive multiples of world_size={world_size}, got "
+                         f"{bad[0]!r}")
+    per_rank = run_ranks(_alltoall_rank, world_size, list(sizes), repeats, backend=backend)
+    return {n: max(r[n] for r in per_rank) for n in sizes}
+
+
+def fit_alltoall_link(measured: Mapping[int, float], world_size: int,
+                      name: str = "measured") -> Link:
+    """A Link fitted to measure_alltoall's figures by least squares on
+    t = latency + (p - 1) / p x 4 n / bandwidth (the bytes that leave each rank)."""
+    _check_count("world_size", world_size, low=2)
+    xs = [(world_size - 1) / world_size * 4 * n for n in measured]
+    return _fit_line(name, xs, list(measured.values()), "all-to-all")
