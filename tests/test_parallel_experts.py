@@ -6,6 +6,7 @@ and to the cost model's under uniform routing."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -32,9 +33,15 @@ D, E, K, D_EXPERT = 16, 8, 2, 12
 
 
 def _moe(router: str = "softmax", seed: int = 0, d_shared: int = 0) -> MoE:
-    """A MoE layer with decisive routing (gate std 0.4 on inputs of norm ~4: logits ~1.6 apart)."""
+    """A MoE layer with decisive routing (see _fill)."""
     kw = dict(n_group=4, topk_group=2, scale=2.5) if router == "sigmoid_groups" else {}
-    moe = MoE(D, E, K, D_EXPERT, router=router, d_shared=d_shared, **kw)
+    return _fill(MoE(D, E, K, D_EXPERT, router=router, d_shared=d_shared, **kw), seed)
+
+
+def _fill(moe: MoE, seed: int) -> MoE:
+    """Gate std 0.4 on inputs of norm ~4 (logits ~1.6 apart: no near ties between the float32
+    and float64 choices), experts std 0.3 (outputs ~1, so a wrong row shows)."""
+    router = moe.router
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         moe.gate.weight.copy_(torch.randn(E, D, generator=gen) * 0.4)
@@ -197,30 +204,35 @@ def test_ep_layer_equals_the_one_process_layer_and_counts_its_bytes():
 # -- a whole model -----------------------------------------------------------------------------
 
 
-CFG = ModelConfig(vocab_size=97, d_model=D, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=24,
-                  max_seq_len=64)
+# Qwen3-MoE's layout (softmax top-k, q/k norm, a dense first layer) and DeepSeek-V3's (sigmoid
+# groups, a bias, a shared expert), small; both built by TinyGPT from their configs
+QWEN_LIKE = ModelConfig(vocab_size=97, d_model=D, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=24,
+                        max_seq_len=64, n_experts=E, top_k=K, d_expert=D_EXPERT,
+                        dense_layers=(0,), qk_norm=True)
+DEEPSEEK_LIKE = dataclasses.replace(QWEN_LIKE, router="sigmoid_groups", n_group=4,
+                                    topk_group=2, routed_scale=2.5, n_shared_experts=1,
+                                    qk_norm=False)
 PROMPTS = [[5, 17, 33, 2], [11, 7, 90, 64, 3, 3, 40]]
 
 
-def _moe_model() -> TinyGPT:
-    """TinyGPT with a dense layer 0, a softmax MoE layer 1 and a DeepSeek-style layer 2
-    (sigmoid groups, bias, a shared expert), built from day 05's blocks."""
-    model = TinyGPT(CFG, seed=3)
-    model.layers[1].feed_forward = _moe("softmax", seed=8)
-    model.layers[2].feed_forward = _moe("sigmoid_groups", seed=9, d_shared=8)
-    model.fused_decode = False          # DecodeStep's fused path reads SwiGLU weights
+def _moe_model(cfg: ModelConfig, seed: int = 3) -> TinyGPT:
+    """TinyGPT(cfg) with its MoE layers refilled so that routing is decisive (_fill)."""
+    model = TinyGPT(cfg, seed=seed)
+    for i in cfg.moe_layers:
+        _fill(model.layers[i].feed_forward, seed + 10 * i)
     return model.eval()
 
 
-def test_ep_model_decodes_the_one_process_tokens():
-    model = _moe_model()
+@pytest.mark.parametrize("cfg", [QWEN_LIKE, DEEPSEEK_LIKE], ids=["qwen-like", "deepseek-like"])
+def test_ep_model_decodes_the_one_process_tokens(cfg):
+    model = _moe_model(cfg)
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
     with torch.inference_mode():
         want_logits = torch.cat([model(torch.tensor([p]))[0] for p in PROMPTS])
         want_tokens = [generate(model, p, params).token_ids for p in PROMPTS]
         truth = torch.cat([copy.deepcopy(model).double()(torch.tensor([p]))[0]
                            for p in PROMPTS])
-    ranks = ep_check(_moe_model, 2, PROMPTS, max_new_tokens=6, timeout_s=90)
+    ranks = ep_check((cfg, model.state_dict()), 2, PROMPTS, max_new_tokens=6, timeout_s=90)
     for r, out in enumerate(ranks):
         assert out["tokens"] == want_tokens, f"rank {r}'s greedy tokens differ"
         assert out["ranks_agree"]
@@ -228,26 +240,31 @@ def test_ep_model_decodes_the_one_process_tokens():
         assert out["stats"]["alltoall_calls"] > 0 and out["stats"]["gather_calls"] > 0
     # the float64 model's routing is the float32 one here (decisive gates), so its logits
     # are the truth both float32 runs are measured against (2-core AMD EPYC 2026-11-27:
-    # 9.4e-8 for the 2 ranks, 9.0e-8 for one process, logits up to 0.31)
+    # qwen-like 1.0e-7 over 2 ranks, 9.7e-8 in one process; deepseek-like 9.5e-8 and 1.0e-7;
+    # logits up to 0.30)
     check_float32_error("the EP model's logits", torch.cat(ranks[0]["logits"]), want_logits,
                         truth, floor=EPS * truth.abs().max().item())
-    assert len({len(t) for t in want_tokens}) == 1 and len(want_tokens[0]) == 6
+    assert [len(t) for t in want_tokens] == [6, 6]
 
 
 def test_expert_parallel_model_refuses_dense_models_and_uneven_degrees():
+    dense = ModelConfig(vocab_size=97, d_model=D, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=24,
+                        max_seq_len=64)
     with pytest.raises(ValueError, match="no MoE layer"):
-        expert_parallel_model(TinyGPT(CFG, seed=0), 0, 2)
+        expert_parallel_model(TinyGPT(dense, seed=0), 0, 2)
     with pytest.raises(ValueError, match="divisible"):
-        expert_parallel_model(_moe_model(), 0, 3)
+        expert_parallel_model(_moe_model(QWEN_LIKE), 0, 3)
     with pytest.raises(TypeError, match="TinyGPT"):
         expert_parallel_model(_moe(), 0, 2)
     with pytest.raises(ValueError, match="pass rank and world_size"):
-        expert_parallel_model(_moe_model())
-    shard = expert_parallel_model(_moe_model(), 1, 2)
-    layer = shard.layers[1].feed_forward
+        expert_parallel_model(_moe_model(QWEN_LIKE))
+    full = _moe_model(DEEPSEEK_LIKE)
+    want_w2 = full.layers[2].feed_forward.w2[4:].clone()
+    shard = expert_parallel_model(full, 1, 2)
+    layer = shard.layers[2].feed_forward
     assert isinstance(layer, ExpertParallelMoE) and layer.expert_start == 4
-    assert torch.equal(layer.moe.w2, _moe("softmax", seed=8).w2[4:])
-    assert not isinstance(shard.layers[0].feed_forward, ExpertParallelMoE)
+    assert torch.equal(layer.moe.w2, want_w2) and layer.moe.shared is not None
+    assert not isinstance(shard.layers[0].feed_forward, ExpertParallelMoE)   # dense_layers
 
 
 # -- the cost model ------------------------------------------------------------------------------
@@ -301,12 +318,16 @@ def test_alltoall_time_and_the_ep_estimate():
 
 def test_measure_ep_decode_splits_the_step_and_keeps_the_tokens():
     link = P.Link("test", bandwidth=1e9, latency=1e-4, source="made up")
-    m = measure_ep_decode(_moe_model, 2, batch=3, prompt_len=4, new_tokens=3, link=link,
-                          timeout_s=90)
+    model = _moe_model(QWEN_LIKE)
+    m = measure_ep_decode((QWEN_LIKE, model.state_dict()), 2, batch=3, prompt_len=4,
+                          new_tokens=3, link=link, timeout_s=90)
     assert m.tokens_identical and len(m.tokens) == 3 and len(m.tokens[0]) == 3
     assert m.alltoall_calls == 6                        # 3 per MoE layer, 2 MoE layers
     assert sum(m.expert_rows) == 3 * K * 2              # every (token, slot) pair, once
     assert 0 < m.alltoall_seconds < m.ep_step_seconds and m.other_seconds > 0
+    assert len(m.steps) == 3 and sum(t for t, _, _ in m.steps) / 3 == pytest.approx(
+        m.ep_step_seconds)
+    assert sum(a for _, a, _ in m.steps) / 3 == pytest.approx(m.alltoall_seconds)
     assert m.predicted_alltoall_seconds == pytest.approx(
         P.ep_comm_estimate(3, K, D, E, 2, link, 2).alltoall_seconds)
     measured = P.measure_alltoall(2, sizes=(64, 4096), repeats=3)

@@ -126,7 +126,9 @@ def dispatch_rows(experts: torch.Tensor, n_experts: int, world_size: int) -> tor
 class EPStats:
     """Seconds, calls and bytes of this process's expert-parallel collectives. Bytes count
     what crossed between ranks: a rank's own split of an all-to-all (and its own chunk of an
-    all-gather) stays in memory and is not counted. expert_rows: rows this rank's experts ran."""
+    all-gather) stays in memory and is not counted. A collective's seconds include waiting for
+    the slowest rank to arrive: the load imbalance of the experts lands in the combine's.
+    expert_rows, expert_seconds: the rows this rank's experts ran and the time they took."""
 
     def __init__(self) -> None:
         self.reset()
@@ -135,7 +137,7 @@ class EPStats:
         self.alltoall_seconds, self.alltoall_calls = 0.0, 0
         self.alltoall_bytes_sent, self.alltoall_bytes_received = 0, 0
         self.gather_seconds, self.gather_calls, self.gather_bytes = 0.0, 0, 0
-        self.expert_rows = 0
+        self.expert_rows, self.expert_seconds = 0, 0.0
 
     def snapshot(self) -> dict:
         """The counters as a plain dict (picklable, for a rank's return value)."""
@@ -234,8 +236,10 @@ class ExpertParallelMoE(nn.Module):
         local_ids = torch.arange(n_local, device=x.device).repeat(p)
         local_ids = local_ids.repeat_interleave(recv_counts.reshape(-1))
         ones = torch.ones(len(local_ids), 1, device=x.device)
+        t0 = time.perf_counter()
         done = dispatch(received, ones, local_ids[:, None], self.moe.w1, self.moe.w3,
                         self.moe.w2)
+        self.stats.expert_seconds += time.perf_counter() - t0
         self.last_rows = len(local_ids)
         self.stats.expert_rows += len(local_ids)
         # 5. combine: the outputs back to their home ranks, in the order they were sent
@@ -360,18 +364,21 @@ def _ep_decode_rank(rank: int, world_size: int, source, batch: int, prompt_len: 
         if world_size > 1:
             dist.barrier()
         EP_COMM.reset()
-        tokens, t0 = [], time.perf_counter()
+        tokens, steps = [], []                     # per step: (seconds, all-to-all, gather)
         for _ in range(new_tokens):
+            t0, a0, g0 = time.perf_counter(), EP_COMM.alltoall_seconds, EP_COMM.gather_seconds
             token = decode_step(model, cache, token).argmax(-1, keepdim=True)
             tokens.append(token[:, 0].tolist())
-        seconds = time.perf_counter() - t0
+            steps.append((time.perf_counter() - t0, EP_COMM.alltoall_seconds - a0,
+                          EP_COMM.gather_seconds - g0))
     s = EP_COMM.snapshot()
-    return dict(step_seconds=seconds / new_tokens, tokens=tokens,
-                alltoall_seconds=s["alltoall_seconds"] / new_tokens,
+    return dict(step_seconds=sum(t for t, _, _ in steps) / new_tokens, steps=steps,
+                tokens=tokens, alltoall_seconds=s["alltoall_seconds"] / new_tokens,
                 gather_seconds=s["gather_seconds"] / new_tokens,
                 alltoall_calls=s["alltoall_calls"] / new_tokens,
                 alltoall_bytes=s["alltoall_bytes_sent"] / new_tokens,
-                expert_rows=s["expert_rows"] / new_tokens, n_moe_layers=len(moe),
+                expert_rows=s["expert_rows"] / new_tokens,
+                expert_seconds=s["expert_seconds"] / new_tokens, n_moe_layers=len(moe),
                 top_k=first.top_k, n_experts=first.n_experts, d_model=model.cfg.d_model)
 
 
@@ -379,7 +386,10 @@ def _ep_decode_rank(rank: int, world_size: int, source, batch: int, prompt_len: 
 class EPDecodeMeasurement:
     """Measured greedy decode, one process against `world_size` expert-parallel ranks, per
     step: the slowest rank's step split into its all-to-alls, all-gathers and the rest, with
-    the cost model's all-to-all time on a link fitted on the same machine beside it."""
+    the cost model's all-to-all time on a link fitted on the same machine beside it. The
+    measured all-to-all time includes waiting for the other ranks (a rank whose experts got
+    more rows, or that the operating system scheduled late); the cost model's is transfer
+    only. `steps`: the slowest rank's (seconds, all-to-all, all-gather) of every step."""
 
     world_size: int
     batch: int
@@ -390,12 +400,14 @@ class EPDecodeMeasurement:
     alltoall_calls: float                # per step (3 per MoE layer)
     alltoall_bytes: float                # per step, the most any rank sent to the others
     expert_rows: tuple[float, ...]       # per step and rank, rows its experts ran (the load)
+    expert_seconds: tuple[float, ...]    # per step and rank, the time its experts took
     predicted_alltoall_seconds: float    # ep_comm_estimate on `link`, uniform routing
     predicted_gather_seconds: float
     link: Link
     tokens: list                         # per step, the batch's greedy tokens (EP)
     one_tokens: list                     # the same from one process
     tokens_identical: bool
+    steps: tuple[tuple[float, float, float], ...]
 
     @property
     def other_seconds(self) -> float:
@@ -429,5 +441,6 @@ def measure_ep_decode(source, world_size: int = 2, batch: int = 1, prompt_len: i
         world_size, batch, one["step_seconds"], worst["step_seconds"],
         worst["alltoall_seconds"], worst["gather_seconds"], worst["alltoall_calls"],
         max(r["alltoall_bytes"] for r in many), tuple(r["expert_rows"] for r in many),
-        predicted.alltoall_seconds, predicted.gather_seconds, link, worst["tokens"],
-        one["tokens"], all(r["tokens"] == one["tokens"] for r in many))
+        tuple(r["expert_seconds"] for r in many), predicted.alltoall_seconds,
+        predicted.gather_seconds, link, worst["tokens"], one["tokens"],
+        all(r["tokens"] == one["tokens"] for r in many), tuple(worst["steps"]))
