@@ -87,10 +87,11 @@ def _check_layer(what: str, got: torch.Tensor, moe: MoE, x: torch.Tensor) -> tor
     plus one float32 step of the largest output (for a reference that happens to be exact).
     The shard routes its own chunk of tokens and each expert runs the same rows as one
     process's dispatch, so the two agree to float32 rounding (measured on a 2-core AMD EPYC
-    2026-11-27: in the four cases below both were 1.2e-7 to 1.2e-6 from float64 for outputs up
-    to 5.5, the same distance each time; bitwise equal in three cases, the shared expert on a
-    chunk of rows rounding differently in the fourth); a lost, doubled or misplaced row is off
-    by an expert's whole output. Returns the one-process experts."""
+    2026-11-27: in the four float32 cases below both were 1.2e-7 to 1.2e-6 from float64 for
+    outputs up to 5.5, the same distance each time; bitwise equal in three cases, the shared
+    expert on a chunk of rows rounding differently in the fourth; the bfloat16 case 5.3e-3
+    for both, bitwise equal); a lost, doubled or misplaced row is off by an expert's whole
+    output. Returns the one-process experts."""
     with torch.no_grad():
         want = moe(x)
     truth, experts = _moe_float64(moe, x)
@@ -169,6 +170,8 @@ def _cases() -> dict[str, tuple[MoE, torch.Tensor]]:
         "rank 1 idle": (skewed, base + 0.1 * torch.randn(5, D, generator=gen)),
         "sigmoid groups + shared": (_moe("sigmoid_groups", seed=7, d_shared=8),
                                     torch.randn(2, 3, D, generator=gen)),
+        "bfloat16": (_moe("softmax", seed=10).to(torch.bfloat16),
+                     torch.randn(9, D, generator=gen).to(torch.bfloat16)),
     }
 
 
@@ -182,12 +185,12 @@ def test_ep_layer_equals_the_one_process_layer_and_counts_its_bytes():
         assert torch.equal(torch.cat([g["experts"] for g in got]), experts), name
         assert [g["local_experts"] for g in got] == [(E // 2, D_EXPERT, D)] * 2
         # the bytes the all-to-alls moved: the counts (E/2 int64 each way), the dispatch
-        # (rows that leave) and the combine (rows that came, going back), 4 bytes a value
+        # (rows that leave) and the combine (rows that came, going back) in x's dtype
         rows = dispatch_rows(experts, E, 2)
         for r, g in enumerate(got):
             out_rows = int(rows[r].sum() - rows[r, r])
             in_rows = int(rows[:, r].sum() - rows[r, r])
-            moved = (E // 2) * 8 + (out_rows + in_rows) * D * 4
+            moved = (E // 2) * 8 + (out_rows + in_rows) * D * x.element_size()
             assert g["stats"]["alltoall_bytes_sent"] == moved, (name, r)
             assert g["stats"]["alltoall_bytes_received"] == moved, (name, r)
             assert g["stats"]["alltoall_calls"] == 3 and g["stats"]["gather_calls"] == 1
