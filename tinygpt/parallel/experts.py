@@ -43,10 +43,11 @@ a token's pair is dropped would depend on the other tokens in the batch and on h
 was split over ranks: the same prompt would answer differently with other traffic. Inference
 engines run dropless, and so does this: the split sizes follow the actual counts.
 
-gloo (torch 2.13) runs all_to_all_single with uneven input and output split sizes, zero
-splits included, on CPU tensors of float32, bfloat16, float16 and int64 (checked on a 2-core
-AMD EPYC); its all_gather refuses tensors of different sizes, hence the padding. The code
-passes its tensors as they are, so NCCL on GPUs would run the same calls; it has not run there.
+gloo (torch 2.13) runs all_to_all_single on CPU tensors with uneven input and output split
+sizes, zero splits and empty tensors included (checked on a 2-core AMD EPYC with float32 and
+bfloat16 rows, as the tests run them, int64 counts, and float16); its all_gather refuses
+tensors of different sizes, hence the padding. The code passes its tensors as they are, so
+NCCL on GPUs would run the same calls; it has not run there (it needs one GPU per rank).
 
     token_range, expert_range   which tokens a rank routes, which experts it holds
     dispatch_rows               (p, p) rows each rank sends each rank, for a routing
