@@ -34,6 +34,8 @@ weight (`moe_decode_bytes`). At batch 1 that is k experts; at large B it is near
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -112,18 +114,26 @@ def expert_mlp(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Te
     return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
 
 
+def _accumulator(x: torch.Tensor) -> torch.dtype:
+    """The dtype the weighted expert outputs are formed in: float32, or x's when wider
+    (a float64 run stays float64 throughout: the tests' truth)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 def moe_loop(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, w1: torch.Tensor,
              w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     """The oracle: token by token, chosen expert by chosen expert. x (N, D) -> (N, D).
 
     Reads an expert's weights once per (token, expert) pair: N k matrix-vector products.
     """
+    _check_pairs(x, weights, experts, w1)
+    acc = _accumulator(x)
     out = torch.zeros_like(x)
     for n in range(x.shape[0]):
         for j in range(experts.shape[1]):
             e = int(experts[n, j])
             y = expert_mlp(x[n:n + 1], w1[e], w3[e], w2[e])
-            out[n] += (weights[n, j] * y[0].float()).to(x.dtype)
+            out[n] += (weights[n, j].to(acc) * y[0].to(acc)).to(x.dtype)
     return out
 
 
@@ -142,6 +152,49 @@ def sort_by_expert(experts: torch.Tensor, n_experts: int
     return order, tokens, counts
 
 
+def _check_pairs(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
+                 w1: torch.Tensor) -> None:
+    """Clear errors for dispatch's and moe_loop's arguments."""
+    if x.ndim != 2 or w1.ndim != 3 or x.shape[1] != w1.shape[2]:
+        raise ValueError(f"x must be (N, D) and w1 (E, d_expert, D) with the same D, got x "
+                         f"{tuple(x.shape)} and w1 {tuple(w1.shape)}")
+    if experts.ndim != 2 or experts.shape[0] != x.shape[0] or weights.shape != experts.shape:
+        raise ValueError(f"weights and experts must both be (N={x.shape[0]}, k), got "
+                         f"{tuple(weights.shape)} and {tuple(experts.shape)}")
+    if experts.numel() and not 0 <= int(experts.min()) <= int(experts.max()) < w1.shape[0]:
+        raise ValueError(f"experts must lie in [0, E={w1.shape[0]}), got values in "
+                         f"[{int(experts.min())}, {int(experts.max())}]")
+
+
+def _dispatch(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, w1: torch.Tensor,
+              w3: torch.Tensor, w2: torch.Tensor, capacity: int | None
+              ) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """dispatch, and the experts whose weights it read (in the order it ran them)."""
+    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
+                                 or capacity < 0):
+        raise ValueError(f"capacity must be None (dropless) or an int >= 0, got {capacity!r}")
+    _check_pairs(x, weights, experts, w1)
+    n_experts = w1.shape[0]
+    order, tokens, counts = sort_by_expert(experts, n_experts)
+    flat_weights = weights.reshape(-1)[order]
+    acc = _accumulator(x)
+    out = torch.zeros_like(x)
+    ran = []
+    start = 0
+    for e, count in enumerate(counts.tolist()):
+        if count == 0:
+            continue
+        end = start + count
+        rows = tokens[start:end] if capacity is None else tokens[start:min(end, start + capacity)]
+        if len(rows):
+            y = expert_mlp(x[rows], w1[e], w3[e], w2[e])
+            w = flat_weights[start:start + len(rows), None].to(acc)
+            out.index_add_(0, rows, (y.to(acc) * w).to(x.dtype))
+            ran.append(e)
+        start = end
+    return out, tuple(ran)
+
+
 def dispatch(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, w1: torch.Tensor,
              w3: torch.Tensor, w2: torch.Tensor, capacity: int | None = None) -> torch.Tensor:
     """Grouped dispatch: one product per chosen expert over all of its rows. x (N, D) -> (N, D).
@@ -151,26 +204,13 @@ def dispatch(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, w1: 
     inference engines run (a dropped pair changes a token's output because of other tokens in
     the batch).
     """
-    n_experts = w1.shape[0]
-    order, tokens, counts = sort_by_expert(experts, n_experts)
-    flat_weights = weights.reshape(-1)[order]
-    out = torch.zeros_like(x)
-    start = 0
-    for e, count in enumerate(counts.tolist()):
-        if count == 0:
-            continue
-        end = start + count
-        rows = tokens[start:end] if capacity is None else tokens[start:min(end, start + capacity)]
-        if len(rows):
-            y = expert_mlp(x[rows], w1[e], w3[e], w2[e])
-            w = flat_weights[start:start + len(rows), None]
-            out.index_add_(0, rows, (y.float() * w).to(x.dtype))
-        start = end
-    return out
+    return _dispatch(x, weights, experts, w1, w3, w2, capacity)[0]
 
 
 def dropped_pairs(experts: torch.Tensor, n_experts: int, capacity: int) -> int:
     """How many (token, expert) pairs a per-expert capacity drops."""
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+        raise ValueError(f"capacity must be an int >= 0, got {capacity!r}")
     counts = torch.bincount(experts.reshape(-1), minlength=n_experts)
     return int((counts - capacity).clamp(min=0).sum())
 
@@ -186,7 +226,8 @@ class MoE(nn.Module):
     or "sigmoid_groups" (DeepSeek-V3: n_group, topk_group, scale; bias is the buffer
     `e_score_correction_bias`). d_shared > 0 adds a shared SwiGLU expert every token goes
     through (DeepSeek-V3: n_shared_experts * d_expert wide). `last_experts` holds the experts the
-    most recent forward chose (N, k), for measuring what a step reads.
+    most recent forward chose (N, k) and `last_ran` those whose weights it read, for measuring
+    what a step reads (MoEDecode, the decode steps' path, sets both too).
     """
 
     def __init__(self, d_model: int, n_experts: int, top_k: int, d_expert: int,
@@ -208,10 +249,11 @@ class MoE(nn.Module):
             self.register_buffer("e_score_correction_bias", torch.zeros(n_experts))
         self.shared = None
         if d_shared:
-            from tinygpt.model import SwiGLU          # day 05's MLP (model imports this module)
+            from tinygpt.model import SwiGLU  # day 05's MLP (model imports this module)
 
             self.shared = SwiGLU(d_model, d_shared)
         self.last_experts: torch.Tensor | None = None
+        self.last_ran: tuple[int, ...] = ()
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (N, D) -> weights (N, k) float32, experts (N, k)."""
@@ -226,7 +268,7 @@ class MoE(nn.Module):
         flat = x.reshape(-1, shape[-1])
         weights, experts = self.route(flat)
         self.last_experts = experts
-        out = dispatch(flat, weights, experts, self.w1, self.w3, self.w2)
+        out, self.last_ran = _dispatch(flat, weights, experts, self.w1, self.w3, self.w2, None)
         if self.shared is not None:
             out = out + self.shared(flat)
         return out.reshape(shape)
@@ -234,6 +276,126 @@ class MoE(nn.Module):
     def extra_repr(self) -> str:
         return (f"experts={self.n_experts}, top_k={self.top_k}, d_expert={self.d_expert}, "
                 f"router={self.router!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# decode: few tokens, only the chosen experts' products
+
+
+class PlainProducts:
+    """y_i = x @ W_i^T with F.linear for weights that share their input: the plain products
+    (the oracle). Called with x (..., K), returns one output per weight."""
+
+    def __init__(self, *weights: torch.Tensor) -> None:
+        self.weights = weights
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(F.linear(x, w) for w in self.weights)
+
+
+class TiledProducts(PlainProducts):
+    """The same products on tinygpt.cpu_kernels' tiled float32 weights (stacked: an expert's
+    gate and up are one product), split over the cores, for up to cpu_kernels.MAX_ROWS rows;
+    more rows run the plain products. Build it with `tiled_products`, which returns
+    PlainProducts where the kernels cannot run. The tiles are a copy of the weights."""
+
+    def __init__(self, *weights: torch.Tensor) -> None:
+        from tinygpt.cpu_kernels import MAX_ROWS, TiledLinear
+
+        super().__init__(*weights)
+        self.tiled, self.max_rows = TiledLinear(*weights), MAX_ROWS
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if x.dtype != torch.float32 or x.numel() // x.shape[-1] > self.max_rows:
+            return super().__call__(x)
+        return self.tiled(x)
+
+
+def tiled_products(*weights: torch.Tensor) -> PlainProducts:
+    """TiledProducts for float32 CPU weights when the C kernels can run here, else
+    PlainProducts (same results up to float32 summation order)."""
+    from tinygpt import cpu_kernels
+
+    if cpu_kernels.available() is not None or cpu_kernels.TiledLinear.refusal(*weights) \
+            is not None or any(w.dtype != torch.float32 for w in weights):
+        return PlainProducts(*weights)
+    return TiledProducts(*weights)
+
+
+class MoEDecode:
+    """A MoE layer's forward for a decode step's few tokens: only the chosen experts run.
+
+    MoEDecode(moe, linear) builds, per expert e, the product of its gate and up slices
+    (linear(w1[e], w3[e]), both (d_expert, D), contiguous in the stacked weights) and of its
+    down slice (linear(w2[e])), and the shared expert's likewise. `linear(*weights)` returns a
+    callable x (M, K) -> one output per weight: PlainProducts (the default), tiled_products
+    (tinygpt.cpu_kernels' tiled copies, split over the cores: at batch 1 an expert's 3
+    matrix-vector products then stream at the decode step's rate) or a decode step's own.
+
+    Called with x (..., D): routes with moe.route, then runs the distinct chosen experts in
+    increasing order, each over its tokens in order, and adds each weighted output as
+    `dispatch` does, so with PlainProducts the result equals moe(x) bit for bit; with other
+    products it differs by their summation order. Sets moe.last_experts and moe.last_ran
+    (the experts whose weights this call read). The products are built once: a change to
+    moe's weights afterwards does not reach tiled copies (build a new MoEDecode).
+    """
+
+    def __init__(self, moe: MoE, linear: Callable[..., Callable] = PlainProducts) -> None:
+        if not isinstance(moe, MoE):
+            raise TypeError(f"moe must be a tinygpt.moe.MoE, got {type(moe).__name__}")
+        self.moe = moe
+        with torch.no_grad():
+            self.gate_up = [linear(moe.w1[e], moe.w3[e]) for e in range(moe.n_experts)]
+            self.down = [linear(moe.w2[e]) for e in range(moe.n_experts)]
+            self.shared = None if moe.shared is None else (
+                linear(moe.shared.w1.weight, moe.shared.w3.weight),
+                linear(moe.shared.w2.weight))
+
+    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up[e](x)
+        return self.down[e](F.silu(gate) * up)[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        moe = self.moe
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        weights, experts = moe.route(flat)
+        moe.last_experts = experts
+        acc = _accumulator(flat)
+        if flat.shape[0] == 1:             # one token: its k experts in order, no indexing
+            pairs = sorted(zip(experts[0].tolist(), weights[0].tolist(), strict=True))
+            out = None
+            for e, w in pairs:
+                term = (self._expert(e, flat).to(acc) * w).to(flat.dtype)
+                out = term if out is None else out + term
+            moe.last_ran = tuple(e for e, _ in pairs)
+        else:
+            by_expert: dict[int, tuple[list[int], list[float]]] = {}
+            for n, (row_e, row_w) in enumerate(zip(experts.tolist(), weights.tolist(),
+                                                   strict=True)):
+                for e, w in zip(row_e, row_w, strict=True):
+                    tokens, ws = by_expert.setdefault(e, ([], []))
+                    tokens.append(n)
+                    ws.append(w)
+            out = torch.zeros_like(flat)
+            for e in sorted(by_expert):
+                tokens, ws = by_expert[e]
+                rows = torch.tensor(tokens)
+                y = self._expert(e, flat[rows]).to(acc)
+                out.index_add_(0, rows, (y * torch.tensor(ws, dtype=acc)[:, None])
+                               .to(flat.dtype))
+            moe.last_ran = tuple(sorted(by_expert))
+        if self.shared is not None:
+            gate, up = self.shared[0](flat)
+            out = out + self.shared[1](F.silu(gate) * up)[0]
+        return out.reshape(shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of weights the products hold (tiled copies included), for the report."""
+        products = [*self.gate_up, *self.down, *(self.shared or ())]
+        return sum(p.tiled.nbytes if hasattr(p, "tiled") else sum(w.nbytes for w in p.weights)
+                   for p in products)
 
 
 # --------------------------------------------------------------------------------------------
@@ -283,6 +445,11 @@ def critical_batch(flops_per_byte: float, n_experts: int, k: int, max_batch: int
     weight). A dense MLP reaches the same intensity at B = flops_per_byte / 2: routing moves the
     critical batch out by about E / k. None when max_batch does not reach it.
     """
+    if not flops_per_byte > 0 or flops_per_byte == float("inf"):
+        raise ValueError(f"flops_per_byte must be a finite number > 0, got {flops_per_byte!r}")
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+
     def intensity(b: int) -> float:                    # grows with b: bisect
         return 2.0 * b * k / expected_distinct_experts(n_experts, k, b)
 
@@ -297,5 +464,6 @@ def critical_batch(flops_per_byte: float, n_experts: int, k: int, max_batch: int
 
 __all__ = ["ROUTERS", "route_softmax_topk", "route_sigmoid_groups", "expert_mlp", "moe_loop",
            "sort_by_expert", "dispatch", "dropped_pairs", "MoE", "expert_load",
-           "load_imbalance", "expected_distinct_experts", "moe_decode_bytes", "critical_batch"]
+           "load_imbalance", "expected_distinct_experts", "moe_decode_bytes", "critical_batch",
+           "PlainProducts", "TiledProducts", "tiled_products", "MoEDecode"]
 
