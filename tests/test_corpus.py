@@ -227,3 +227,24 @@ def test_bad_arguments():
     with pytest.raises(TypeError, match="rng must be a random.Random"):
         sample_sentence(0)  # type: ignore[arg-type]
     assert story_probability("The cat sat on the") == 0.0  # not a complete story
+
+
+def test_word_classes_follow_the_grammar_slots():
+    from tinygpt.corpus import VOCABULARY, WORD_CLASS
+
+    assert set(WORD_CLASS) == VOCABULARY
+    assert WORD_CLASS["The"] == WORD_CLASS["a"] == "determiner"
+    assert WORD_CLASS["cat"] == WORD_CLASS["mouse"] == WORD_CLASS["ball"] == "noun"
+    assert WORD_CLASS["mat"] == WORD_CLASS["tree"] == "place"
+    assert WORD_CLASS["sat"] == WORD_CLASS["chased"] == WORD_CLASS["was"] == "verb"
+    assert (WORD_CLASS["It"], WORD_CLASS["on"], WORD_CLASS["happy"], WORD_CLASS["."]) == (
+        "pronoun", "preposition", "feeling", "period")
+    # every word of a sampled story has its class in the slot the grammar gave it
+    rng = random.Random(3)
+    for _ in range(50):
+        words = split_words(sample_story(rng))
+        for before, word in zip(words, words[1:]):
+            if WORD_CLASS[before] == "preposition":
+                assert word == "the" and WORD_CLASS[word] == "determiner"
+            if WORD_CLASS[before] == "pronoun":
+                assert WORD_CLASS[word] in ("verb",)

@@ -396,3 +396,32 @@ def test_command_line_writes_a_loadable_checkpoint(tmp_path, capsys):
     assert extra["train_config"]["steps"] == 3 and len(extra["loss_history"]) == 3
     assert model.cfg.d_model == 32 and model.cfg.vocab_size == tok.vocab_size
     assert "weights sha256" in capsys.readouterr().out
+
+
+def test_balance_loss_is_one_when_uniform_and_e_when_collapsed():
+    from tinygpt.train import balance_loss
+
+    n, e = 8, 4
+    uniform = balance_loss(torch.zeros(n, e), torch.tensor([[0, 1], [2, 3]] * 4), e)
+    assert torch.isclose(uniform, torch.tensor(1.0))
+    collapsed = balance_loss(torch.tensor([[50.0, 0, 0, 0]] * n), torch.tensor([[0, 1]] * n), e)
+    assert 1.9 < float(collapsed) < 2.1       # half the pairs on an expert holding all the mass
+    one = balance_loss(torch.tensor([[50.0, 0, 0, 0]] * n), torch.zeros(n, 1, dtype=torch.long), e)
+    assert torch.isclose(one, torch.tensor(float(e)))
+
+
+def test_a_mixture_of_experts_trains_with_the_balance_loss():
+    cfg = ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=64,
+                      max_seq_len=32, n_experts=4, top_k=2, d_expert=16)
+    data = torch.arange(2000) % 7 + 3
+    plain = train(TinyGPT(cfg, seed=0), data, 30, batch_size=8, block_size=16, progress=False)
+    balanced_model = TinyGPT(cfg, seed=0)
+    balanced = train(balanced_model, data, 30, batch_size=8, block_size=16, progress=False,
+                     balance_weight=0.1)
+    assert plain[0] == balanced[0]            # the reported loss is the language model's
+    assert plain[-1] < plain[0] - 1 and balanced[-1] < balanced[0] - 1     # both learn
+    assert plain != balanced                  # the balance term changed the gradients
+    # the hooks are gone after training
+    assert all(not m.gate._forward_hooks for m in balanced_model.modules() if hasattr(m, "gate"))
+    with pytest.raises(ValueError, match="balance_weight must be >= 0"):
+        train(TinyGPT(cfg, seed=0), data, 1, balance_weight=-1.0, progress=False)

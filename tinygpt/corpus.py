@@ -163,6 +163,37 @@ def _vocabulary() -> frozenset[str]:
 
 VOCABULARY = _vocabulary()
 
+
+def _word_classes() -> dict[str, str]:
+    """Each word of VOCABULARY and the grammar slot it fills (day 20 asks which experts of a
+    mixture of experts a class of words goes to). Every word has exactly one class."""
+    classes: dict[str, set[str]] = defaultdict(set)
+
+    def add(kind: str, words) -> None:
+        for word in words:
+            classes[word].add(kind)
+
+    add("determiner", [d.capitalize() for d in SUBJECT_DETERMINER] + list(OBJECT_DETERMINER)
+        + ["the"])
+    add("adjective", ADJECTIVE)
+    add("pronoun", [p.capitalize() for p in PRONOUN.values()])
+    add("feeling", FEELING)
+    add("period", ["."])
+    add("verb", ["was"])
+    for group, kind in ((MOVE_VERB, "verb"), (SEE_VERB, "verb"), (PREPOSITION, "preposition"),
+                        (PLACE, "place"), (PLACE_FOR_SUBJECT, "place"), (OBJECT_NOUN, "noun"),
+                        (OBJECT_NOUN_FOR_SUBJECT, "noun")):
+        for table in group.values():
+            add(kind, table)
+    add("noun", SUBJECT_NOUN)
+    ambiguous = {w: sorted(k) for w, k in classes.items() if len(k) > 1}
+    if ambiguous or set(classes) != VOCABULARY:
+        raise AssertionError(f"word classes must cover VOCABULARY once: {ambiguous}")
+    return {word: kinds.pop() for word, kinds in sorted(classes.items())}
+
+
+WORD_CLASS = _word_classes()
+
 # --------------------------------------------------------------------------------------------
 # Words <-> text.
 # --------------------------------------------------------------------------------------------

@@ -172,16 +172,62 @@ def language_model_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
 
 
+def balance_loss(router_logits: torch.Tensor, experts: torch.Tensor, n_experts: int
+                 ) -> torch.Tensor:
+    """Day 20: the Switch Transformer's load-balancing loss of one MoE layer's forward.
+
+    E * sum_e f_e P_e, where f_e is the share of the (token, slot) pairs routed to expert e and
+    P_e the mean router probability of e (router_logits (N, E), experts (N, k)). f carries no
+    gradient; P does, so the router learns to spread its probability where the load is low.
+    It is 1.0 when routing is uniform and grows to E when every token picks the same experts.
+    """
+    share = torch.bincount(experts.reshape(-1), minlength=n_experts).float() / experts.numel()
+    probs = torch.softmax(router_logits.float(), dim=-1).mean(dim=0)
+    return n_experts * (share * probs).sum()
+
+
+class _RouterLogits:
+    """A forward hook on every softmax-routed MoE layer's gate: the router logits of the last
+    forward, for `balance_loss` (the MoE layer itself keeps only the chosen experts)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        from tinygpt.moe import MoE
+
+        self.layers = [m for m in model.modules() if isinstance(m, MoE)]
+        if any(m.router != "softmax" for m in self.layers):
+            raise ValueError("balance_weight > 0 needs softmax routers (DeepSeek-V3's sigmoid "
+                             "router balances with its bias instead)")
+        self.logits: dict[int, torch.Tensor] = {}
+        self.hooks = [m.gate.register_forward_hook(self._keep(i))
+                      for i, m in enumerate(self.layers)]
+
+    def _keep(self, i: int):
+        def hook(module, inputs, output):
+            self.logits[i] = output
+        return hook
+
+    def loss(self) -> torch.Tensor:
+        """The mean balance_loss over the MoE layers of the last forward."""
+        return sum(balance_loss(self.logits[i], m.last_experts, m.n_experts)
+                   for i, m in enumerate(self.layers)) / len(self.layers)
+
+    def remove(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+
+
 def train(model: torch.nn.Module, data: torch.Tensor, steps: int, *, batch_size: int = 32,
           block_size: int = 128, lr: float = 3e-3, min_lr: float = 3e-4,
           warmup_steps: int = 50, weight_decay: float = 0.1, grad_clip: float = 1.0,
-          seed: int = 0, progress: bool = True) -> list[float]:
+          seed: int = 0, progress: bool = True, balance_weight: float = 0.0) -> list[float]:
     """Train `model` in place for `steps` AdamW steps on random windows of `data` (N,).
 
     Each step: x, y = get_batch(...); loss = language_model_loss; backward; clip the gradient
     norm to `grad_clip`; set the learning rate from `lr_at`; optimizer step. The batches come
     from torch.Generator seeded with `seed`. progress=False hides the tqdm bar.
-    Returns the training loss of every step, a list of `steps` floats (nats per token).
+    balance_weight > 0 (a mixture of experts, day 20) adds that times the layers' mean
+    `balance_loss` to the loss that is differentiated; the returned losses stay the language
+    model's. Returns the training loss of every step, a list of `steps` floats (nats per token).
     """
     _check_int("steps", steps, 1)
     _check_int("warmup_steps", warmup_steps, 0)
@@ -190,6 +236,9 @@ def train(model: torch.nn.Module, data: torch.Tensor, steps: int, *, batch_size:
         raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={lr}, min_lr={min_lr}")
     if not grad_clip > 0:
         raise ValueError(f"grad_clip must be > 0, got {grad_clip}")
+    if not balance_weight >= 0:
+        raise ValueError(f"balance_weight must be >= 0, got {balance_weight}")
+    routers = _RouterLogits(model) if balance_weight > 0 else None
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     optimizer = make_optimizer(model, lr, weight_decay)
@@ -199,8 +248,9 @@ def train(model: torch.nn.Module, data: torch.Tensor, steps: int, *, batch_size:
     for step in bar:
         x, y = get_batch(data, batch_size, block_size, generator)
         loss = language_model_loss(model, x.to(device), y.to(device))
+        objective = loss if routers is None else loss + balance_weight * routers.loss()
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        objective.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup_steps, min_lr)
@@ -208,6 +258,8 @@ def train(model: torch.nn.Module, data: torch.Tensor, steps: int, *, batch_size:
         losses.append(loss.item())
         if step % 10 == 0 or step == steps - 1:
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    if routers is not None:
+        routers.remove()
     model.eval()
     return losses
 
@@ -267,6 +319,10 @@ class TrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     seed: int = 0                  # weight init and batch order
+    n_experts: int = 0             # day 20: > 0 makes every layer a mixture of experts,
+    top_k: int = 0                 # top_k of n_experts SwiGLUs of width d_expert per token,
+    d_expert: int = 0              # softmax router, top k renormalized
+    balance_weight: float = 0.0    # times the load-balancing loss (train's balance_weight)
 
 
 # A run for a notebook: about a minute on 2 idle cores, held-out loss within ~0.03 nats of the
@@ -303,13 +359,14 @@ def train_from_scratch(config: TrainConfig | None = None, progress: bool = True)
     model_config = ModelConfig(
         vocab_size=tokenizer.vocab_size, d_model=config.d_model, n_layers=config.n_layers,
         n_heads=config.n_heads, n_kv_heads=config.n_kv_heads, d_ff=config.d_ff,
-        max_seq_len=config.max_seq_len)
+        max_seq_len=config.max_seq_len, n_experts=config.n_experts, top_k=config.top_k,
+        d_expert=config.d_expert)
     model = TinyGPT(model_config, seed=config.seed)
     losses = train(model, encode_stories(stories, tokenizer), config.steps,
                    batch_size=config.batch_size, block_size=config.block_size, lr=config.lr,
                    min_lr=config.min_lr, warmup_steps=config.warmup_steps,
                    weight_decay=config.weight_decay, grad_clip=config.grad_clip,
-                   seed=config.seed, progress=progress)
+                   seed=config.seed, progress=progress, balance_weight=config.balance_weight)
     eval_loss = evaluate(model, encode_stories(held_out, tokenizer), config.block_size)
     return TrainResult(model, tokenizer, losses, eval_loss, config, time.perf_counter() - start)
 
