@@ -425,3 +425,35 @@ def test_a_mixture_of_experts_trains_with_the_balance_loss():
     assert all(not m.gate._forward_hooks for m in balanced_model.modules() if hasattr(m, "gate"))
     with pytest.raises(ValueError, match="balance_weight must be >= 0"):
         train(TinyGPT(cfg, seed=0), data, 1, balance_weight=-1.0, progress=False)
+
+
+def test_experts_by_word_class_counts_every_token_and_slot():
+    from tinygpt.train import experts_by_word_class, load_pretrained
+
+    _, tokenizer = load_pretrained()
+    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=2,
+                      n_kv_heads=1, d_ff=64, max_seq_len=16, n_experts=4, top_k=2, d_expert=16,
+                      dense_layers=(0,))
+    model = TinyGPT(cfg, seed=0)
+    stories = corpus.generate_corpus(6, seed=4).split("\n")
+    table = experts_by_word_class(model, tokenizer, stories)
+    assert list(table) == [1]                                  # layer 0 is dense
+    ids = torch.cat([torch.tensor(tokenizer.encode(s)) for s in stories])
+    words = [tokenizer.decode([int(i)]).strip() for i in ids]
+    n_tokens = sum(1 for w in words if w)                      # every token but the separators
+    per_class = {name: int(c.sum()) for name, c in table[1].items()}
+    assert sum(per_class.values()) >= 2 * n_tokens            # k = 2 slots per token (+ "end")
+    assert per_class["noun"] == 2 * sum(corpus.WORD_CLASS.get(w) == "noun" for w in words)
+    assert set(per_class) <= set(corpus.WORD_CLASS.values()) | {"end"}
+    # the counts are the chosen experts of the model's own forward, window by window
+    full = encode_stories(stories, tokenizer)
+    chosen = []
+    for start in range(0, len(full), 16):
+        model(full[start:start + 16][None])
+        chosen.append(model.layers[1].feed_forward.last_experts)
+    assert int(table[1]["period"].sum()) == 2 * sum(1 for w in words if w == ".")
+    assert sum(int(c.sum()) for c in table[1].values()) == torch.cat(chosen).numel()
+    with pytest.raises(ValueError, match="needs a mixture-of-experts model"):
+        experts_by_word_class(TinyGPT(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32,
+                                                  n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64,
+                                                  max_seq_len=16)), tokenizer, stories)

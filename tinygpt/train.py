@@ -56,6 +56,7 @@ import math
 import sys
 import time
 import warnings
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,7 @@ CHECKPOINT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 PRETRAINED_DIR = Path(__file__).resolve().parent / "data"
+PRETRAINED_MOE_DIR = PRETRAINED_DIR / "moe"      # day 20's mixture of experts (its README.md)
 
 # --------------------------------------------------------------------------------------------
 # 1. Data: tokenizer, token stream, batches.
@@ -527,6 +529,48 @@ def load_pretrained(device: torch.device | str | None = None) -> tuple[TinyGPT, 
     device: default CPU; pass tinygpt.pick_device() to use CUDA or MPS when present.
     """
     return load_checkpoint(PRETRAINED_DIR, device)
+
+
+def load_pretrained_moe(device: torch.device | str | None = None
+                        ) -> tuple[TinyGPT, BPETokenizer]:
+    """Day 20's mixture of experts shipped in tinygpt/data/moe/, trained on the same corpus
+    with the same tokenizer (tinygpt/data/moe/README.md has its recipe)."""
+    return load_checkpoint(PRETRAINED_MOE_DIR, device)
+
+
+@torch.no_grad()
+def experts_by_word_class(model: TinyGPT, tokenizer: BPETokenizer, stories: Sequence[str]
+                          ) -> dict[int, dict[str, torch.Tensor]]:
+    """Day 20: which experts each class of word goes to, layer by layer.
+
+    Runs the stories (joined with the end-of-text token, as in training, in windows of
+    max_seq_len) through the model and counts, for every MoE layer i and every word class of
+    corpus.WORD_CLASS ("noun", "verb", "place", ...; "end" for the end-of-text token), how often
+    a token of that class had each expert among its top k: {i: {class: counts (E,)}}. A token
+    is the word with its leading space, so its class is the class of its word.
+    """
+    if not model.cfg.is_moe:
+        raise ValueError("experts_by_word_class needs a mixture-of-experts model "
+                         "(cfg.n_experts > 0)")
+    ids = encode_stories(list(stories), tokenizer)
+    classes = [corpus.WORD_CLASS.get(tokenizer.decode([int(i)]).strip(), "end") for i in ids]
+    layers = [i for i in range(model.cfg.n_layers) if model.cfg.is_moe_layer(i)]
+    counts = {i: defaultdict(lambda: torch.zeros(model.cfg.n_experts, dtype=torch.long))
+              for i in layers}
+    was_training = model.training
+    model.eval()
+    window = model.cfg.max_seq_len
+    for start in range(0, len(ids), window):
+        model(ids[start:start + window][None].to(next(model.parameters()).device))
+        names = classes[start:start + window]
+        for i in layers:
+            chosen = model.layers[i].feed_forward.last_experts.cpu()        # (T, k)
+            for name in set(names):
+                rows = torch.tensor([n == name for n in names])
+                counts[i][name] += torch.bincount(chosen[rows].reshape(-1),
+                                                  minlength=model.cfg.n_experts)
+    model.train(was_training)
+    return {i: dict(sorted(c.items())) for i, c in counts.items()}
 
 
 # --------------------------------------------------------------------------------------------
