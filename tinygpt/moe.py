@@ -441,9 +441,10 @@ def critical_batch(flops_per_byte: float, n_experts: int, k: int, max_batch: int
 
     An expert's products do 2 flops per weight per row it sees; at batch B each touched expert
     sees B k / distinct(B) rows on average, so its arithmetic intensity is 2 B k / distinct(B)
-    flops per weight (per byte at 1 byte per weight; divide flops_per_byte by the bytes per
-    weight). A dense MLP reaches the same intensity at B = flops_per_byte / 2: routing moves the
-    critical batch out by about E / k. None when max_batch does not reach it.
+    flops per weight, which is flops per byte at 1 byte per weight: for wider weights pass
+    flops_per_byte times the bytes per weight (an H100's bfloat16 ridge, ~295, times 2). A
+    dense MLP reaches the same intensity at B = flops_per_byte / 2: routing moves the critical
+    batch out by about E / k. None when max_batch does not reach it.
     """
     if not flops_per_byte > 0 or flops_per_byte == float("inf"):
         raise ValueError(f"flops_per_byte must be a finite number > 0, got {flops_per_byte!r}")

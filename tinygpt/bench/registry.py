@@ -33,6 +33,7 @@ ROW_MODULES: tuple[str, ...] = (
     "tinygpt.bench.engine",         # day 17: the serving engine, HF continuous batching, goodput
     "tinygpt.bench.parallel",       # day 18: tensor-parallel decode against one process
     "tinygpt.bench.structured",     # day 19: structured outputs: validity, compile, mask cost
+    "tinygpt.bench.moe",            # day 20: MoE dispatch, decode bandwidth, bytes, EP, routing
 )
 
 
