@@ -225,6 +225,8 @@ def refusal(model: torch.nn.Module) -> str | None:
         return "the batched CPU products need a full-precision TinyGPT"
     if not getattr(model, "fused_decode", True):
         return "the batched CPU products need a one-process model (not a tensor-parallel shard)"
+    if model.cfg.fast_path_refusal() is not None:       # day 20: the runner's plain road
+        return f"the batched CPU products are dense Llama layers; {model.cfg.fast_path_refusal()}"
     weight = model.output.weight
     if weight.device.type != "cpu":
         return f"the batched CPU products are for CPU weights; the model is on {weight.device}"

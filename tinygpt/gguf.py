@@ -192,7 +192,7 @@ def config_from_gguf(source, max_seq_len: int | None = None) -> ModelConfig:
 
     max_seq_len: override the file's context length (`llama.context_length`). ValueError for
     other architectures and for Llama variants TinyGPT does not implement (a RoPE dimension
-    other than head_dim, scaled RoPE).
+    other than head_dim, scaled RoPE, experts: llama.expert_count > 0).
     """
     reader = _as_reader(source)
     arch = metadata(reader, "general.architecture", None)
@@ -207,6 +207,12 @@ def config_from_gguf(source, max_seq_len: int | None = None) -> ModelConfig:
             raise ValueError(f"the GGUF file lacks llama.{key}, which a Llama config needs"
                              ) from None
 
+    experts = get("expert_count", 0)
+    if experts:                           # llama.cpp writes Mixtral as arch "llama" + experts
+        raise ValueError(f"llama.expert_count is {experts}: a mixture-of-experts GGUF file "
+                         f"(Mixtral's layout: ffn_gate_inp and stacked *_exps tensors); TinyGPT "
+                         f"reads dense Llama GGUF files only, load the model's Hugging Face "
+                         f"folder instead (tinygpt.loading.load_model)")
     scaling = get("rope.scaling.type", "none")
     if scaling not in ("none", None):
         raise ValueError(f"llama.rope.scaling.type {scaling!r} is not supported; TinyGPT "

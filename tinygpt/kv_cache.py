@@ -348,6 +348,8 @@ def _tiled_refusal(model: torch.nn.Module, cache: KVCache) -> str | None:
         return "the tiled CPU products need a full-precision TinyGPT"
     if not getattr(model, "fused_decode", True):
         return "the tiled CPU products need a one-process model (not a tensor-parallel shard)"
+    if model.cfg.fast_path_refusal() is not None:       # day 20: the modules run instead
+        return f"the tiled CPU layers are dense Llama layers; {model.cfg.fast_path_refusal()}"
     if cache.static:
         return "the tiled CPU products need a dynamic cache (static=False)"
     weight = model.output.weight
@@ -378,6 +380,8 @@ def _pack_refusal(model: torch.nn.Module, cache: KVCache) -> str | None:
     """Why pack_weights=True cannot be used for this model and cache, or None if it can."""
     if not isinstance(model, TinyGPT) or not getattr(model, "fused_decode", True):
         return f"pack_weights=True needs a one-process TinyGPT, got {type(model).__name__}"
+    if model.cfg.fast_path_refusal() is not None:
+        return f"pack_weights=True packs dense Llama layers; {model.cfg.fast_path_refusal()}"
     if cache.static:
         return "pack_weights=True needs a dynamic cache (static=False)"
     weight = model.output.weight
@@ -400,7 +404,9 @@ class DecodeStep:
     through module attributes, and no module calls. At batch 1 a small model's decode step is
     bound by per-kernel overhead, and this cuts the kernels per layer by about two thirds.
     Logits agree with decode_step to float rounding (tests check it); other models run
-    decode_step itself.
+    decode_step itself, and so do a mixture-of-experts or q/k-norm TinyGPT (day 20; see
+    ModelConfig.fast_path_refusal): its modules route each token and read only the chosen
+    experts (tinygpt.moe.MoE), with tiled_reason / pack_reason saying why.
 
     compile=True (opt-in, CUDA only) runs a static-shape step through
     torch.compile(mode="reduce-overhead"), which captures it in a CUDA graph and replays it,
@@ -457,9 +463,10 @@ class DecodeStep:
         else:
             self.tiled_reason = "tiled=False: the plain products run"
         # the fused step reads the weights directly: not for a tensor-parallel shard, whose
-        # layers all-reduce (tinygpt.parallel sets fused_decode = False)
-        if isinstance(model, TinyGPT) and not cache.static and getattr(model, "fused_decode",
-                                                                       True):
+        # layers all-reduce (tinygpt.parallel sets fused_decode = False), nor for MoE or q/k
+        # norm layers (day 20), which it does not compute: those run decode_step, the modules
+        if isinstance(model, TinyGPT) and not cache.static and getattr(
+                model, "fused_decode", True) and model.cfg.fast_path_refusal() is None:
             if self._weights is None:
                 self._weights = _fused_weights(model)
                 self._head = _Linear(model.output.weight)

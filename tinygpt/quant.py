@@ -557,6 +557,10 @@ def quantize_model(model: TinyGPT, scheme: str, *, lm_head: bool = False,
     if getattr(model, "quant_scheme", None) is not None:
         raise ValueError(f"model is already quantized ({model.quant_scheme!r}); quantize the "
                          f"full-precision model")
+    if model.cfg.is_moe:
+        raise ValueError(f"quantize_model quantizes the nn.Linear layers of dense blocks; "
+                         f"{model.cfg.fast_path_refusal()}, whose experts are stacked "
+                         f"(E, d_expert, D) tensors it does not cover")
     # copy everything except the weights that are about to be replaced
     replaced = [model.get_submodule(f"layers.{i}.{name}").weight
                 for i in range(model.cfg.n_layers) for name in _BLOCK_LINEARS]
@@ -748,7 +752,8 @@ class QuantizedDecodeStep(DecodeStep):
     the layers' kernel (kernel="auto": torch's fused int8 / int4 kernels; "dynamic": fbgemm).
     A full-precision float32 LM head on CPU runs on oneDNN's prepacked weights, as in
     DecodeStep(pack_weights=True). Needs a dynamic, full-precision KVCache.
-    step(token (B, 1)) -> logits (B, V) float32, advancing the cache.
+    step(token (B, 1)) -> logits (B, V) float32, advancing the cache. A q/k-norm model (day 20)
+    runs decode_step instead, through its QuantizedLinear modules (`pack_reason` says why).
     """
 
     def __init__(self, model: TinyGPT, cache: KVCache) -> None:
@@ -762,6 +767,10 @@ class QuantizedDecodeStep(DecodeStep):
 
     def _try_pack(self) -> None:          # DecodeStep's hook for the step's products
         model = self.model
+        if model.cfg.fast_path_refusal() is not None:      # q/k norm: the modules run
+            self.pack_reason = f"the fused step is for dense Llama layers; " \
+                f"{model.cfg.fast_path_refusal()}"
+            return
         products = []
         for block in model.layers:
             a, f = block.attention, block.feed_forward
@@ -784,7 +793,10 @@ class QuantizedDecodeStep(DecodeStep):
 
     @property
     def kernels(self) -> dict[str, str]:
-        """The kernel each product of the first layer ran with ({} before the first step)."""
+        """The kernel each product of the first layer ran with ({} before the first step, and
+        for a model whose modules run: see pack_reason)."""
+        if self._weights is None:
+            return {}
         qkv, wo, _, gate_up, w2 = self._weights[0][1:]
         return {name: p.layer.kernel_used for name, p in
                 (("qkv", qkv), ("wo", wo), ("gate_up", gate_up), ("w2", w2))
@@ -808,6 +820,9 @@ def torchao_quantize(model: TinyGPT, scheme: str, *, lm_head: bool = False
                      by G and stores the 4-bit values unpacked, one per int8
     """
     parse_scheme(scheme)
+    if model.cfg.is_moe:
+        return None, f"quantize_model does not cover mixture-of-experts layers: " \
+            f"{model.cfg.fast_path_refusal()}"
     try:
         from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
         from torchao.quantization.granularity import PerGroup

@@ -56,7 +56,10 @@ class ModelRunner:
     batched=True (the default) runs the weight products of a float32 CPU model through
     tinygpt.cpu_gemm (every scheduled token's row against tiled weights, split over the
     cores); `batched` tells whether they run and `batched_reason` why not. batched=False, other
-    devices and dtypes run the model's own modules (F.linear): the oracle.
+    devices and dtypes run the model's own modules (F.linear): the oracle. So do mixture-of-
+    experts and q/k-norm models (day 20, cpu_gemm.refusal says so): attn.qkv applies the q/k
+    norms, and layer.feed_forward, a tinygpt.moe.MoE, routes the step's tokens and runs each
+    chosen expert once over its rows.
     """
 
     def __init__(self, model: TinyGPT, cache: PagedKVCache, *, batched: bool = True) -> None:

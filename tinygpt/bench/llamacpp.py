@@ -57,11 +57,15 @@ def _llama_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def write_gguf(model: TinyGPT, path: Path, fmt: str) -> None:
     """Write `model` (float32, tied embeddings) as a llama-architecture GGUF file whose linear
-    weights are in `fmt` ("F32", "F16", "Q8_0" or "Q4_1"), with a placeholder vocabulary."""
+    weights are in `fmt` ("F32", "F16", "Q8_0" or "Q4_1"), with a placeholder vocabulary.
+    A mixture-of-experts or q/k-norm model is refused (ValueError): the file is a dense Llama's."""
+    cfg = model.cfg
+    if cfg.fast_path_refusal() is not None:
+        raise ValueError(f"write_gguf writes a dense llama-architecture file; "
+                         f"{cfg.fast_path_refusal()}")
     import gguf
     import numpy as np
 
-    cfg = model.cfg
     kind = getattr(gguf.GGMLQuantizationType, fmt)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_block_count(cfg.n_layers)

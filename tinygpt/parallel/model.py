@@ -46,6 +46,7 @@ class TensorParallelGPT(TinyGPT):
 
     def __init__(self, cfg: ModelConfig, shard: Mapping[str, torch.Tensor], rank: int,
                  world_size: int, group=None) -> None:
+        check_tensor_parallel(cfg)
         # the module tree of a miniature TinyGPT (same layers, heads and norm eps; no full-size
         # weight is ever allocated), whose every weight is then replaced by this rank's shard
         skeleton = dataclasses.replace(cfg, vocab_size=1, d_model=2 * cfg.n_heads, d_ff=1,
@@ -74,6 +75,10 @@ class TensorParallelGPT(TinyGPT):
             for norm in ("attention_norm", "ffn_norm"):
                 getattr(block, norm).weight = nn.Parameter(shard[f"{p}{norm}.weight"],
                                                            requires_grad=False)
+            if cfg.qk_norm:             # per head, so every rank applies it to its own heads
+                for norm in ("q_norm", "k_norm"):
+                    getattr(attn, norm).weight = nn.Parameter(
+                        shard[f"{p}attention.{norm}.weight"], requires_grad=False)
         self.norm.weight = nn.Parameter(shard["norm.weight"], requires_grad=False)
         cos, sin = rope_cos_sin(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)
         self.rope_cos, self.rope_sin = cos.to(self.norm.weight), sin.to(self.norm.weight)
@@ -85,6 +90,17 @@ class TensorParallelGPT(TinyGPT):
         return self.plan.n_kv_heads
 
 
+def check_tensor_parallel(cfg: ModelConfig) -> None:
+    """A ValueError for a model tensor parallelism does not split: a mixture-of-experts one
+    (its experts are stacked (E, d_expert, D) tensors, not one SwiGLU to cut by d_ff; expert
+    parallelism, tinygpt.parallel.experts, splits them by expert instead). q/k norm is fine:
+    it normalizes each head, and a rank holds whole heads."""
+    if cfg.is_moe:
+        raise ValueError(f"tensor parallelism splits dense SwiGLU layers by d_ff; "
+                         f"{cfg.fast_path_refusal()}: split its experts with expert "
+                         f"parallelism (tinygpt.parallel.experts) instead")
+
+
 def shard_model(model: TinyGPT, rank: int | None = None, world_size: int | None = None,
                 group=None) -> TensorParallelGPT:
     """This rank's TensorParallelGPT from an ordinary TinyGPT (the shipped checkpoint, a
@@ -93,6 +109,7 @@ def shard_model(model: TinyGPT, rank: int | None = None, world_size: int | None 
     the full weights."""
     if not isinstance(model, TinyGPT):
         raise TypeError(f"model must be a TinyGPT, got {type(model).__name__}")
+    check_tensor_parallel(model.cfg)
     if rank is None or world_size is None:
         if not dist.is_initialized():
             raise ValueError("pass rank and world_size, or call this inside a process group "
