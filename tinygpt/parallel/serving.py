@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from tinygpt.model import TinyGPT
-from tinygpt.parallel.model import shard_model
+from tinygpt.parallel.model import check_tensor_parallel, shard_model
 from tinygpt.parallel.ranks import _context, free_port, init_rank
 from tinygpt.parallel.sharding import plan_heads
 from tinygpt.parallel.source import load_source
@@ -205,6 +205,7 @@ def start_tensor_parallel(model: TinyGPT, tokenizer, source, world_size: int, *,
 
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
         raise ValueError(f"world_size must be an int >= 2, got {world_size!r}")
+    check_tensor_parallel(model.cfg)                         # a MoE model, before any rank
     plan_heads(model.cfg, 0, world_size)                     # refuse a bad degree up front
     if model.cfg.d_ff % world_size:
         raise ValueError(f"the tensor-parallel degree ({world_size}) must divide d_ff "
