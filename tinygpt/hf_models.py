@@ -4,8 +4,9 @@
     from_hf(state_dict, hf_config)      a TinyGPT holding the weights, for any of MODEL_TYPES
     from_hf_llama, from_hf_moe          the same for one family (the mixture-of-experts ones)
     hf_llama_key_map, config_to_hf, to_hf_llama     day 05's Llama, both ways
-    moe_from_deepseek_v3(module)        our MoE(router="sigmoid_groups") with the weights of a
-                                        transformers DeepseekV3MoE (the router and block only)
+    moe_from_hf_block(module)           our MoE with the weights of one transformers MoE block:
+                                        Qwen3-MoE's, Mixtral's or DeepSeek-V3's (router
+                                        "sigmoid_groups", shared expert; the block only)
 
 The families, as transformers 5 writes them (model_type in config.json):
 
@@ -36,7 +37,7 @@ Refused with a ValueError naming the reason: head_dim != hidden_size / num_atten
 attention or MLP biases, an activation other than SiLU, any RoPE scaling, a sliding window
 shorter than the context (Mixtral's, Qwen's use_sliding_window: day 21), Qwen2-MoE's gated
 shared expert (shared_expert_gate), and DeepSeek-V3 folders (multi-head latent attention,
-which arrives with day 21; its router and MoE block convert with moe_from_deepseek_v3).
+which arrives with day 21; its router and MoE block convert with moe_from_hf_block).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ MODEL_TYPES = ("llama", "qwen3_moe", "mixtral")
 REFUSED = {
     "deepseek_v3": "DeepSeek-V3's attention is multi-head latent attention (compressed K/V and "
                    "a decoupled RoPE key), which arrives with day 21; its router and MoE block "
-                   "convert with tinygpt.hf_models.moe_from_deepseek_v3",
+                   "convert with tinygpt.hf_models.moe_from_hf_block",
     "qwen2_moe": "Qwen2-MoE gates its shared expert with a sigmoid (shared_expert_gate) and "
                  "has q/k/v biases, neither of which TinyGPT implements",
 }
@@ -530,38 +531,50 @@ def from_hf(state_dict: Mapping[str, torch.Tensor] | nn.Module, hf_config: Any,
 
 
 # --------------------------------------------------------------------------------------------
-# DeepSeek-V3's MoE block (its whole model, with latent attention, is day 21's)
+# one transformers MoE block as ours (DeepSeek-V3's whole model, with latent attention, is
+# day 21's; its MoE block converts here)
+
+HF_BLOCKS = ("Qwen3MoeSparseMoeBlock", "MixtralSparseMoeBlock", "DeepseekV3MoE")
 
 
 @torch.no_grad()
-def moe_from_deepseek_v3(module: nn.Module) -> MoE:
-    """Our MoE(router="sigmoid_groups", ...) with the weights of a transformers DeepseekV3MoE
-    (module.gate: DeepseekV3TopkRouter, module.experts: fused gate_up_proj (E, 2 I, D) and
-    down_proj (E, D, I), module.shared_experts: a SwiGLU of n_shared_experts * I), in the
-    dtype and on the device of its weights, in eval mode.
+def moe_from_hf_block(module: nn.Module) -> MoE:
+    """Our tinygpt.moe.MoE with the weights of one transformers MoE block (one of HF_BLOCKS),
+    in the dtype and on the device of its weights, in eval mode.
 
-    The router's fields carry over: top_k, n_group, topk_group, norm_topk_prob and
-    routed_scaling_factor, and its e_score_correction_bias (a buffer, used for choosing only).
+    Every block has `gate` (the router: weight (E, D), top_k) and `experts` (fused
+    gate_up_proj (E, 2 I, D), gate rows first, and down_proj (E, D, I)).
+    Qwen3MoeSparseMoeBlock: router "softmax", renormalize = gate.norm_topk_prob.
+    MixtralSparseMoeBlock: router "softmax", always renormalized.
+    DeepseekV3MoE: router "sigmoid_groups" with gate's n_group (num_group), topk_group,
+    norm_topk_prob, routed_scaling_factor and e_score_correction_bias (a buffer: it biases
+    the choice, not the weights), and shared_experts, a SwiGLU of n_shared_experts * I.
     """
-    gate, experts = getattr(module, "gate", None), getattr(module, "experts", None)
-    shared = getattr(module, "shared_experts", None)
-    if gate is None or experts is None or not hasattr(gate, "e_score_correction_bias"):
-        raise TypeError(f"module must be a transformers DeepseekV3MoE (gate with "
-                        f"e_score_correction_bias, experts, shared_experts), got "
-                        f"{type(module).__name__}")
+    kind = type(module).__name__
+    if kind not in HF_BLOCKS:
+        why = " (its shared expert is sigmoid-gated, which TinyGPT does not implement)" \
+            if kind == "Qwen2MoeSparseMoeBlock" else ""
+        raise TypeError(f"module must be one of transformers' {HF_BLOCKS}, got {kind}{why}")
+    gate, experts = module.gate, module.experts
     n_experts, d_model = gate.weight.shape
     d_expert = experts.down_proj.shape[-1]
-    d_shared = 0 if shared is None else shared.gate_proj.weight.shape[0]
-    moe = MoE(d_model, n_experts, gate.top_k, d_expert, router="sigmoid_groups",
-              renormalize=bool(gate.norm_topk_prob), n_group=gate.num_group,
-              topk_group=gate.topk_group, scale=float(gate.routed_scaling_factor),
-              d_shared=d_shared).to(device=gate.weight.device, dtype=experts.down_proj.dtype)
+    shared = getattr(module, "shared_experts", None)
+    options: dict[str, Any] = dict(router="softmax",
+                                   renormalize=bool(getattr(gate, "norm_topk_prob", True)))
+    if kind == "DeepseekV3MoE":
+        options = dict(router="sigmoid_groups", renormalize=bool(gate.norm_topk_prob),
+                       n_group=gate.num_group, topk_group=gate.topk_group,
+                       scale=float(gate.routed_scaling_factor),
+                       d_shared=0 if shared is None else shared.gate_proj.weight.shape[0])
+    moe = MoE(d_model, n_experts, gate.top_k, d_expert, **options).to(
+        device=gate.weight.device, dtype=experts.down_proj.dtype)
     moe.gate.weight.copy_(gate.weight)
-    moe.e_score_correction_bias.copy_(gate.e_score_correction_bias)
+    if kind == "DeepseekV3MoE":
+        moe.e_score_correction_bias.copy_(gate.e_score_correction_bias)
     moe.w1.copy_(experts.gate_up_proj[:, :d_expert])
     moe.w3.copy_(experts.gate_up_proj[:, d_expert:])
     moe.w2.copy_(experts.down_proj)
-    if shared is not None:
+    if moe.shared is not None:
         moe.shared.w1.weight.copy_(shared.gate_proj.weight)
         moe.shared.w3.weight.copy_(shared.up_proj.weight)
         moe.shared.w2.weight.copy_(shared.down_proj.weight)

@@ -10,8 +10,11 @@ What `name_or_path` may be:
                           package (see tinygpt.gguf.smollm2_path)
     a path to a .gguf     any Llama-architecture GGUF file (tinygpt.gguf)
     a folder              a TinyGPT checkpoint (tinygpt.train.save_checkpoint's), or a Hugging
-                          Face Llama folder: config.json with model_type "llama", *.safetensors
-                          weights and its tokenizer files, read from disk only
+                          Face folder: config.json with a model_type of
+                          tinygpt.hf_models.MODEL_TYPES ("llama"; day 20's mixtures of experts
+                          "qwen3_moe" and "mixtral", per-expert or fused expert weights),
+                          *.safetensors weights and its tokenizer files, read from disk only
+                          (tinygpt.hf_models.from_hf converts them)
 
 Names win over folders of the same name. Weights are read from safetensors or GGUF, never from
 pickle, and nothing is downloaded. The server, the chat command, the benchmarks and the
@@ -28,11 +31,12 @@ import torch
 
 from tinygpt.gguf import SMOLLM2_ID, load_gguf_model, open_gguf, smollm2_path
 from tinygpt.gguf_tokenizer import GGUFTokenizer
+from tinygpt.hf_models import MODEL_TYPES, check_model_type
 
 NAMES = ("tinygpt", "smollm2")
 ALLOWED = ("None or 'tinygpt' (the shipped checkpoint), 'smollm2' (the installed "
            "SmolLM2-135M-Instruct), a path to a .gguf file, a TinyGPT checkpoint folder or a "
-           "Hugging Face Llama folder")
+           f"Hugging Face folder whose model_type is one of {MODEL_TYPES}")
 
 
 @dataclass(frozen=True)
@@ -79,10 +83,11 @@ class HFTokenizer:
 
 
 def load_hf_folder(path: Path, config: dict, dtype: torch.dtype | None = None):
-    """(model, HFTokenizer) from a Hugging Face Llama folder: safetensors weights only."""
+    """(model, HFTokenizer) from a Hugging Face folder of one of MODEL_TYPES (Llama,
+    Qwen3-MoE, Mixtral): safetensors weights only."""
     from safetensors.torch import load_file
 
-    from tinygpt.model import from_hf_llama
+    from tinygpt.hf_models import from_hf
 
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -91,7 +96,7 @@ def load_hf_folder(path: Path, config: dict, dtype: torch.dtype | None = None):
     state: dict = {}
     for file in files:
         state.update(load_file(file))
-    model = from_hf_llama(state, config, dtype=dtype).eval()
+    model = from_hf(state, config, dtype=dtype).eval()
     try:
         from transformers import AutoTokenizer
     except ImportError as err:
@@ -164,7 +169,11 @@ def load_model(name_or_path: str | Path | None = None, *, dtype: torch.dtype | N
         raise FileNotFoundError(f"{path} has no config.json: not a checkpoint folder "
                                 f"(allowed: {ALLOWED})")
     config = json.loads(config_path.read_text())
-    if config.get("model_type") == "llama":
+    if isinstance(config, dict) and "model_type" in config:     # a Hugging Face folder
+        try:
+            check_model_type(config["model_type"])
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}; allowed: {ALLOWED}") from None
         model, tokenizer = load_hf_folder(path, config, dtype)
         eos = tuple(tokenizer.special_tokens.values())
         return model, tokenizer, ModelInfo(path.resolve().name, str(path), model.cfg.max_seq_len,

@@ -1,0 +1,372 @@
+"""Day 20's Hugging Face mixtures of experts as TinyGPT (tinygpt.hf_models, tinygpt.loading):
+one MoE block against transformers' Qwen3-MoE, Mixtral and DeepSeek-V3 blocks; whole random
+Qwen3-MoE and Mixtral models (logits, greedy tokens against transformers' generate); their
+folders (both expert layouts) through load_model, the engine and the server; and the configs
+and weights that are refused.
+
+Tolerances: each float32 result is measured against transformers' own model run in float64
+(tinygpt.testing.check_float32_error): ours may be at most FACTOR times as far from it as
+transformers' float32 run is, plus FLOOR. Measured on the 2-core AMD EPYC (2026-11-27), ours
+over theirs: MoE blocks, 40 draws of weights and inputs per block (errors 7e-8 to 7e-7 for
+outputs up to 1.6; DeepSeek-V3's router computes in float32 in both runs, as DeepSeek
+specifies), at most 1.4 but once 3.1 (Mixtral: 5.5e-7 against 1.7e-7, about 4 float32 steps
+at outputs near 1: one product over 2 I gate-and-up rows against two over I each sums in
+another order); whole models, 10 draws per family (logits up to 0.6, errors 1.3e-7 to
+3.4e-7), at most 1.26. FACTOR = 4 keeps the one 3.1 (check_product's factor, tests/float64.py);
+a wrong expert, routing weight or norm is off by the outputs' own size (0.1 to 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+
+import httpx
+import pytest
+import torch
+
+from tinygpt.generate import generate
+from tinygpt.sampling import SamplingParams
+from tinygpt.testing import check_float32_error
+
+transformers = pytest.importorskip("transformers")
+
+from tinygpt import hf_models  # noqa: E402
+from tinygpt.hf_models import (  # noqa: E402
+    config_from_hf,
+    from_hf,
+    from_hf_llama,
+    from_hf_moe,
+    moe_from_hf_block,
+)
+
+FACTOR, FLOOR = 4.0, 1e-7
+WORDS = ["<unk>", "<s>", "</s>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to",
+         "park", "and", "big", "small", "red", "blue", "tree", "house", "bird", "sang", "in",
+         "morning", "night", "moon", "sun", "over", "under", "fast", "slow", "green", "old",
+         "new", "river", "boat", "fish", "swam", "hill", "road", "car", "went", "home", "user",
+         "assistant", ":", "hello", "world"]
+EAGER = dict(experts_implementation="eager", attn_implementation="eager")
+NO_SPECIALS = dict(eos_token_id=None, bos_token_id=None, pad_token_id=None)
+
+
+def qwen3_moe_config(**changes):
+    """A small Qwen3-MoE: 3 layers, the middle one dense (mlp_only_layers), q/k norm."""
+    kwargs = dict(vocab_size=len(WORDS), hidden_size=64, intermediate_size=96,
+                  moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+                  max_position_embeddings=128, mlp_only_layers=[1], norm_topk_prob=True,
+                  rms_norm_eps=1e-6, **EAGER, **NO_SPECIALS)
+    return transformers.Qwen3MoeConfig(**{**kwargs, **changes})
+
+
+def mixtral_config(**changes):
+    kwargs = dict(vocab_size=len(WORDS), hidden_size=64, intermediate_size=32,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=128,
+                  **EAGER, **NO_SPECIALS)
+    return transformers.MixtralConfig(**{**kwargs, **changes})
+
+
+def build(config, seed: int = 0):
+    torch.manual_seed(seed)
+    cls = (transformers.Qwen3MoeForCausalLM if config.model_type == "qwen3_moe"
+           else transformers.MixtralForCausalLM)
+    return cls(config).eval()
+
+
+FAMILIES = {"qwen3_moe": qwen3_moe_config, "mixtral": mixtral_config}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def hf_model(request):
+    return build(FAMILIES[request.param]())
+
+
+def word_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.decoder = decoders.WordPiece(prefix="##")            # joins words with spaces
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>",
+                                               bos_token="<s>", eos_token="</s>")
+    tok.chat_template = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} "
+                         "{% endfor %}assistant :")
+    return tok
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def hf_float64(model):
+    return copy.deepcopy(model).double()
+
+
+# --------------------------------------------------------------------------------------------
+# one MoE block against transformers'
+
+
+def hf_blocks():
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    qwen = dict(hidden_size=64, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                **EAGER)
+    deepseek = transformers.DeepseekV3Config(
+        hidden_size=64, moe_intermediate_size=32, n_routed_experts=16, num_experts_per_tok=4,
+        n_group=4, topk_group=2, routed_scaling_factor=2.5, n_shared_experts=1,
+        norm_topk_prob=True, **EAGER)
+    return {
+        "qwen3_moe renormalized": lambda: Qwen3MoeSparseMoeBlock(
+            transformers.Qwen3MoeConfig(**qwen, norm_topk_prob=True)),
+        "qwen3_moe raw top-k": lambda: Qwen3MoeSparseMoeBlock(
+            transformers.Qwen3MoeConfig(**qwen, norm_topk_prob=False)),
+        "mixtral": lambda: MixtralSparseMoeBlock(transformers.MixtralConfig(
+            hidden_size=64, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
+            **EAGER)),
+        "deepseek_v3": lambda: DeepseekV3MoE(deepseek),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(hf_blocks()))
+def test_a_moe_block_equals_transformers(name):
+    torch.manual_seed(0)
+    block = hf_blocks()[name]().eval()
+    with torch.no_grad():                   # weights of a visible size; a nonzero bias
+        for p in block.parameters():
+            p.normal_(0, 0.1)
+        if hasattr(block.gate, "e_score_correction_bias"):
+            block.gate.e_score_correction_bias.normal_(0, 0.1)
+    ours = moe_from_hf_block(block)
+    if name == "deepseek_v3":
+        assert (ours.router, ours.n_group, ours.topk_group, ours.scale) == \
+            ("sigmoid_groups", 4, 2, 2.5)
+        assert ours.shared is not None
+        assert torch.equal(ours.e_score_correction_bias, block.gate.e_score_correction_bias)
+    else:
+        assert ours.router == "softmax" and ours.renormalize == (name != "qwen3_moe raw top-k")
+    x = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        _, _, theirs_chosen = block.gate(x.reshape(-1, 64))
+        _, ours_chosen = ours.route(x.reshape(-1, 64))
+        want, got = block(x), ours(x)
+        truth = hf_float64(block)(x.double())
+    # the same experts for every token (their order within a token may differ)
+    assert torch.equal(ours_chosen.sort(-1).values, theirs_chosen.sort(-1).values)
+    assert truth.abs().max() > 0.3
+    check_float32_error(f"our MoE from {name}", got, want, truth, factor=FACTOR, floor=FLOOR)
+
+
+def test_a_block_transformers_has_but_we_do_not_is_refused():
+    with pytest.raises(TypeError, match="Qwen3MoeSparseMoeBlock"):
+        moe_from_hf_block(torch.nn.Linear(2, 2))
+
+
+# --------------------------------------------------------------------------------------------
+# whole models
+
+
+def test_configs_map_to_ours():
+    q = config_from_hf(qwen3_moe_config())
+    assert (q.n_experts, q.top_k, q.d_expert, q.d_ff, q.router) == (8, 2, 32, 96, "softmax")
+    assert q.dense_layers == (1,) and q.moe_layers == (0, 2)
+    assert q.qk_norm and q.norm_topk_prob and q.head_dim == 16
+    # decoder_sparse_step 2: layers 1, 3 sparse (i + 1 divisible by 2), 0 and 2 dense, and
+    # mlp_only_layers adds 3; the config.json form (the Hub's num_experts) says the same
+    step = config_from_hf({**qwen3_moe_config(num_hidden_layers=4, decoder_sparse_step=2,
+                                              mlp_only_layers=[3]).to_dict(),
+                           "num_experts": 8})
+    assert step.dense_layers == (0, 2, 3) and step.moe_layers == (1,)
+    assert not config_from_hf(qwen3_moe_config(norm_topk_prob=False)).norm_topk_prob
+    m = config_from_hf(mixtral_config())
+    assert (m.n_experts, m.top_k, m.d_expert, m.dense_layers, m.qk_norm) == (4, 2, 32, (), False)
+    assert m.norm_topk_prob and m.rope_base == 1e6
+
+
+def test_whole_models_give_transformers_logits_and_greedy_tokens(hf_model):
+    ours = from_hf(hf_model, hf_model.config)
+    assert sum(p.numel() for p in hf_model.parameters()) == \
+        sum(p.numel() for p in ours.parameters())
+    if hf_model.config.model_type == "qwen3_moe":
+        assert type(ours.layers[1].feed_forward).__name__ == "SwiGLU"
+        assert ours.layers[0].attention.q_norm is not None
+    ids = torch.randint(0, len(WORDS), (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want, got, truth = hf_model(ids).logits, ours(ids), hf_float64(hf_model)(ids).logits
+    err, ref_err = check_float32_error(f"TinyGPT from {hf_model.config.model_type}", got, want,
+                                       truth, factor=FACTOR, floor=FLOOR)
+    prompt, n = [3, 4, 5, 6, 7], 20
+    theirs = hf_greedy(hf_model, prompt, n)
+    # the comparison means something only where no step is a near-tie at float32's error
+    with torch.no_grad():
+        steps = hf_model(torch.tensor([prompt + theirs])).logits[0, len(prompt) - 1:-1]
+    top2 = steps.topk(2, dim=-1).values
+    assert (top2[:, 0] - top2[:, 1]).min() > 100 * max(err, ref_err)
+    assert generate(ours, prompt, SamplingParams(temperature=0, max_new_tokens=n)
+                    ).token_ids == theirs
+    assert generate(ours, prompt, SamplingParams(temperature=0, max_new_tokens=n),
+                    use_cache=False).token_ids == theirs
+
+
+def test_the_in_memory_and_on_disk_layouts_give_the_same_model(tmp_path, hf_model):
+    from safetensors.torch import load_file
+
+    fused = from_hf(hf_model.state_dict(), hf_model.config)
+    hf_model.save_pretrained(tmp_path, safe_serialization=True)
+    on_disk = load_file(tmp_path / "model.safetensors")
+    expert_keys = [k for k in on_disk if ".experts." in k]
+    assert expert_keys and all(k.split(".experts.")[1].split(".")[0].isdigit()
+                               for k in expert_keys)          # transformers wrote per expert
+    config = json.loads((tmp_path / "config.json").read_text())
+    per_expert = from_hf(on_disk, config)
+    for (name, a), b in zip(fused.state_dict().items(), per_expert.state_dict().values(),
+                            strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_bad_weights_are_named(hf_model):
+    config, sd = hf_model.config, dict(hf_model.state_dict())
+    prefix = "model.layers.0.mlp.experts."
+    with pytest.raises(ValueError, match=r"missing keys \['model.layers.0.mlp.gate.weight"):
+        from_hf({k: v for k, v in sd.items() if k != "model.layers.0.mlp.gate.weight"}, config)
+    with pytest.raises(ValueError, match="unexpected keys.*extra"):
+        from_hf({**sd, "extra.weight": torch.zeros(1)}, config)
+    with pytest.raises(ValueError, match="gate_up_proj has shape"):
+        from_hf({**sd, prefix + "gate_up_proj": sd[prefix + "gate_up_proj"][:, 1:]}, config)
+    with pytest.raises(ValueError, match="both the fused layout"):
+        from_hf({**sd, prefix + "0.down_proj.weight": torch.zeros(64, 32)}, config)
+    with pytest.raises(ValueError, match="k_proj.weight has shape"):
+        from_hf({**sd, "model.layers.0.self_attn.k_proj.weight": torch.zeros(16, 64)}, config)
+    with pytest.raises(ValueError, match="shared_expert_gate is not|sigmoid-gated"):
+        from_hf({**sd, "model.layers.0.mlp.shared_expert_gate.weight": torch.zeros(1, 64)},
+                config)
+    with pytest.raises(ValueError, match="from_hf_llama loads model_type 'llama'"):
+        from_hf_llama(sd, config)
+    with pytest.raises(TypeError, match="state_dict"):
+        from_hf_moe([1, 2], config)
+
+
+@pytest.mark.parametrize("family,change,match", [
+    ("qwen3_moe", {"head_dim": 32}, "head_dim"),
+    ("qwen3_moe", {"attention_bias": True}, "bias"),
+    ("qwen3_moe", {"hidden_act": "gelu"}, "silu"),
+    ("qwen3_moe", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                                       "rope_theta": 1e6}}, "yarn"),
+    ("qwen3_moe", {"use_sliding_window": True, "sliding_window": 64}, "day 21"),
+    ("qwen3_moe", {"decoder_sparse_step": 0}, "decoder_sparse_step"),
+    ("qwen3_moe", {"num_local_experts": 4}, "number of experts once"),
+    ("mixtral", {"sliding_window": 64}, "sliding_window=64.*day 21"),
+    ("mixtral", {"num_experts_per_tok": 5}, "top_k"),
+    ("mixtral", {"model_type": "deepseek_v3"}, "multi-head latent attention.*day 21"),
+    ("mixtral", {"model_type": "qwen2_moe"}, "shared_expert_gate"),
+    ("mixtral", {"model_type": "gpt_oss"}, r"one of \('llama', 'qwen3_moe', 'mixtral'\)"),
+])
+def test_configs_we_cannot_run_are_refused(family, change, match):
+    base = FAMILIES[family]().to_dict()
+    if family == "qwen3_moe":
+        base = {**base, "num_experts": base.pop("num_local_experts")}   # the Hub's spelling
+    with pytest.raises(ValueError, match=match):
+        config_from_hf({**base, **change})
+
+
+def test_a_long_window_is_no_window():
+    """A sliding window as long as the context never slides: nothing to refuse."""
+    assert config_from_hf(mixtral_config(sliding_window=128)).max_seq_len == 128
+
+
+# --------------------------------------------------------------------------------------------
+# folders: load_model, the engine, the server
+
+
+def save_folder(path, model, layout: str = "per_expert"):
+    """model's folder as save_pretrained writes it, with a word-level tokenizer; layout
+    "fused" rewrites the weights with the in-memory keys (gate_up_proj, down_proj)."""
+    from safetensors.torch import save_file
+
+    model.save_pretrained(path, safe_serialization=True)
+    word_tokenizer().save_pretrained(path)
+    if layout == "fused":
+        (path / "model.safetensors").unlink()
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+                  path / "model.safetensors")
+    return path
+
+
+PROMPTS = ["the cat sat on the mat and the dog ran to the park in the morning and the bird sang",
+           "the cat sat on the mat and the dog ran to the park in the morning over the hill",
+           "a big red car went home",
+           "the moon over the river"]
+
+
+@pytest.mark.parametrize("layout", ["per_expert", "fused"])
+def test_a_folder_loads_and_the_engine_gives_generate_tokens(tmp_path, hf_model, layout):
+    from tinygpt.engine import Engine
+    from tinygpt.loading import load_model
+
+    model, tokenizer, info = load_model(save_folder(tmp_path, hf_model, layout))
+    assert info.model_id == tmp_path.name and info.context_length == 128
+    reference = from_hf(hf_model, hf_model.config)
+    for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values(),
+                            strict=True):
+        assert torch.equal(a, b), name
+    assert tokenizer.encode("the cat sat") == [3, 4, 5]
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    assert prompts[0][:16] == prompts[1][:16]              # one full block of 16 to share
+    params = SamplingParams(temperature=0, max_new_tokens=12)
+    want = [generate(model, p, params).token_ids for p in prompts]
+    engine = Engine(model, tokenizer, prefix_caching=True, max_running=3)
+    assert not engine.runner.batched and "mixture-of-experts" in engine.runner.batched_reason
+    got = [r.token_ids for r in engine.generate(prompts, params)]
+    assert got == want
+    hits = engine.scheduler.prefix_hit_tokens
+    again = engine.generate(prompts[:2], params)        # their first blocks are cached now
+    assert engine.scheduler.prefix_hit_tokens > hits
+    assert [r.token_ids for r in again] == want[:2]
+
+
+def test_the_server_serves_a_folder_with_transformers_greedy_text(tmp_path, hf_model):
+    from tinygpt.engine import AsyncEngine
+    from tinygpt.loading import load_model
+    from tinygpt.server import create_app
+
+    model, tokenizer, info = load_model(save_folder(tmp_path, hf_model))
+    prompt = "the cat sat on the mat"
+    ids = tokenizer.encode(prompt)
+    theirs = hf_greedy(hf_model, ids, 16)
+    loop = asyncio.new_event_loop()
+    engine = AsyncEngine(model, tokenizer, max_waiting=8, prefix_caching=True)
+    app = create_app(engine, tokenizer, info.context_length, model_id=info.model_id,
+                     eos_ids=info.eos_ids, end_of_turn_ids=info.end_of_turn_ids)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t",
+                               timeout=60)
+    try:
+        response = loop.run_until_complete(client.post("/v1/completions", json={
+            "model": info.model_id, "prompt": prompt, "max_tokens": 16, "temperature": 0,
+            "ignore_eos": True}))
+    finally:
+        loop.run_until_complete(client.aclose())
+        loop.run_until_complete(engine.shutdown(1.0))
+        loop.close()
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["usage"]["completion_tokens"] == 16
+    assert body["choices"][0]["text"] == tokenizer.decode(theirs)
+
+
+def test_load_model_refuses_other_families_naming_the_allowed_ones(tmp_path):
+    from tinygpt.loading import load_model
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v3"}))
+    with pytest.raises(ValueError, match="day 21.*allowed.*qwen3_moe"):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ValueError, match=r"one of \('llama', 'qwen3_moe', 'mixtral'\)"):
+        load_model(tmp_path)
+    assert hf_models.MODEL_TYPES == ("llama", "qwen3_moe", "mixtral")
