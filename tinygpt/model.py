@@ -27,8 +27,9 @@ Fast paths written for the dense layout (fused products, C decode layers, tensor
 shards, GGUF writers) ask cfg.fast_path_refusal() and run the modules above instead, or refuse.
 
 The parameter names follow Meta's Llama reference code (wq, wk, wv, wo, w1, w2, w3, ...);
-`from_hf_llama` / `to_hf_llama` translate to and from Hugging Face's LlamaForCausalLM
-(tinygpt.hf_models: Qwen3-MoE and Mixtral).
+`from_hf_llama` / `to_hf_llama` translate to and from Hugging Face's LlamaForCausalLM. They
+are written in tinygpt.hf_models, beside day 20's Qwen3-MoE and Mixtral loaders, and import
+from here as well (see `__getattr__` at the end of this file).
 """
 
 from __future__ import annotations
