@@ -77,6 +77,49 @@ def kept_pairs(experts, n_experts, capacity):
     return kept
 '''
 
+_EP = '''
+def ep_moe(xs, routes, shards, all_to_all):
+    p = len(xs)
+    per = shards[0][0].shape[0]
+    rows_out, ids_out, plans = [], [], []
+    for r in range(p):
+        weights, experts = routes[r]
+        k = experts.shape[1]
+        flat = experts.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        tokens = order // k
+        sorted_experts = flat[order]
+        owner = {owner}
+        rows_out.append([xs[r][tokens[owner == q]] for q in range(p)])
+        ids_out.append([{local} for q in range(p)])
+        plans.append((weights.reshape(-1)[order], tokens, k))
+    rows_in, ids_in = all_to_all(rows_out), all_to_all(ids_out)
+    results = []
+    for q in range(p):
+        w1, w3, w2 = shards[q]
+        x, ids = torch.cat(rows_in[q]), torch.cat(ids_in[q])
+        y = torch.zeros_like(x)
+        for e in torch.unique(ids).tolist():
+            mine = ids == e
+            h = F.silu(x[mine] @ w1[e].T) * (x[mine] @ w3[e].T)
+            y[mine] = h @ w2[e].T
+        results.append(list(torch.split(y, [len(t) for t in rows_in[q]])))
+    back = all_to_all(results)
+    outs = []
+    for r in range(p):
+        pair_weights, tokens, k = plans[r]
+        out = torch.zeros_like(xs[r])
+        {combine}
+        outs.append(out)
+    return outs
+'''
+
+
+def _ep(owner="sorted_experts // per", local="sorted_experts[owner == q] - q * per",
+        combine="out.index_add_(0, tokens, torch.cat(back[r]) * pair_weights[:, None])"):
+    return _EP.format(owner=owner, local=local, combine=combine)
+
+
 MISTAKES = [
     # ------------------------------------------------------------ softmax top-k router
     Mistake("route_topk", "a softmax over the k chosen logits only: right when renormalizing, "
@@ -233,6 +276,37 @@ def kept_pairs(experts, n_experts, capacity):
             taken[e] += 1
     return kept
 ''', says="token order"),
+    # ------------------------------------------------------------ expert parallelism
+    Mistake("ep_moe", "deals the experts out round-robin (expert e on rank e % p), not in "
+            "contiguous blocks", _ep(owner="sorted_experts % p",
+                                     local="sorted_experts[owner == q] // p"),
+            says="contiguous block"),
+    Mistake("ep_moe", "looks up the global expert id in the rank's shard",
+            _ep(local="sorted_experts[owner == q]"), says="local indices"),
+    Mistake("ep_moe", "adds the returned rows (sorted by expert) to the tokens of the unsorted "
+            "pairs", _ep(combine="out.index_add_(0, torch.arange(len(tokens)) // k, "
+                                 "torch.cat(back[r]) * pair_weights[:, None])"),
+            says="order you sent them"),
+    Mistake("ep_moe", "never applies the routing weights",
+            _ep(combine="out.index_add_(0, tokens, torch.cat(back[r]))"), says="routing weight"),
+    Mistake("ep_moe", "index_copy_: a token's k returned rows overwrite each other",
+            _ep(combine="out.index_copy_(0, tokens, torch.cat(back[r]) * pair_weights[:, None])"),
+            says="added together"),
+    Mistake("ep_moe", "runs every pair at home with the other ranks' shards: no all-to-all", '''
+def ep_moe(xs, routes, shards, all_to_all):
+    per = shards[0][0].shape[0]
+    outs = []
+    for x, (weights, experts) in zip(xs, routes):
+        out = torch.zeros_like(x)
+        for n in range(x.shape[0]):
+            for j in range(experts.shape[1]):
+                e = int(experts[n, j])
+                w1, w3, w2 = (w[e % per] for w in shards[e // per])
+                h = F.silu(x[n:n + 1] @ w1.T) * (x[n:n + 1] @ w3.T)
+                out[n] += weights[n, j] * (h @ w2.T)[0]
+        outs.append(out)
+    return outs
+''', says="send rank q only the rows"),
     # ------------------------------------------------------------ self-checks
     Mistake("q1", "thinks renormalizing keeps the full softmax's probabilities", 'answer_q1 = "D"\n'),
     Mistake("q2", "rounds the batch down", "answer_q2 = 10\n"),
@@ -246,6 +320,10 @@ _KEEPS = {"expected_distinct": ("decode_bytes",)}
 MISTAKES = [replace(m, keeps=_KEEPS.get(m.grade_id, ())) for m in MISTAKES]
 
 _TOPK_DIM = "torch.topk's dim defaults to the last dimension, -1"
+_EP_ORDER = ("within one expert, the order of its pairs changes only the order of the rows sent "
+             "to its rank and back; tokens and weights are permuted with them")
+_EP_PER = ("every rank's shard holds the same number of experts, E / p, as the leading dimension "
+           "of each of its three tensors")
 EQUIVALENT_MUTANTS = {
     "route_topk: weights, experts = torch.topk(probs, k, dim=-1) => weights, experts = "
     "torch.topk(probs, k)": _TOPK_DIM,
@@ -264,4 +342,10 @@ EQUIVALENT_MUTANTS = {
     "stable=False)":
         "within one expert's run, the order of its pairs only changes the order in which "
         "index_add_ adds them: tokens and weights are permuted together",
+    "ep_moe: order = torch.argsort(flat, stable=True) => order = torch.argsort(flat)": _EP_ORDER,
+    "ep_moe: order = torch.argsort(flat, stable=True) => order = torch.argsort(flat, "
+    "stable=False)": _EP_ORDER,
+    "ep_moe: per = shards[0][0].shape[0] => per = shards[0][1].shape[0]": _EP_PER,
+    "ep_moe: per = shards[0][0].shape[0] => per = shards[0][-1].shape[0]": _EP_PER,
+    "ep_moe: per = shards[0][0].shape[0] => per = shards[-1][0].shape[0]": _EP_PER,
 }
