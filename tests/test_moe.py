@@ -449,3 +449,78 @@ def test_critical_batch_against_a_scan(e, k):
             M.critical_batch(bad, e, k)
     with pytest.raises(ValueError, match="max_batch must be"):
         M.critical_batch(10.0, e, k, max_batch=0)
+
+
+# --------------------------------------------------------------------------------------------
+# the decode step of a MoE TinyGPT (tinygpt.kv_cache.DecodeStep runs MoEDecode)
+
+
+
+def moe_model():
+    from tinygpt.model import ModelConfig, TinyGPT
+
+    cfg = ModelConfig(vocab_size=61, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=96,
+                      max_seq_len=64, n_experts=8, top_k=3, d_expert=32, dense_layers=(1,),
+                      n_shared_experts=1)
+    model = TinyGPT(cfg, seed=0).eval()
+    with torch.no_grad():          # larger logits and router scores than the 0.02 init
+        model.output.weight.mul_(40)
+        for block in model.layers:
+            if isinstance(block.feed_forward, M.MoE):
+                block.feed_forward.gate.weight.mul_(20)
+    return model
+
+
+@pytest.mark.parametrize("tiled", [True, False], ids=["tiled", "plain"])
+@pytest.mark.parametrize("batch", [1, 3, 6])
+def test_the_decode_step_runs_moe_layers_through_moe_decode(batch, tiled):
+    from tests.float64 import float64_twin
+    from tinygpt import cpu_kernels
+    from tinygpt.kv_cache import DecodeStep, KVCache, decode_step, prefill
+
+    model = moe_model()
+    moe = [b.feed_forward for b in model.layers if isinstance(b.feed_forward, M.MoE)]
+    ids = torch.randint(0, 61, (batch, 7), generator=torch.Generator().manual_seed(batch))
+    fast_cache, plain_cache = KVCache.for_model(model, batch, 20), KVCache.for_model(
+        model, batch, 20)
+    step = DecodeStep(model, fast_cache, tiled=tiled)
+    assert step.tiled == (tiled and cpu_kernels.available() is None)
+    assert isinstance(step._weights[0][4], M.MoEDecode) and step._weights[1][5] is not None
+    got, want = [], []
+    with torch.inference_mode():
+        token = prefill(model, fast_cache, ids).argmax(-1, keepdim=True)
+        prefill(model, plain_cache, ids)
+        for _ in range(5):
+            ids = torch.cat([ids, token], 1)
+            with step.token_threads(batch):
+                got.append(step(token))
+            assert all(ff.last_ran == tuple(torch.unique(ff.last_experts).tolist())
+                       for ff in moe)
+            if batch == 1:
+                assert all(len(ff.last_ran) == 3 for ff in moe)
+            want.append(decode_step(model, plain_cache, token))
+            token = got[-1].argmax(-1, keepdim=True)
+        truth = float64_twin(model)(ids)[:, 6:-1].transpose(0, 1)        # (steps, B, V)
+    got, want = torch.stack(got), torch.stack(want)
+    check_float32_error("the decode step's logits on a MoE model", got, want, truth,
+                        factor=4, floor=EPS * truth.abs().max().item())
+
+
+def test_the_decode_step_of_a_moe_model_gives_generate_the_uncached_tokens():
+    from tinygpt.generate import generate
+    from tinygpt.sampling import SamplingParams
+
+    model = moe_model()
+    params = SamplingParams(temperature=0, max_new_tokens=12)
+    for prompt in ([1, 2, 3], [5, 9, 14, 2, 2, 7]):
+        assert generate(model, prompt, params).token_ids == \
+            generate(model, prompt, params, use_cache=False).token_ids
+
+
+def test_quantized_decode_weights_on_a_moe_model_run_the_plain_products():
+    from tinygpt.cpu_kernels import q8_0_model
+    from tinygpt.kv_cache import DecodeStep, KVCache
+
+    model = q8_0_model(moe_model())
+    step = DecodeStep(model, KVCache.for_model(model, 1, 8))
+    assert not step.tiled and "Q8_0 / Q4_1 decode weights" in step.tiled_reason

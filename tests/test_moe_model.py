@@ -1,7 +1,8 @@
 """Day 20's mixture-of-experts and q/k-norm TinyGPT (tinygpt.model): the config's fields and
 their errors, the layers built, parameter counts (all and active), init, q/k norm; the fast
-paths that must take the plain modules for such a model (the decode step, the engine's
-runner, the quantized step) giving the uncached model's tokens, and those that refuse it
+paths that must take the plain modules for such a model (the decode step for q/k norm, whose
+MoE layers run in its fused step, the engine's runner, the quantized step) giving the
+uncached model's tokens, and those that refuse it
 (quantization, tensor parallelism, the GGUF writer and reader); checkpoints of the new fields.
 
 Float32 logits are checked against the same model in float64 (check_float32_error): the
@@ -30,7 +31,7 @@ from tinygpt.model import (
     count_active_parameters,
     count_parameters,
 )
-from tinygpt.moe import MoE
+from tinygpt.moe import MoE, MoEDecode
 from tinygpt.sampling import SamplingParams
 from tinygpt.testing import check_float32_error
 
@@ -228,15 +229,19 @@ def test_qk_norm_normalizes_each_head_before_rope():
 
 @pytest.mark.parametrize("cfg", [SOFTMAX, GROUPS, QK_ONLY], ids=["softmax", "groups",
                                                                   "qk_only"])
-def test_the_decode_step_runs_the_modules_and_matches_the_uncached_model(cfg):
+def test_the_decode_step_matches_the_uncached_model(cfg):
     model = make(cfg)
     cache = KVCache.for_model(model, 1, 40)
     step = DecodeStep(model, cache)
-    assert not step.tiled and cfg.fast_path_refusal() in step.tiled_reason
-    assert step._weights is None and step._layers is None          # no fused products
+    if cfg.qk_norm:                # the fused step has no q/k norm: the modules run
+        assert not step.tiled and "qk_norm=True" in step.tiled_reason
+        assert step._weights is None and step._layers is None          # no fused products
+    else:                          # MoE layers run in the fused step (tinygpt.moe.MoEDecode)
+        assert isinstance(step._weights[0][4], MoEDecode) and step._weights[0][5] is None
+        assert step._layers is None                                    # no C layers
     with pytest.warns(PackFallbackWarning, match="packs dense Llama layers"):
         packed = DecodeStep(model, KVCache.for_model(model, 1, 8), pack_weights=True)
-    assert not packed.packed and packed._weights is None
+    assert not packed.packed and (packed._weights is None) == cfg.qk_norm
     prompt = torch.randint(0, 53, (1, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         logits = [prefill(model, cache, prompt)]

@@ -49,6 +49,7 @@ import torch.nn.functional as nnf
 
 from tinygpt import flops as F
 from tinygpt.model import ModelConfig, TinyGPT
+from tinygpt.moe import MoE, MoEDecode
 from tinygpt.native import torch_single_thread
 
 # torch dtype -> the dtype names of tinygpt.flops / tinygpt.roofline
@@ -348,8 +349,11 @@ def _tiled_refusal(model: torch.nn.Module, cache: KVCache) -> str | None:
         return "the tiled CPU products need a full-precision TinyGPT"
     if not getattr(model, "fused_decode", True):
         return "the tiled CPU products need a one-process model (not a tensor-parallel shard)"
-    if model.cfg.fast_path_refusal() is not None:       # day 20: the modules run instead
-        return f"the tiled CPU layers are dense Llama layers; {model.cfg.fast_path_refusal()}"
+    if _fused_refusal(model.cfg) is not None:           # day 20: the modules run instead
+        return f"the tiled CPU layers are Llama layers; {_fused_refusal(model.cfg)}"
+    if model.cfg.is_moe and getattr(model, "decode_weights", None) is not None:
+        return ("Q8_0 / Q4_1 decode weights are made for dense layers (the experts' stacked "
+                "weights are not quantized)")
     if cache.static:
         return "the tiled CPU products need a dynamic cache (static=False)"
     weight = model.output.weight
@@ -365,14 +369,30 @@ def _tiled_refusal(model: torch.nn.Module, cache: KVCache) -> str | None:
     return cpu_kernels.available()
 
 
+def _fused_refusal(cfg: ModelConfig) -> str | None:
+    """Why the fused step cannot compute this model's layers, or None when it can. It has no
+    q/k norm; a mixture-of-experts layer runs in it through tinygpt.moe.MoEDecode (day 20)."""
+    if cfg.qk_norm:
+        return "the model normalizes queries and keys per head before RoPE (qk_norm=True)"
+    return None
+
+
+def _feed_forward(ff: torch.nn.Module, linear: Callable[..., _Linear]) -> tuple:
+    """(gate_up, w2) products of a SwiGLU; (MoEDecode, None) for a MoE layer, which routes
+    and runs only its chosen experts, each expert's products made by `linear`."""
+    if isinstance(ff, MoE):
+        return MoEDecode(ff, linear), None
+    return linear(ff.w1.weight, ff.w3.weight), linear(ff.w2.weight)
+
+
 def _fused_weights(model: TinyGPT, linear: Callable[..., _Linear] = _Linear) -> list[tuple]:
     """Per layer: (attention_norm weight, qkv, wo, ffn_norm weight, gate_up, w2), where qkv,
-    wo, gate_up and w2 are `linear` products (each returns a tuple of outputs)."""
+    wo, gate_up and w2 are `linear` products (each returns a tuple of outputs); on a MoE
+    layer gate_up is its MoEDecode and w2 None."""
     return [(b.attention_norm.weight,
              linear(b.attention.wq.weight, b.attention.wk.weight, b.attention.wv.weight),
              linear(b.attention.wo.weight), b.ffn_norm.weight,
-             linear(b.feed_forward.w1.weight, b.feed_forward.w3.weight),
-             linear(b.feed_forward.w2.weight))
+             *_feed_forward(b.feed_forward, linear))
             for b in model.layers]
 
 
@@ -404,9 +424,11 @@ class DecodeStep:
     through module attributes, and no module calls. At batch 1 a small model's decode step is
     bound by per-kernel overhead, and this cuts the kernels per layer by about two thirds.
     Logits agree with decode_step to float rounding (tests check it); other models run
-    decode_step itself, and so do a mixture-of-experts or q/k-norm TinyGPT (day 20; see
-    ModelConfig.fast_path_refusal): its modules route each token and read only the chosen
-    experts (tinygpt.moe.MoE), with tiled_reason / pack_reason saying why.
+    decode_step itself, and so does a q/k-norm TinyGPT (day 20), with tiled_reason /
+    pack_reason saying why. A mixture-of-experts layer (day 20) runs in the step as
+    tinygpt.moe.MoEDecode: it routes the tokens and runs only the chosen experts' products
+    (on the tiled CPU products below, each expert's gate and up stacked, its down apart; the
+    C layers and pack_weights are for dense layers only).
 
     compile=True (opt-in, CUDA only) runs a static-shape step through
     torch.compile(mode="reduce-overhead"), which captures it in a CUDA graph and replays it,
@@ -463,10 +485,10 @@ class DecodeStep:
         else:
             self.tiled_reason = "tiled=False: the plain products run"
         # the fused step reads the weights directly: not for a tensor-parallel shard, whose
-        # layers all-reduce (tinygpt.parallel sets fused_decode = False), nor for MoE or q/k
-        # norm layers (day 20), which it does not compute: those run decode_step, the modules
+        # layers all-reduce (tinygpt.parallel sets fused_decode = False), nor for q/k norm
+        # layers (day 20), which it does not compute: those run decode_step, the modules
         if isinstance(model, TinyGPT) and not cache.static and getattr(
-                model, "fused_decode", True) and model.cfg.fast_path_refusal() is None:
+                model, "fused_decode", True) and _fused_refusal(model.cfg) is None:
             if self._weights is None:
                 self._weights = _fused_weights(model)
                 self._head = _Linear(model.output.weight)
@@ -616,6 +638,9 @@ class DecodeStep:
                                                  values.narrow(2, 0, start + 1), enable_gqa=gqa)
             x = x + wo(y.view(batch, 1, n_heads * head_dim))[0]              # (B,H,1,hd) order
             h = nnf.rms_norm(x, dim, ffn_norm, eps)
+            if w2 is None:                  # a mixture of experts: tinygpt.moe.MoEDecode
+                x = x + gate_up(h)
+                continue
             gate, up = gate_up(h)
             x = x + w2(nnf.silu(gate) * up)[0]
         cache.advance(1)
