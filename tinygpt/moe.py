@@ -26,6 +26,12 @@ Two ways to run the experts, equal up to float32 summation order:
 Expert weights are stacked: w1 and w3 (E, d_expert, D) (gate and up), w2 (E, D, d_expert)
 (down), so expert e's MLP is w2[e](silu(w1[e] x) * w3[e] x), SwiGLU's layout per expert.
 
+A decode step's few tokens take a third way, MoEDecode: the same sums as dispatch (bit for bit
+on PlainProducts), but each expert's products are built once over its contiguous slices,
+by default on tinygpt.cpu_kernels' tiled copies (tiled_products: gate and up stacked into one
+product, down another, each split over the cores). At batch 1 only the k chosen experts' 3
+matrices are read; tinygpt.kv_cache.DecodeStep runs a MoE model's layers this way.
+
 What a batch costs: under uniform routing a token misses a given expert with probability
 1 - k/E, so B tokens touch E (1 - (1 - k/E)^B) distinct experts on average
 (`expected_distinct_experts`); a decode step reads those experts' weights plus every dense
