@@ -40,6 +40,7 @@ weight (`moe_decode_bytes`). At batch 1 that is k experts; at large B it is near
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -343,7 +344,11 @@ class MoEDecode:
     `dispatch` does, so with PlainProducts the result equals moe(x) bit for bit; with other
     products it differs by their summation order. Sets moe.last_experts and moe.last_ran
     (the experts whose weights this call read). The products are built once: a change to
-    moe's weights afterwards does not reach tiled copies (build a new MoEDecode).
+    moe's weights afterwards does not reach tiled copies (build a new MoEDecode). A call with
+    more tokens than a product takes at once (its `max_rows`: cpu_kernels.MAX_ROWS for the
+    tiled ones) runs every product plain, F.linear on the same slices, as the dense layers of
+    such a batch do: the kernels' threads spin for a while after each product, and torch's
+    own threads beside them would fight them for the cores.
     """
 
     def __init__(self, moe: MoE, linear: Callable[..., Callable] = PlainProducts) -> None:
@@ -356,10 +361,16 @@ class MoEDecode:
             self.shared = None if moe.shared is None else (
                 linear(moe.shared.w1.weight, moe.shared.w3.weight),
                 linear(moe.shared.w2.weight))
+        products = [*self.gate_up, *self.down, *(self.shared or ())]
+        self.max_rows = min(getattr(p, "max_rows", math.inf) for p in products)
 
-    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up[e](x)
-        return self.down[e](F.silu(gate) * up)[0]
+    @staticmethod
+    def _swiglu(gate_up, down, x: torch.Tensor, plain: bool) -> torch.Tensor:
+        if plain:                  # F.linear on the same weights (PlainProducts' sums)
+            gate, up = (F.linear(x, w) for w in gate_up.weights)
+            return F.linear(F.silu(gate) * up, down.weights[0])
+        gate, up = gate_up(x)
+        return down(F.silu(gate) * up)[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         moe = self.moe
@@ -368,11 +379,13 @@ class MoEDecode:
         weights, experts = moe.route(flat)
         moe.last_experts = experts
         acc = _accumulator(flat)
+        plain = flat.shape[0] > self.max_rows
         if flat.shape[0] == 1:             # one token: its k experts in order, no indexing
             pairs = sorted(zip(experts[0].tolist(), weights[0].tolist(), strict=True))
             out = None
             for e, w in pairs:
-                term = (self._expert(e, flat).to(acc) * w).to(flat.dtype)
+                y = self._swiglu(self.gate_up[e], self.down[e], flat, plain)
+                term = (y.to(acc) * w).to(flat.dtype)
                 out = term if out is None else out + term
             moe.last_ran = tuple(e for e, _ in pairs)
         else:
@@ -387,13 +400,12 @@ class MoEDecode:
             for e in sorted(by_expert):
                 tokens, ws = by_expert[e]
                 rows = torch.tensor(tokens)
-                y = self._expert(e, flat[rows]).to(acc)
+                y = self._swiglu(self.gate_up[e], self.down[e], flat[rows], plain).to(acc)
                 out.index_add_(0, rows, (y * torch.tensor(ws, dtype=acc)[:, None])
                                .to(flat.dtype))
             moe.last_ran = tuple(sorted(by_expert))
         if self.shared is not None:
-            gate, up = self.shared[0](flat)
-            out = out + self.shared[1](F.silu(gate) * up)[0]
+            out = out + self._swiglu(*self.shared, flat, plain)
         return out.reshape(shape)
 
     @property
