@@ -192,7 +192,9 @@ def config_from_gguf(source, max_seq_len: int | None = None) -> ModelConfig:
 
     max_seq_len: override the file's context length (`llama.context_length`). ValueError for
     other architectures and for Llama variants TinyGPT does not implement (a RoPE dimension
-    other than head_dim, scaled RoPE, experts: llama.expert_count > 0).
+    other than head_dim, scaled RoPE, experts: llama.expert_count > 0). head_dim is
+    llama.attention.key_length when the file gives it (Qwen3-style heads wider than
+    embedding_length / head_count), else embedding_length / head_count.
     """
     reader = _as_reader(source)
     arch = metadata(reader, "general.architecture", None)
@@ -222,6 +224,16 @@ def config_from_gguf(source, max_seq_len: int | None = None) -> ModelConfig:
     vocab = get("vocab_size", None)
     if vocab is None:
         vocab = len(metadata(reader, "tokenizer.ggml.tokens"))
+    # head widths: llama.attention.key_length / value_length, default embedding / heads
+    derived = d_model // n_heads if d_model % n_heads == 0 else None
+    key_length = get("attention.key_length", None)
+    value_length = get("attention.value_length", None)
+    widths = {int(w) if w is not None else derived for w in (key_length, value_length)}
+    if len(widths) != 1:
+        raise ValueError(f"llama.attention.key_length ({key_length}) and value_length "
+                         f"({value_length}) give keys and values different head widths; "
+                         f"TinyGPT's share one head_dim")
+    explicit = key_length is not None or value_length is not None
     tensors = {t.name: t for t in reader.tensors}
     cfg = ModelConfig(
         vocab_size=int(vocab),
@@ -234,6 +246,7 @@ def config_from_gguf(source, max_seq_len: int | None = None) -> ModelConfig:
         rope_base=_decimal(get("rope.freq_base", 10000.0)),
         norm_eps=_decimal(get("attention.layer_norm_rms_epsilon")),
         tie_embeddings="output.weight" not in tensors,
+        head_dim=widths.pop() if explicit else None,
     )
     rope_dim = int(get("rope.dimension_count", cfg.head_dim))
     if rope_dim != cfg.head_dim:

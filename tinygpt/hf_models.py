@@ -33,9 +33,12 @@ Expert weights come in two layouts, both accepted (per MoE layer, not mixed):
 Ours: layers.{i}.feed_forward.gate.weight (E, D), w1 and w3 (E, I, D), w2 (E, D, I) (see
 tinygpt.moe), and attention.q_norm.weight / k_norm.weight (head_dim,).
 
-Refused with a ValueError naming the reason: head_dim != hidden_size / num_attention_heads,
-attention or MLP biases, an activation other than SiLU, any RoPE scaling, a sliding window
-shorter than the context (Mixtral's, Qwen's use_sliding_window: day 21), Qwen2-MoE's gated
+head_dim is taken as given (None: hidden_size / num_attention_heads): Qwen3-MoE's heads are
+128 wide with hidden_size / num_attention_heads = 64 (ModelConfig.head_dim).
+
+Refused with a ValueError naming the reason: attention or MLP biases, an activation other
+than SiLU, any RoPE scaling, a sliding window shorter than the context (Mixtral's, Qwen's
+use_sliding_window: day 21), an odd head_dim (RoPE rotates pairs), Qwen2-MoE's gated
 shared expert (shared_expert_gate), and DeepSeek-V3 folders (multi-head latent attention,
 which arrives with day 21; its router and MoE block convert with moe_from_hf_block).
 """
@@ -147,8 +150,8 @@ def config_from_hf(hf_config: Any) -> ModelConfig:
     config object, or its config.json as a dict; model_type defaults to "llama").
 
     Raises ValueError for variants TinyGPT cannot represent: biases, an activation other
-    than SiLU, head_dim != hidden_size / num_attention_heads, or scaled RoPE; for the
-    mixture-of-experts families see config_from_hf_moe.
+    than SiLU, scaled RoPE, an odd head_dim; for the mixture-of-experts families see
+    config_from_hf_moe. head_dim may differ from hidden_size / num_attention_heads.
     """
     model_type = check_model_type(_hf_get(hf_config, "model_type", "llama"))
     if model_type != "llama":
@@ -161,10 +164,6 @@ def config_from_hf(hf_config: Any) -> ModelConfig:
             raise ValueError(f"{name}=True is not supported: TinyGPT's linear layers have no bias")
     d_model = _hf_get(hf_config, "hidden_size")
     n_heads = _hf_get(hf_config, "num_attention_heads")
-    head_dim = _hf_get(hf_config, "head_dim", None)
-    if head_dim is not None and n_heads and head_dim * n_heads != d_model:
-        raise ValueError(f"head_dim ({head_dim}) must equal hidden_size / num_attention_heads "
-                         f"({d_model} / {n_heads}); TinyGPT derives head_dim from d_model")
     n_kv_heads = _hf_get(hf_config, "num_key_value_heads", None) or n_heads
     return ModelConfig(
         vocab_size=_hf_get(hf_config, "vocab_size"),
@@ -177,6 +176,7 @@ def config_from_hf(hf_config: Any) -> ModelConfig:
         rope_base=_hf_rope_theta(hf_config),
         norm_eps=float(_hf_get(hf_config, "rms_norm_eps", 1e-6)),
         tie_embeddings=bool(_hf_get(hf_config, "tie_word_embeddings", False)),
+        head_dim=_hf_get(hf_config, "head_dim", None),
     )
 
 
@@ -308,8 +308,9 @@ def config_from_hf_moe(hf_config: Any) -> ModelConfig:
     """ModelConfig of a Hugging Face Qwen3-MoE or Mixtral config (object or config.json dict).
 
     See the module docstring for how the fields map. ValueError for what TinyGPT does not
-    implement: biases, an activation other than SiLU, head_dim != hidden_size /
-    num_attention_heads, scaled RoPE, and a sliding window shorter than the context.
+    implement: biases, an activation other than SiLU, scaled RoPE, and a sliding window
+    shorter than the context. head_dim may differ from hidden_size / num_attention_heads
+    (Qwen3-30B-A3B: 128 against 2048 / 32 = 64).
     """
     family = check_model_type(_hf_get(hf_config, "model_type"))
     if family == "llama":
@@ -327,10 +328,6 @@ def config_from_hf_moe(hf_config: Any) -> ModelConfig:
             raise ValueError(f"{name}=True is not supported: TinyGPT's linear layers have no bias")
     d_model, n_heads, n_layers = get("hidden_size"), get("num_attention_heads"), \
         get("num_hidden_layers")
-    head_dim = get("head_dim", None)
-    if head_dim is not None and n_heads and head_dim * n_heads != d_model:
-        raise ValueError(f"head_dim ({head_dim}) must equal hidden_size / num_attention_heads "
-                         f"({d_model} / {n_heads}); TinyGPT derives head_dim from d_model")
     context = get("max_position_embeddings")
     window = get("sliding_window", None)
     if family == "qwen3_moe" and not get("use_sliding_window", False):
@@ -361,7 +358,8 @@ def config_from_hf_moe(hf_config: Any) -> ModelConfig:
         n_kv_heads=get("num_key_value_heads", None) or n_heads, d_ff=d_ff,
         max_seq_len=context, rope_base=_hf_rope_theta(hf_config),
         norm_eps=float(get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(get("tie_word_embeddings", False)), qk_norm=qk_norm, **moe)
+        tie_embeddings=bool(get("tie_word_embeddings", False)), qk_norm=qk_norm,
+        head_dim=get("head_dim", None), **moe)
 
 
 def _common_key_map(cfg: ModelConfig) -> dict[str, str]:

@@ -14,7 +14,8 @@ A decoder-only transformer in the Llama layout, readable top to bottom:
   so a KV cache can later feed one new token at position t.
 - Optional weight tying: the LM head reuses the embedding matrix (V, D).
 
-Day 20 adds two options, both off by default (every dense config and checkpoint is unchanged):
+Day 20 adds three options, all off by default (every dense config builds the same model, and
+checkpoints written before load unchanged; a new config.json also records head_dim):
 
 - Mixture of experts (cfg.n_experts > 0): a sparse layer's feed_forward is tinygpt.moe.MoE
   (a router and E SwiGLU experts, k of them per token, optionally a shared expert) instead of
@@ -22,6 +23,9 @@ Day 20 adds two options, both off by default (every dense config and checkpoint 
   Qwen3-MoE and Mixtral are this layout (tinygpt.hf_models loads them).
 - q/k norm (cfg.qk_norm, Qwen3): an RMSNorm over head_dim on every query and key head, inside
   Attention.qkv, before RoPE.
+- An explicit head_dim (cfg.head_dim; None derives d_model // n_heads as before): Qwen3's
+  heads are 128 wide with d_model / n_heads = 64, so wq maps D to H * head_dim != D and wo
+  maps it back.
 
 Fast paths written for the dense layout (fused products, C decode layers, tensor-parallel
 shards, GGUF writers) ask cfg.fast_path_refusal() and run the modules above instead, or refuse.
@@ -67,6 +71,17 @@ class ModelConfig:
     routed_scale); n_shared_experts: a shared SwiGLU of width n_shared_experts * d_expert every
     token goes through; dense_layers: indices of layers that keep the dense SwiGLU (d_ff).
     qk_norm: RMSNorm over head_dim on queries and keys before RoPE (Qwen3).
+
+    head_dim: the width of one attention head. None (the default) derives it as
+    d_model // n_heads (d_model must then be divisible by n_heads); give it when a model's
+    heads are wider or narrower than that: Qwen3 and Qwen3-MoE use 128 with
+    hidden_size / num_attention_heads = 64 (Qwen3-30B-A3B: d_model 2048, 32 heads). The
+    attention then maps D -> H * head_dim (wq), D -> H_kv * head_dim (wk, wv) and back
+    H * head_dim -> D (wo). Either way `cfg.head_dim` is the effective width: __post_init__
+    stores it, so a derived one is written to a checkpoint's config.json like any field, and
+    `dataclasses.replace(cfg, d_model=..., n_heads=...)` keeps it unless you pass
+    head_dim=None to derive it again. Configs differing only in an explicit head_dim equal to
+    the derived one are equal.
     """
 
     vocab_size: int
@@ -90,6 +105,7 @@ class ModelConfig:
     n_shared_experts: int = 0
     dense_layers: tuple[int, ...] = ()
     qk_norm: bool = False
+    head_dim: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
@@ -97,20 +113,30 @@ class ModelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
-        if (self.d_model // self.n_heads) % 2:
-            raise ValueError(f"head_dim = d_model / n_heads must be even for RoPE, got "
-                             f"{self.d_model // self.n_heads}")
+        self._resolve_head_dim()
         if not self.rope_base > 0:
             raise ValueError(f"rope_base must be > 0, got {self.rope_base!r}")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
         self._check_moe()
+
+    def _resolve_head_dim(self) -> None:
+        """Store the effective head_dim: the given one, or d_model // n_heads when None."""
+        given = self.head_dim
+        if given is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads "
+                                 f"({self.n_heads}), or give head_dim explicitly")
+            if (self.d_model // self.n_heads) % 2:
+                raise ValueError(f"head_dim = d_model / n_heads must be even for RoPE, got "
+                                 f"{self.d_model // self.n_heads}")
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
+        elif isinstance(given, bool) or not isinstance(given, int) or given < 2 or given % 2:
+            raise ValueError(f"head_dim must be None (d_model // n_heads) or a positive even "
+                             f"integer (RoPE rotates pairs of channels), got {given!r}")
 
     def _check_moe(self) -> None:
         """The day-20 fields: clear errors naming the field and what it may be."""
@@ -168,10 +194,6 @@ class ModelConfig:
         if len(dense) == self.n_layers:
             raise ValueError(f"dense_layers lists all {self.n_layers} layers: no layer would be "
                              f"sparse; use n_experts=0 for a dense model")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
 
     @property
     def n_rep(self) -> int:

@@ -74,6 +74,9 @@ def write_gguf(model: TinyGPT, path: Path, fmt: str) -> None:
     writer.add_feed_forward_length(cfg.d_ff)
     writer.add_head_count(cfg.n_heads)
     writer.add_head_count_kv(cfg.n_kv_heads)
+    if cfg.n_heads * cfg.head_dim != cfg.d_model:      # llama.cpp's default: embedding / heads
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
     writer.add_rope_freq_base(cfg.rope_base)
     writer.add_layer_norm_rms_eps(cfg.norm_eps)
     writer.add_file_type(kind)

@@ -48,9 +48,10 @@ class TensorParallelGPT(TinyGPT):
                  world_size: int, group=None) -> None:
         check_tensor_parallel(cfg)
         # the module tree of a miniature TinyGPT (same layers, heads and norm eps; no full-size
-        # weight is ever allocated), whose every weight is then replaced by this rank's shard
+        # weight is ever allocated), whose every weight is then replaced by this rank's shard;
+        # head_dim=None: heads 2 wide, not cfg's (the real head_dim is set on each layer below)
         skeleton = dataclasses.replace(cfg, vocab_size=1, d_model=2 * cfg.n_heads, d_ff=1,
-                                       max_seq_len=1, tie_embeddings=False)
+                                       max_seq_len=1, tie_embeddings=False, head_dim=None)
         super().__init__(skeleton, seed=None)
         self.cfg = cfg
         self.rank, self.world_size, self.group = rank, world_size, group
