@@ -2,6 +2,8 @@
 
 References: published model sizes, Hugging Face transformers models built on the meta device
 (no memory, no download), torch's FlopCounterMode on real forward passes, and hand arithmetic.
+Mixtures of experts (day 20): all experts in memory, k of them in a token's FLOPs and bytes,
+against the modules (the experts a forward ran) and tinygpt.moe's expected distinct experts.
 """
 
 from __future__ import annotations
@@ -403,3 +405,142 @@ def test_presets_are_model_configs():
             "gpt2-small", "tinygpt"} <= set(P)
     assert all(isinstance(cfg, ModelConfig) for cfg in P.values())
     assert P["gpt2-small"].tie_embeddings and P["gpt2-small"].max_seq_len == 1024
+
+
+# --------------------------------------------------------------------------- mixtures of experts
+# (day 20): memory holds every expert, a token multiplies k of them
+
+
+MOE = {
+    # Qwen3-MoE-like: softmax router, layer 1 dense, q/k norm, heads wider than D / H
+    "softmax": ModelConfig(vocab_size=61, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2,
+                           d_ff=48, max_seq_len=64, n_experts=6, top_k=2, d_expert=16,
+                           dense_layers=(1,), qk_norm=True, head_dim=16),
+    # DeepSeek-V3-like routing with a shared expert, tied embeddings
+    "groups-tied": ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4,
+                               d_ff=40, max_seq_len=64, n_experts=8, top_k=3, d_expert=12,
+                               router="sigmoid_groups", n_group=4, topk_group=2,
+                               routed_scale=2.5, n_shared_experts=1, tie_embeddings=True),
+}
+
+
+def moe_model(cfg: ModelConfig) -> torch.nn.Module:
+    model = tg_model.TinyGPT(cfg, seed=0).eval()
+    with torch.no_grad():               # a router that prefers some experts over others
+        for layer in model.layers:
+            if hasattr(layer.feed_forward, "gate"):
+                layer.feed_forward.gate.weight.mul_(20)
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(MOE))
+def test_moe_param_count_is_every_parameter_and_the_active_ones_a_tokens(name):
+    cfg = MOE[name]
+    model = moe_model(cfg)
+    assert flops.param_count(cfg) == sum(p.numel() for p in model.parameters()) \
+        == tg_model.count_parameters(cfg)
+    parts, active = flops.param_breakdown(cfg), flops.active_param_breakdown(cfg)
+    assert set(parts) == set(active) == {"embedding", "attention", "mlp", "norms", "lm_head"}
+    assert sum(active.values()) == tg_model.count_active_parameters(cfg)
+    # the difference is exactly the routed experts a token skips, counted from the modules
+    experts = [p for b in model.layers if hasattr(b.feed_forward, "gate")
+               for p in (b.feed_forward.w1, b.feed_forward.w3, b.feed_forward.w2)]
+    skipped = sum(p.numel() for p in experts) * (cfg.n_experts - cfg.top_k) // cfg.n_experts
+    assert parts["mlp"] - active["mlp"] == skipped > 0
+    assert flops.weight_bytes(cfg, "bf16") == 2 * flops.param_count(cfg)   # all of them
+
+
+@pytest.mark.parametrize("name,batch,length", [("softmax", 2, 7), ("groups-tied", 3, 5)])
+def test_moe_prefill_and_decode_flops_equal_flop_counter(name, batch, length):
+    """FlopCounterMode on the real forward: the router, the shared expert and each chosen
+    expert's products over its rows (tinygpt.moe.dispatch), k rows per token."""
+    from tinygpt.kv_cache import KVCache
+
+    cfg = MOE[name]
+    model, idx = moe_model(cfg), tokens(cfg, batch, length)
+    cache = KVCache.for_model(model, batch, length + 1)
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        assert counted(lambda: model(idx)) == flops.prefill_flops(cfg, batch, length)
+        model(idx, kv_cache=cache)
+        step = counted(lambda: model(tokens(cfg, batch, 1, seed=1), kv_cache=cache))
+    assert step == flops.decode_flops(cfg, batch, length + 1)
+    # 2 x the active weights a token multiplies (the head whole even when tied), not all
+    active = flops.active_param_breakdown(cfg)
+    assert flops.weight_flops_per_token(cfg) == 2 * (active["attention"] + active["mlp"]
+                                                     + cfg.vocab_size * cfg.d_model)
+    assert flops.weight_flops_per_token(cfg) < 2 * flops.param_count(cfg) - 2 * cfg.d_model \
+        * cfg.vocab_size * (0 if cfg.tie_embeddings else 1)
+
+
+@pytest.mark.parametrize("name", sorted(MOE))
+def test_a_batch_1_decode_step_reads_the_active_weights(name):
+    """The bytes of the parameters one token's forward touches, from the modules: every
+    weight but the embedding table (one row of it; a tied table is read whole by the head)
+    and the routed experts the router did not choose (MoE.last_ran: the experts it read)."""
+    from tinygpt.moe import MoE
+
+    cfg = MOE[name]
+    model = moe_model(cfg)
+    with torch.no_grad():
+        model(tokens(cfg, 1, 1, seed=2))
+    touched = cfg.d_model if not cfg.tie_embeddings else 0         # the gathered row
+    for pname, p in model.named_parameters():
+        if pname == "tok_embeddings.weight" and not cfg.tie_embeddings:
+            continue
+        touched += p.numel()
+    for layer in model.layers:
+        ff = layer.feed_forward
+        if isinstance(ff, MoE):
+            assert len(ff.last_ran) == cfg.top_k
+            touched -= (cfg.n_experts - cfg.top_k) * 3 * cfg.d_model * cfg.d_expert
+    if cfg.tie_embeddings:
+        touched += cfg.d_model                                      # and the row, again
+    assert flops.weights_read_bytes(cfg, 1, "fp32") == 4 * touched
+    assert flops.decode_step_bytes(cfg, 1, 9, "bf16") == 2 * touched \
+        + flops.kv_cache_bytes(cfg, 9, 1, "bf16")
+    assert flops.routed_experts_read(cfg, 1) == cfg.top_k
+
+
+@pytest.mark.parametrize("name", sorted(MOE))
+def test_larger_batches_read_the_expected_distinct_experts(name):
+    from tinygpt.moe import moe_decode_bytes
+
+    cfg = MOE[name]
+    expert = 3 * cfg.d_model * cfg.d_expert * 2                            # bf16 bytes
+    n_moe = len(cfg.moe_layers)
+    one = flops.weights_read_bytes(cfg, 1, "bf16")
+    common = one - cfg.d_model * 2 - n_moe * cfg.top_k * expert         # everything but those
+    last = one
+    for batch in (2, 4, 16, 64):
+        got = flops.weights_read_bytes(cfg, batch, "bf16")
+        want = moe_decode_bytes(common + batch * cfg.d_model * 2, expert, n_moe,
+                                cfg.n_experts, cfg.top_k, batch)
+        assert got == math.ceil(want) > last                           # more experts each time
+        last = got
+    # a large batch touches every expert: every weight but the untied table, plus its rows
+    table = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.d_model
+    huge = 10_000
+    assert flops.weights_read_bytes(cfg, huge, "bf16") == \
+        2 * (flops.param_count(cfg) - table + huge * cfg.d_model)
+    assert flops.routed_experts_read(MOE["softmax"], 4) == pytest.approx(6 * (1 - (2 / 3) ** 4))
+
+
+def test_memory_holds_every_expert():
+    """Mixtral-8x7B in bf16: 93.4 GB of weights do not fit an 80 GB H100 next to any cache,
+    though one token reads only 25.5 GB of them (12.9B active parameters less the embedding
+    table, of which it reads one row); a 141 GB H200 holds them and a cache."""
+    from tinygpt.hf_models import config_from_hf
+    from tinygpt.kv_cache import max_batch_that_fits
+
+    cfg = config_from_hf({
+        "model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
+        "max_position_embeddings": 32768, "rope_theta": 1e6, "rms_norm_eps": 1e-5,
+        "sliding_window": None, "tie_word_embeddings": False})
+    assert round(flops.weight_bytes(cfg, "bf16") / 1e9, 1) == 93.4
+    assert round(flops.weights_read_bytes(cfg, 1, "bf16") / 1e9, 1) == 25.5
+    assert max_batch_that_fits(cfg, "h100-sxm", 4096, "bf16") == 0
+    free = 141e9 - flops.weight_bytes(cfg, "bf16")
+    assert max_batch_that_fits(cfg, "h200", 4096, "bf16") == \
+        int(free // flops.kv_cache_bytes(cfg, 4096, 1, "bf16")) == 88   # (215 if active only)

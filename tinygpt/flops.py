@@ -7,7 +7,18 @@ weights of `tinygpt.model.TinyGPT` (names in brackets):
     attention   per layer wq (D, H*hd), wk and wv (D, Hkv*hd), wo (H*hd, D)
     mlp         per layer w1 and w3 (D, d_ff), w2 (d_ff, D)        SwiGLU: three matrices
     norms       per layer attention_norm and ffn_norm (D,), one final norm (D,)
+                [+ q_norm and k_norm (hd,) per layer with cfg.qk_norm]
     lm_head     output (D, V), absent when tie_embeddings reuses tok_embeddings
+
+A mixture of experts (day 20, cfg.is_moe) has on each sparse layer, in place of one SwiGLU,
+a router gate (D, E), E routed experts of three (D, d_expert) matrices and S shared experts
+(one SwiGLU of width S * d_expert); "mlp" counts all of it. Memory holds every expert
+(param_count, weight_bytes), but one token multiplies only its top_k routed experts (plus the
+router and the shared ones): the FLOPs (matmul_params, weight_flops_per_token and all that
+build on them) count those active weights, and the bytes a pass reads (weights_read_bytes,
+decode_step_bytes, prefill_bytes) the experts its tokens chose: exactly top_k per sparse
+layer for one token, the expected number under uniform routing for more
+(tinygpt.moe.expected_distinct_experts, as tinygpt.moe.moe_decode_bytes counts them).
 
 Conventions used throughout (each is a choice; the docstrings say where it matters):
 - A multiply-add is 2 FLOPs. A matmul (m, k) @ (k, n) is 2*m*k*n FLOPs.
@@ -24,6 +35,7 @@ from __future__ import annotations
 import math
 
 from tinygpt.model import ModelConfig
+from tinygpt.moe import expected_distinct_experts
 
 # Storage width of one number, in bits, for each dtype name the calculators accept.
 DTYPE_BITS: dict[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "int4": 4}
@@ -60,12 +72,33 @@ def bytes_per_element(dtype: str) -> float:
 # --------------------------------------------------------------------------- parameters
 
 
+def _expert_params(cfg: ModelConfig) -> int:
+    """Parameters of one routed expert: w1, w3 (d_expert, D) and w2 (D, d_expert)."""
+    return 3 * cfg.d_model * cfg.d_expert
+
+
+def _mlp_params(cfg: ModelConfig, routed: float) -> float:
+    """Feed-forward parameters of all layers when `routed` experts per sparse layer count:
+    dense layers 3 D d_ff; sparse ones the router E D, the shared experts and `routed`
+    routed experts."""
+    n_moe = len(cfg.moe_layers)
+    dense = (cfg.n_layers - n_moe) * 3 * cfg.d_model * cfg.d_ff
+    if not n_moe:
+        return dense
+    router = cfg.n_experts * cfg.d_model
+    shared = cfg.n_shared_experts * _expert_params(cfg)
+    return dense + n_moe * (router + shared + routed * _expert_params(cfg))
+
+
 def param_breakdown(cfg: ModelConfig) -> dict[str, int]:
     """Exact parameter count of TinyGPT(cfg) per group.
 
     Returns {"embedding", "attention", "mlp", "norms", "lm_head"}; "lm_head" is 0 when the
     embeddings are tied (the LM head then reuses the embedding matrix). Attention per layer is
     D*H*hd (wq) + 2*D*Hkv*hd (wk, wv) + H*hd*D (wo): grouped-query attention shrinks wk and wv.
+    For a mixture of experts "mlp" holds every feed-forward weight: the dense layers' SwiGLUs
+    and each sparse layer's router, all E routed experts and the shared ones (see
+    active_param_breakdown for what one token uses). "norms" includes q/k norm weights.
     """
     _check_cfg(cfg)
     d, hd, layers = cfg.d_model, cfg.head_dim, cfg.n_layers
@@ -73,14 +106,25 @@ def param_breakdown(cfg: ModelConfig) -> dict[str, int]:
     return {
         "embedding": cfg.vocab_size * d,
         "attention": layers * (d * q_width + 2 * d * kv_width + q_width * d),
-        "mlp": layers * 3 * d * cfg.d_ff,
-        "norms": layers * 2 * d + d,
+        "mlp": int(_mlp_params(cfg, cfg.n_experts)),
+        "norms": layers * 2 * d + d + (layers * 2 * hd if cfg.qk_norm else 0),
         "lm_head": 0 if cfg.tie_embeddings else d * cfg.vocab_size,
     }
 
 
+def active_param_breakdown(cfg: ModelConfig) -> dict[str, int]:
+    """param_breakdown with "mlp" holding only what one token uses: on each sparse layer the
+    router, the shared experts and top_k of the E routed experts (the dense layers whole).
+    Equals param_breakdown for a dense model; its sum is
+    tinygpt.model.count_active_parameters(cfg), the "active parameters" of model cards."""
+    parts = param_breakdown(cfg)
+    parts["mlp"] = int(_mlp_params(cfg, cfg.top_k))
+    return parts
+
+
 def param_count(cfg: ModelConfig) -> int:
-    """Total parameters of TinyGPT(cfg): equals sum(p.numel() for p in model.parameters())."""
+    """Total parameters of TinyGPT(cfg): equals sum(p.numel() for p in model.parameters())
+    and tinygpt.model.count_parameters(cfg); for a mixture of experts every expert counts."""
     return sum(param_breakdown(cfg).values())
 
 
@@ -88,9 +132,11 @@ def matmul_params(cfg: ModelConfig) -> int:
     """Weights one token multiplies in a forward pass: attention + MLP + the LM head.
 
     The LM head is the (D, V) matrix whether or not it is tied to the embeddings; the
-    embedding lookup (a row gather) and the norms (elementwise) are not matmuls.
+    embedding lookup (a row gather) and the norms (elementwise) are not matmuls. For a
+    mixture of experts the MLP is the active one (active_param_breakdown): the router, the
+    shared experts and the token's top_k routed experts on each sparse layer.
     """
-    parts = param_breakdown(cfg)
+    parts = active_param_breakdown(cfg)
     return parts["attention"] + parts["mlp"] + cfg.d_model * cfg.vocab_size
 
 
@@ -114,7 +160,8 @@ def gpt2_param_count(vocab_size: int = 50257, d_model: int = 768, n_layers: int 
 
 
 def weight_flops_per_token(cfg: ModelConfig) -> int:
-    """FLOPs of the weight matmuls for one token: 2 x matmul_params(cfg) (about 2N)."""
+    """FLOPs of the weight matmuls for one token: 2 x matmul_params(cfg) (about 2N; for a
+    mixture of experts about 2 x the active parameters, not the total)."""
     return 2 * matmul_params(cfg)
 
 
@@ -198,6 +245,8 @@ def weight_bytes(cfg: ModelConfig, dtype: str, *, group_size: int | None = None)
     scale per `group_size` consecutive weights is added (symmetric quantization, no zero
     points): e.g. int4 with group 128 costs 0.5 + 2/128 = 0.516 bytes per weight (+3%).
     Simplification: every parameter, norms and embeddings included, is counted at `dtype`.
+    This is what must fit in memory: a mixture of experts counts all of its experts
+    (tinygpt.kv_cache.max_batch_that_fits leaves the rest to the KV cache).
     """
     bits = DTYPE_BITS[_check_dtype("dtype", dtype)]
     n = param_count(cfg)
@@ -223,17 +272,38 @@ def kv_cache_bytes(cfg: ModelConfig, tokens: int, batch: int, dtype: str) -> int
     return math.ceil(elements * bits / 8)
 
 
+def routed_experts_read(cfg: ModelConfig, tokens: int) -> float:
+    """Routed experts per sparse layer whose weights a pass over `tokens` tokens reads: top_k
+    for one token (exactly); for more, E (1 - (1 - k/E)^tokens), the expected number of
+    distinct experts under uniform routing (tinygpt.moe.expected_distinct_experts; a skewed
+    router touches fewer). 0 for a dense model."""
+    _check_cfg(cfg)
+    _check_int("tokens", tokens)
+    if not cfg.is_moe:
+        return 0
+    if tokens == 1:
+        return cfg.top_k
+    return expected_distinct_experts(cfg.n_experts, cfg.top_k, tokens)
+
+
 def weights_read_bytes(cfg: ModelConfig, tokens: int, dtype: str) -> int:
     """Bytes of weights one forward pass over `tokens` tokens (all sequences) must read.
 
     Every matrix and norm is read once, however many tokens share it. The untied embedding
     table is the exception: the lookup gathers only `tokens` rows of it (tokens x D). When the
     embeddings are tied the table is read whole by the LM head, and the gather adds its rows.
+
+    A mixture of experts reads, on each sparse layer, the router, the shared experts and only
+    the routed experts its tokens chose (routed_experts_read): at tokens=1, a batch-1 decode
+    step, its active weights (active_param_breakdown); for more tokens the expected distinct
+    experts under uniform routing, which is tinygpt.moe.moe_decode_bytes's count (use that
+    with measured bytes per expert, or expert_load of a real routing, for a real batch).
     """
     bpe = bytes_per_element(dtype)
     _check_int("tokens", tokens)
     parts = param_breakdown(cfg)
-    whole = parts["attention"] + parts["mlp"] + parts["norms"] + cfg.d_model * cfg.vocab_size
+    whole = parts["attention"] + _mlp_params(cfg, routed_experts_read(cfg, tokens)) \
+        + parts["norms"] + cfg.d_model * cfg.vocab_size
     return math.ceil((whole + tokens * cfg.d_model) * bpe)
 
 
@@ -243,7 +313,10 @@ def decode_step_bytes(cfg: ModelConfig, batch: int, context_len: int, dtype: str
 
     = weights_read_bytes(cfg, batch, dtype) + kv_cache_bytes(cfg, context_len, batch, kv_dtype)
     with `context_len` keys per sequence as in decode_flops; `kv_dtype` defaults to `dtype`.
-    Activations (a few vectors of width D per sequence) are ignored.
+    Activations (a few vectors of width D per sequence) are ignored. A mixture of experts at
+    batch 1 reads its active weights (top_k routed experts per sparse layer), at batch > 1
+    the experts its batch is expected to touch (see weights_read_bytes and
+    tinygpt.moe.moe_decode_bytes): more than the active weights, at most all of them.
     """
     _check_int("batch", batch)
     kv = dtype if kv_dtype is None else kv_dtype
