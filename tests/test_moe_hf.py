@@ -437,3 +437,28 @@ def test_wide_heads_give_transformers_logits_and_tokens_and_load_from_a_folder(t
     engine = Engine(model, tokenizer, max_running=2)
     assert [r.token_ids for r in engine.generate(prompts, params)] == \
         [theirs, generate(model, prompts[1], params).token_ids]
+
+
+# --------------------------------------------------------------------------------------------
+# quantizing a mixture of experts is refused, by the API and by the server's command line
+
+
+def test_quantizing_a_moe_folder_is_refused_cleanly(tmp_path, capsys):
+    from tinygpt import cpu_kernels
+    from tinygpt.loading import load_model
+    from tinygpt.server import main
+
+    folder = save_folder(tmp_path, build(qwen3_moe_config()))
+    model, _, _ = load_model(folder)
+    for quantize in (cpu_kernels.q8_0_model, cpu_kernels.q4_1_model):
+        with pytest.raises(ValueError, match=f"{quantize.__name__} cannot quantize a "
+                                             f"mixture-of-experts model: .*n_experts=8"):
+            quantize(model)
+    capsys.readouterr()
+    for scheme in ("int8", "int4"):
+        assert main(["--model", str(folder), "--quantize", scheme, "--port", "0"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --quantize {scheme}: quantize_model quantizes the "
+                              f"nn.Linear layers of dense blocks; the model has "
+                              f"mixture-of-experts layers"), err
+        assert "Traceback" not in err and err.count("\n") == 1

@@ -418,6 +418,24 @@ class DecodeLayers:
                     raise MemoryError("the kernel could not allocate its buffers")
 
 
+def _refuse_experts(model: torch.nn.Module, what: str) -> None:
+    """A ValueError when `model` has mixture-of-experts layers (day 20): its experts are
+    stacked (E, d_expert, D) parameters, not nn.Linear, so `what` would quantize only the
+    routers, attention and head, leaving most of the weights in float32 and no expert to
+    stream as blocks."""
+    from tinygpt.moe import MoE  # imported here: tinygpt.moe uses these kernels
+
+    layers = [name for name, m in model.named_modules() if isinstance(m, MoE)]
+    if layers:
+        cfg = getattr(model, "cfg", None)
+        why = cfg.fast_path_refusal() if hasattr(cfg, "fast_path_refusal") else \
+            f"the model has mixture-of-experts layers ({layers[0]}, ...)"
+        raise ValueError(f"{what} cannot quantize a mixture-of-experts model: {why}. Its "
+                         f"experts are stacked (E, d_expert, D) tensors, not nn.Linear, so "
+                         f"only the routers, attention and head would be quantized; run it in "
+                         f"float32 or bfloat16")
+
+
 def q8_0_model(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of `model` whose every linear weight (the LM head too, and with it a tied
     embedding) holds its Q8_0 values, dequantize_q8_0(*quantize_q8_0(W)), and that is marked
@@ -426,7 +444,9 @@ def q8_0_model(model: torch.nn.Module) -> torch.nn.Module:
     per block of 32 for the integer kernel. Everything else (prefill, the engine, the plain
     step) computes with the same weight values in float32 (re-quantizing a Q8_0 block's values
     gives back the same block), so the fast step differs from it only by the input rounding.
-    Weights whose in_features is not a multiple of 32 stay as they are."""
+    Weights whose in_features is not a multiple of 32 stay as they are. A mixture-of-experts
+    model is refused (ValueError): its experts are not nn.Linear layers."""
+    _refuse_experts(model, "q8_0_model")
     out = copy.deepcopy(model)
     with torch.no_grad():
         for module in out.modules():
@@ -448,7 +468,9 @@ def q4_1_model(model: torch.nn.Module, blocks: dict[str, tuple] | None = None
     e.g. a GGUF file's Q4_1 tensors, used as they are; weights without blocks are quantized
     here (quantize_q4_1). Weights whose in_features is not a multiple of 32 stay as they are.
     The blocks are kept in `decode_blocks` ({id(weight): (q, d, m)} of the copy's weights).
+    A mixture-of-experts model is refused (ValueError): its experts are not nn.Linear layers.
     """
+    _refuse_experts(model, "q4_1_model")
     blocks = dict(blocks or {})
     out = copy.deepcopy(model)
     out.decode_blocks = {}

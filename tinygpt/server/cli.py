@@ -140,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.quantize is not None:
         from tinygpt.quant import quantize_model
 
-        model = quantize_model(model.eval(), QUANTIZE[args.quantize])
+        try:             # e.g. a mixture of experts: its experts are not nn.Linear layers
+            model = quantize_model(model.eval(), QUANTIZE[args.quantize])
+        except ValueError as err:
+            print(f"error: --quantize {args.quantize}: {err}", file=sys.stderr)
+            return 2
     if args.tensor_parallel_size > 1:
         import functools
 
