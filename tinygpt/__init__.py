@@ -30,6 +30,8 @@ One module per concept, named after the course day that finishes it:
     parallel    day 18  tensor and pipeline parallelism on local ranks, the cost model (a package)
     constrained day 19  a regex subset as a DFA, the vocabulary walk, masks, forced tokens
     structured  day 19  structured outputs in production: llguidance grammars behind the sampler
+    moe         day 20  mixture of experts: routers, dispatch, the MoE layer, what decode reads
+    hf_models   day 20  Hugging Face Llama, Qwen3-MoE and Mixtral weights as TinyGPT
     device_sampling     the token choice of a captured GPU step: per-row knobs, no host sync
     gguf                GGUF files: metadata, our own dequantization, a Llama GGUF as TinyGPT
     gguf_tokenizer      the byte-level BPE tokenizer and chat template stored in a GGUF file
