@@ -221,7 +221,9 @@ class ModelConfig:
         """Why the fast paths written for day 05's dense layers (the fused decode step and its
         C layers, the engine's batched products, quantized steps, tensor-parallel shards, GGUF
         writers) cannot run this model, or None when they can. Those paths run the model's
-        own modules instead (Block, Attention.qkv, MoE) or refuse with this reason."""
+        own modules instead (Block, Attention.qkv, MoE) or refuse with this reason. An
+        explicit head_dim is no reason: every fast path sizes heads by cfg.head_dim
+        (tests/test_moe_model.py runs each one on heads twice d_model / n_heads wide)."""
         if self.is_moe:
             return (f"the model has mixture-of-experts layers (n_experts={self.n_experts}, "
                     f"top_k={self.top_k}): their feed_forward is tinygpt.moe.MoE, not one "
