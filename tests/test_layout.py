@@ -36,6 +36,7 @@ LONG_MODULES: dict[str, str] = {
     "quant.py": f"day 15: {DAY_MODULE}",
     "engine.py": f"day 17: {DAY_MODULE}",
     "constrained.py": f"day 19: {DAY_MODULE}",
+    "cpu_kernels.py": "the C decode kernels' Python side: products, dense and MoE layers",
 }
 
 

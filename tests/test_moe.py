@@ -489,6 +489,8 @@ def test_the_decode_step_runs_moe_layers_through_moe_decode(batch, tiled):
     step = DecodeStep(model, fast_cache, tiled=tiled)
     assert step.tiled == (tiled and cpu_kernels.available() is None)
     assert isinstance(step._weights[0][4], M.MoEDecode) and step._weights[1][5] is not None
+    # on the tiled products the layers run in C (cpu_kernels.MoEDecodeLayers), up to MAX_ROWS
+    assert isinstance(step._layers, cpu_kernels.MoEDecodeLayers) == step.tiled
     got, want = [], []
     with torch.inference_mode():
         token = prefill(model, fast_cache, ids).argmax(-1, keepdim=True)
@@ -530,3 +532,41 @@ def test_quantized_decode_weights_on_a_moe_model_run_the_plain_products():
     model.decode_weights = "q8_0"
     step = DecodeStep(model, KVCache.for_model(model, 1, 8))
     assert not step.tiled and "Q8_0 / Q4_1 decode weights" in step.tiled_reason
+
+
+def test_extend_runs_several_positions_of_a_moe_model_in_c():
+    from tests.float64 import float64_twin
+    from tinygpt.kv_cache import DecodeStep, KVCache, prefill
+
+    model = moe_model()
+    ids = torch.randint(0, 61, (1, 13), generator=torch.Generator().manual_seed(7))
+    cache = KVCache.for_model(model, 1, 20)
+    with torch.inference_mode():
+        prefill(model, cache, ids[:, :7])
+        step = DecodeStep(model, cache)
+        got = step.extend(ids[:, 7:])                        # 6 positions: 4, then 2, in C
+        want = model(ids)[0, 7:]
+        truth = float64_twin(model)(ids)[0, 7:]
+    assert cache.length == 13
+    check_float32_error("DecodeStep.extend on a MoE model", got, want, truth, factor=4,
+                        floor=EPS * truth.abs().max().item())
+
+
+def test_moe_decode_layers_refuse_what_they_cannot_run():
+    from tinygpt import cpu_kernels
+    from tinygpt.kv_cache import DecodeStep, KVCache, _moe_layers
+
+    if cpu_kernels.available() is not None:
+        pytest.skip(cpu_kernels.available())
+    model = moe_model()
+    cache = KVCache.for_model(model, 1, 8)
+    step = DecodeStep(model, cache)
+    layers = _moe_layers(step._weights)
+    args = (cache.layers, model.rope_cos, step._sin_signed)
+    assert cpu_kernels.MoEDecodeLayers.refusal(layers, *args) is None
+    plain = _moe_layers(DecodeStep(model, KVCache.for_model(model, 1, 8), tiled=False)._weights)
+    assert "TiledLinear" in cpu_kernels.MoEDecodeLayers.refusal(plain, *args)
+    odd = [(*layer[:4], ("sparse",)) for layer in layers]
+    assert "ffn must be" in cpu_kernels.MoEDecodeLayers.refusal(odd, *args)
+    with pytest.raises(ValueError, match="x must be contiguous float32"):
+        step._layers(torch.zeros(5, 64), 0)

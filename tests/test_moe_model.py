@@ -240,7 +240,7 @@ def test_the_decode_step_matches_the_uncached_model(cfg):
         assert step._weights is None and step._layers is None          # no fused products
     else:                          # MoE layers run in the fused step (tinygpt.moe.MoEDecode)
         assert isinstance(step._weights[0][4], MoEDecode) and step._weights[0][5] is None
-        assert step._layers is None                                    # no C layers
+        assert (step._layers is not None) == step.tiled        # cpu_kernels.MoEDecodeLayers
     with pytest.warns(PackFallbackWarning, match="packs dense Llama layers"):
         packed = DecodeStep(model, KVCache.for_model(model, 1, 8), pack_weights=True)
     assert not packed.packed and (packed._weights is None) == cfg.qk_norm

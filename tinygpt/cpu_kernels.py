@@ -28,6 +28,8 @@ The kernels here (C, in tinygpt/csrc/cpu_gemv.c, compiled on first use) fix both
     kernel_input()     x as the kernel for a format multiplies it (the oracle's input)
     DecodeLayers       a float32 decode step's layers, one C call each (the small operations
                        between the products in C, on the calling thread)
+    MoEDecodeLayers    the same for a mixture-of-experts model: per layer the attention half
+                       in C, the router in torch, the chosen experts in one C call (day 20)
 
 tinygpt.native compiles the source on first use (cached under $TINYGPT_CACHE, default
 ~/.cache/tinygpt, named by a hash of the source, the compiler and its flags). The plain
@@ -64,6 +66,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tg_layer.argtypes = [ctypes.c_int, P, L, L, P, P, F, P, L, P, L, P, L, P, L, P, P,
                              ctypes.c_int, L, P, P, L, L, L, L, L, ctypes.c_int]
     lib.tg_layer.restype = ctypes.c_int
+    lib.tg_attention.argtypes = [ctypes.c_int, P, P, L, L, P, P, F, P, L, P, L, P, P,
+                                 ctypes.c_int, L, P, P, L, L, L, L, ctypes.c_int]
+    lib.tg_attention.restype = ctypes.c_int
+    lib.tg_experts.argtypes = [ctypes.c_int, P, P, L, L, L] + [P] * 8 + [L]
+    lib.tg_experts.restype = ctypes.c_int
 
 
 _library = NativeLibrary(SOURCE, "the CPU kernels", _declare, start="tg_start", stop="tg_stop",
@@ -416,6 +423,132 @@ class DecodeLayers:
                          kc, vc, self.cache_bf16, self.max_len, cos, sin, pos, self.heads,
                          self.kv_heads, hd, self.d_ff, int(consecutive)):
                     raise MemoryError("the kernel could not allocate its buffers")
+
+
+class MoEDecodeLayers:
+    """DecodeLayers for a mixture-of-experts model (day 20), per layer: the attention half in
+    C (tg_attention, up to the feed-forward's norm), the router in torch (the MoE module's own
+    `route`; its last_experts and last_ran are set), then the chosen experts in one C call
+    (tg_experts: gate+up and down per expert over its rows, summed in tinygpt.moe.dispatch's
+    order, a shared expert last with weight 1). A dense layer is one expert of weight 1.
+
+    layers: per layer (attention_norm, qkv, wo, ffn_norm, ffn) as DecodeLayers' but ffn
+    ("dense", gate_up, w2) or ("moe", moe, gate_ups, downs, shared): the MoE module, its E
+    experts' products and None or the shared expert's (gate_up, down); TiledLinear products of
+    one format, fp32 or bf16. The rest and the call as in DecodeLayers.
+    """
+
+    def __init__(self, layers: list[tuple], cache_layers: list, cos: torch.Tensor,
+                 sin_signed: torch.Tensor, heads: int, kv_heads: int, eps: float) -> None:
+        reason = self.refusal(layers, cache_layers, cos, sin_signed)
+        if reason is not None:
+            raise ValueError(reason)
+        self.lib = load()
+        self.cos, self.sin_signed = cos.float().contiguous(), sin_signed.float().contiguous()
+        self.cache_bf16 = int(cache_layers[0].k.dtype == torch.bfloat16)
+        self.heads, self.kv_heads, self.eps = heads, kv_heads, float(eps)
+        self.head_dim, self.max_len = cos.shape[-1], cache_layers[0].k.shape[2]
+        self.code = layers[0][1].code
+        self.layers, self.keep = [], []          # keep: what the pointers point into
+        for (n1, qkv, wo, n2, ffn), cache in zip(layers, cache_layers, strict=True):
+            n1, n2 = n1.float().contiguous(), n2.float().contiguous()
+            if ffn[0] == "dense":
+                moe, shared, products = None, None, [(ffn[1], ffn[2])]
+            else:
+                moe, gate_ups, downs, shared = ffn[1:]
+                products = list(zip(gate_ups, downs, strict=True)) + ([shared] if shared else [])
+            tables = ((ctypes.c_void_p * len(products))(*(g.tiled.data_ptr() for g, _ in products)),
+                      (ctypes.c_void_p * len(products))(*(d.tiled.data_ptr() for _, d in products)),
+                      (ctypes.c_long * len(products))(*(g.n_pad for g, _ in products)),
+                      (ctypes.c_long * len(products))(*(d.k for _, d in products)))
+            self.keep.append((n1, n2, qkv, wo, products, cache))
+            self.layers.append((n1.data_ptr(), n2.data_ptr(), qkv.tiled.data_ptr(), qkv.n_pad,
+                                wo.tiled.data_ptr(), wo.n_pad, cache.k.data_ptr(),
+                                cache.v.data_ptr(), moe, shared is not None, tables,
+                                products[0][1].n_pad))
+
+    @staticmethod
+    def refusal(layers: list[tuple], cache_layers: list, cos: torch.Tensor,
+                sin_signed: torch.Tensor) -> str | None:
+        """Why these layers cannot run as MoEDecodeLayers, or None when they can."""
+        if available() is not None:
+            return available()
+        if not layers or len(layers) != len(cache_layers):
+            return "MoEDecodeLayers needs one cache layer per layer"
+        fmts = set()
+        for _, qkv, wo, _, ffn in layers:
+            if ffn[0] == "dense":
+                experts = [(ffn[1], ffn[2])]
+            elif ffn[0] == "moe":
+                experts = list(zip(ffn[2], ffn[3], strict=True)) + ([ffn[4]] if ffn[4] else [])
+            else:
+                return f"a layer's ffn must be ('dense', ...) or ('moe', ...), got {ffn[0]!r}"
+            products = [qkv, wo, *(p for pair in experts for p in pair)]
+            if not all(isinstance(p, TiledLinear) for p in products):
+                return "every product must be a TiledLinear"
+            fmts.update(p.fmt for p in products)
+            if len(qkv.sizes) != 3 or any(len(g.sizes) != 2 or g.sizes[0] != g.sizes[1]
+                                          or d.k != g.sizes[0] for g, d in experts):
+                return "qkv must stack q, k, v and each expert's gate_up its gate and up"
+        if not fmts <= {"fp32", "bf16"} or len(fmts) != 1:
+            return f"the products must share one format, fp32 or bf16, got {sorted(fmts)}"
+        tensors = [cos, sin_signed] + [t for c in cache_layers for t in (c.k, c.v)]
+        if any(t.dtype not in WEIGHT_DTYPES or not t.is_contiguous() or t.device.type != "cpu"
+               for t in tensors) or len({t.dtype for t in tensors[2:]}) != 1:
+            return ("the cache (one dtype) and rotation tables must be contiguous float32 or "
+                    "bfloat16 CPU tensors")
+        return None
+
+    def _route(self, moe, h: torch.Tensor, shared: bool) -> tuple:
+        """(count, experts, m, rows_of, weights) of tg_experts for the router's choice."""
+        rows = h.shape[0]
+        weights, experts = moe.route(h.to(moe.gate.weight.dtype))
+        moe.last_experts = experts
+        by_expert: dict[int, list] = {}          # expert -> its (row, weight), rows in order
+        for n, (row_e, row_w) in enumerate(zip(experts.tolist(), weights.tolist(), strict=True)):
+            for e, w in zip(row_e, row_w, strict=True):
+                by_expert.setdefault(e, []).append((n, w))
+        groups = sorted(by_expert)
+        m = [len(by_expert[e]) for e in groups]
+        rows_of = [n for e in groups for n, _ in by_expert[e]]
+        flat_w = [w for e in groups for _, w in by_expert[e]]
+        moe.last_ran = tuple(groups)
+        if shared:                                   # table entry E, every row, weight 1
+            groups, m = [*groups, moe.n_experts], [*m, rows]
+            rows_of, flat_w = [*rows_of, *range(rows)], [*flat_w, *([1.0] * rows)]
+        count = len(groups)
+        return (count, (ctypes.c_long * count)(*groups), (ctypes.c_long * count)(*m),
+                (ctypes.c_long * len(rows_of))(*rows_of), (ctypes.c_float * len(flat_w))(*flat_w))
+
+    def __call__(self, x: torch.Tensor, pos: int, consecutive: bool = False) -> None:
+        rows, d = x.shape
+        if x.dtype != torch.float32 or not x.is_contiguous() or not 0 < rows <= MAX_ROWS:
+            raise ValueError(f"x must be contiguous float32 (B, D), B <= {MAX_ROWS}, got "
+                             f"{x.dtype} {tuple(x.shape)}")
+        last = pos + rows - 1 if consecutive else pos
+        if not 0 <= pos <= last < min(self.max_len, self.cos.shape[0]):
+            raise ValueError(f"positions must be in [0, {min(self.max_len, self.cos.shape[0])})"
+                             f", got {pos}..{last}")
+        hd = self.head_dim
+        cos = self.cos.data_ptr() + pos * hd * 4
+        sin = self.sin_signed.data_ptr() + pos * hd * 4
+        h = torch.empty_like(x)
+        xp, hp, lib, code = x.data_ptr(), h.data_ptr(), self.lib, self.code
+        one = (1, (ctypes.c_long * 1)(0), (ctypes.c_long * 1)(rows),
+               (ctypes.c_long * rows)(*range(rows)), (ctypes.c_float * rows)(*[1.0] * rows))
+        for (n1, n2, wqkv, nqkv, wo, no, kc, vc, moe, shared, tables, n_down) in self.layers:
+            with _library.lock:
+                status = lib.tg_attention(code, xp, hp, rows, d, n1, n2, self.eps, wqkv, nqkv,
+                                          wo, no, kc, vc, self.cache_bf16, self.max_len, cos,
+                                          sin, pos, self.heads, self.kv_heads, hd,
+                                          int(consecutive))
+            if status:
+                raise MemoryError("the kernel could not allocate its buffers")
+            plan = one if moe is None else self._route(moe, h, shared)
+            with _library.lock:
+                status = lib.tg_experts(code, xp, hp, rows, d, *plan, *tables, n_down)
+            if status:
+                raise MemoryError(f"the experts' kernel failed ({status})")
 
 
 def _refuse_experts(model: torch.nn.Module, what: str) -> None:

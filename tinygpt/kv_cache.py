@@ -396,6 +396,19 @@ def _fused_weights(model: TinyGPT, linear: Callable[..., _Linear] = _Linear) -> 
             for b in model.layers]
 
 
+def _moe_layers(weights: list[tuple]) -> list[tuple]:
+    """The fused step's layers as cpu_kernels.MoEDecodeLayers takes them: each product's
+    TiledLinear (None where a product is not tiled: its refusal then says so)."""
+    def tiled(product):
+        return getattr(product, "tiled", None)
+
+    return [(n1, tiled(qkv), tiled(wo), n2, ("dense", tiled(gu), tiled(w2))
+             if not isinstance(gu, MoEDecode) else
+             ("moe", gu.moe, [tiled(p) for p in gu.gate_up], [tiled(p) for p in gu.down],
+              gu.shared and tuple(tiled(p) for p in gu.shared)))
+            for n1, qkv, wo, n2, gu, w2 in weights]
+
+
 def _pack_refusal(model: torch.nn.Module, cache: KVCache) -> str | None:
     """Why pack_weights=True cannot be used for this model and cache, or None if it can."""
     if not isinstance(model, TinyGPT) or not getattr(model, "fused_decode", True):
@@ -508,6 +521,14 @@ class DecodeStep:
                 self._layers = DecodeLayers(*args, model.cfg.n_heads, model.cfg.n_kv_heads,
                                             model.cfg.norm_eps)
                 self._final_norm = model.norm.weight.float()
+            elif model.cfg.is_moe:        # day 20: attention halves and chosen experts in C
+                from tinygpt.cpu_kernels import MoEDecodeLayers
+
+                args = (_moe_layers(self._weights), *args[1:])
+                if MoEDecodeLayers.refusal(*args) is None:
+                    self._layers = MoEDecodeLayers(*args, model.cfg.n_heads,
+                                                   model.cfg.n_kv_heads, model.cfg.norm_eps)
+                    self._final_norm = model.norm.weight.float()
         if compile:
             self._try_compile()
 

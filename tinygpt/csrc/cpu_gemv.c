@@ -611,3 +611,97 @@ int tg_layer(int dtype, float *x, long rows, long d, const float *attention_norm
     add_rows(x, ydown, rows, d, n_down);
     return 0;
 }
+
+/* ---------------------------------------------------------------------------------------- */
+/* a mixture-of-experts layer of a decode step: the attention half, then the chosen experts  */
+/*
+ * A MoE layer's feed-forward depends on the router's choice, which tinygpt.moe makes in torch
+ * between the two halves. tg_attention is tg_layer up to its feed-forward: x += the attention
+ * block, then h = ffn_norm(x), the feed-forward's input, written for the caller to route.
+ * tg_experts then runs the chosen experts: each a SwiGLU whose gate and up are one tiled
+ * product (gate rows first) and whose down is another, over the rows routed to it, weighted
+ * and summed into a zeroed accumulator group after group, row by row (tinygpt.moe.dispatch's
+ * order: experts in the caller's order, a shared expert last with weight 1), and the
+ * accumulator added to x. A dense layer is one group of weight 1.
+ */
+
+/* tg_layer's attention half on x (rows, d), in place, and h (rows, d) = ffn_norm(x) */
+int tg_attention(int dtype, float *x, float *h, long rows, long d, const float *attention_norm,
+                 const float *ffn_norm, float eps, const void *w_qkv, long n_qkv,
+                 const void *w_o, long n_o, void *kc, void *vc, int cache_bf16, long max_len,
+                 const float *cos, const float *sin_signed, long pos, long heads,
+                 long kv_heads, long hd, int consecutive) {
+    long need = rows * (d + n_qkv + heads * hd + n_o) + max_len;
+    if (need > scratch_capacity) {
+        float *grown = realloc(scratch, need * sizeof(float));
+        if (grown == NULL) return -1;
+        scratch = grown;
+        scratch_capacity = need;
+    }
+    float *hn = scratch, *yqkv = hn + rows * d, *att = yqkv + rows * n_qkv;
+    float *yo = att + rows * heads * hd, *scores = yo + rows * n_o;
+    int status;
+    rms_norm_rows(x, attention_norm, hn, rows, d, eps);
+    if ((status = tg_gemv(dtype, w_qkv, hn, yqkv, rows, n_qkv, d))) return status;
+    attend(yqkv, n_qkv, kc, vc, cache_bf16, max_len, cos, sin_signed, pos, att, rows, heads,
+           kv_heads, hd, scores, consecutive);
+    if ((status = tg_gemv(dtype, w_o, att, yo, rows, n_o, heads * hd))) return status;
+    add_rows(x, yo, rows, d, n_o);
+    rms_norm_rows(x, ffn_norm, h, rows, d, eps);
+    return 0;
+}
+
+/* x (rows, d) += sum over `count` groups of weight * SwiGLU_e(h row) for the rows of each
+ * group. Group g: expert experts[g] of the tables (gate_up[e] tiled with n_gate_up[e] rows,
+ * gate then up of d_ff[e] each; down[e] tiled with n_down rows, d padded to 16), m[g] rows
+ * (1 .. MAX_ROWS) listed in rows_of, their weights in weights (both concatenated over the
+ * groups). Returns 0, tg_gemv's error, -1 when memory ran out, -3 for a row out of range. */
+int tg_experts(int dtype, float *x, const float *h, long rows, long d, long count,
+               const long *experts, const long *m, const long *rows_of, const float *weights,
+               const void *const *gate_up, const void *const *down, const long *n_gate_up,
+               const long *d_ff, long n_down) {
+    long widest = 0;
+    for (long g = 0; g < count; g++) {
+        long e = experts[g];
+        long w = n_gate_up[e] + d_ff[e];
+        if (m[g] < 1 || m[g] > MAX_ROWS) return -2;
+        widest = w > widest ? w : widest;
+    }
+    long need = rows * d + MAX_ROWS * (d + widest + n_down);
+    if (need > scratch_capacity) {
+        float *grown = realloc(scratch, need * sizeof(float));
+        if (grown == NULL) return -1;
+        scratch = grown;
+        scratch_capacity = need;
+    }
+    float *acc = scratch, *xg = acc + rows * d, *ydown = xg + MAX_ROWS * d;
+    float *ygu = ydown + MAX_ROWS * n_down;
+    for (long i = 0; i < rows * d; i++) acc[i] = 0;
+    long at = 0;
+    for (long g = 0; g < count; g++) {
+        long e = experts[g], mg = m[g], ff = d_ff[e], ngu = n_gate_up[e];
+        float *act = ygu + mg * ngu;
+        for (long j = 0; j < mg; j++) {
+            long r = rows_of[at + j];
+            if (r < 0 || r >= rows) return -3;
+            memcpy(xg + j * d, h + r * d, d * sizeof(float));
+        }
+        int status;
+        if ((status = tg_gemv(dtype, gate_up[e], xg, ygu, mg, ngu, d))) return status;
+        for (long j = 0; j < mg; j++)
+            for (long i = 0; i < ff; i++) {
+                float g_ = ygu[j * ngu + i];
+                act[j * ff + i] = g_ / (1.0f + expf(-g_)) * ygu[j * ngu + ff + i];
+            }
+        if ((status = tg_gemv(dtype, down[e], act, ydown, mg, n_down, ff))) return status;
+        for (long j = 0; j < mg; j++) {
+            float *a = acc + rows_of[at + j] * d, w = weights[at + j];
+            const float *y = ydown + j * n_down;
+#pragma omp simd
+            for (long i = 0; i < d; i++) a[i] += w * y[i];
+        }
+        at += mg;
+    }
+    add_rows(x, acc, rows, d, d);
+    return 0;
+}
