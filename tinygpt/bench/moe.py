@@ -11,7 +11,8 @@
                            each expert's (d_expert, D) slices, a fused gate+up in torch (one
                            F.linear on a stacked copy), and cpu_kernels' tiled products (gate
                            and up stacked), in GB/s of the experts' bytes: why the decode step
-                           runs the tiled ones
+                           runs the tiled ones (generate() runs them from C, with the attention
+                           between: cpu_kernels.MoEDecodeLayers)
     moe_decode_bandwidth   batch-1 greedy decode through generate() of a 340M-parameter MoE
                            model (MOE_DECODE_CONFIG), counting only the bytes a token reads:
                            the dense parts (attention, norms, routers, head; the embedding row
@@ -263,9 +264,13 @@ def products_row(model: TinyGPT, tokens: int, rounds: int, seed: int) -> Compari
 
 
 def _decode_path(model: TinyGPT) -> str:
+    """Which decode step generate() runs for this model at batch 1 (for the report)."""
     step = DecodeStep(model, KVCache.for_model(model, 1, 2))
-    return "tiled CPU products, experts through tinygpt.moe.MoEDecode" if step.tiled else \
-        f"the model's modules ({step.tiled_reason})"
+    if not step.tiled:
+        return f"the plain products ({step.tiled_reason})"
+    if step._layers is not None:
+        return f"{type(step._layers).__name__} (tinygpt.cpu_kernels: layers in C)"
+    return "tiled CPU products, experts through tinygpt.moe.MoEDecode"
 
 
 def seconds_per_token(model: TinyGPT, prompt: list[int], new_tokens: int) -> float:
