@@ -195,6 +195,20 @@ class ModelConfig:
             raise ValueError(f"dense_layers lists all {self.n_layers} layers: no layer would be "
                              f"sparse; use n_experts=0 for a dense model")
 
+    def __repr__(self) -> str:
+        """Day 05's fields always; a later day's field only where it differs from its default
+        (a head_dim only where it is not d_model // n_heads), so a dense config reads as it did
+        on day 05."""
+        shown = []
+        for f in fields(self)[:10]:
+            shown.append(f"{f.name}={getattr(self, f.name)!r}")
+        for f in fields(self)[10:]:
+            value = getattr(self, f.name)
+            default = self.d_model // self.n_heads if f.name == "head_dim" else f.default
+            if value != default:
+                shown.append(f"{f.name}={value!r}")
+        return f"ModelConfig({', '.join(shown)})"
+
     @property
     def n_rep(self) -> int:
         """Query heads per key/value head (the GQA group size)."""
