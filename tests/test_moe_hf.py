@@ -265,9 +265,9 @@ def test_bad_weights_are_named(hf_model):
     ("qwen3_moe", {"num_local_experts": 4}, "number of experts once"),
     ("mixtral", {"sliding_window": 64}, "sliding_window=64.*day 21"),
     ("mixtral", {"num_experts_per_tok": 5}, "top_k"),
-    ("mixtral", {"model_type": "deepseek_v3"}, "multi-head latent attention.*day 21"),
     ("mixtral", {"model_type": "qwen2_moe"}, "shared_expert_gate"),
-    ("mixtral", {"model_type": "gpt_oss"}, r"one of \('llama', 'qwen3_moe', 'mixtral'\)"),
+    ("mixtral", {"model_type": "gpt_oss"},
+     r"one of \('llama', 'qwen3_moe', 'mixtral', 'deepseek_v3'\)"),
 ])
 def test_configs_we_cannot_run_are_refused(family, change, match):
     base = FAMILIES[family]().to_dict()
@@ -364,13 +364,14 @@ def test_the_server_serves_a_folder_with_transformers_greedy_text(tmp_path, hf_m
 def test_load_model_refuses_other_families_naming_the_allowed_ones(tmp_path):
     from tinygpt.loading import load_model
 
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v3"}))
-    with pytest.raises(ValueError, match="day 21.*allowed.*qwen3_moe"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_moe"}))
+    with pytest.raises(ValueError, match="shared_expert_gate.*allowed.*qwen3_moe"):
         load_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    with pytest.raises(ValueError, match=r"one of \('llama', 'qwen3_moe', 'mixtral'\)"):
+    with pytest.raises(ValueError,
+                       match=r"one of \('llama', 'qwen3_moe', 'mixtral', 'deepseek_v3'\)"):
         load_model(tmp_path)
-    assert hf_models.MODEL_TYPES == ("llama", "qwen3_moe", "mixtral")
+    assert hf_models.MODEL_TYPES == ("llama", "qwen3_moe", "mixtral", "deepseek_v3")
 
 
 # --------------------------------------------------------------------------------------------

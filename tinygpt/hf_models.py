@@ -39,8 +39,8 @@ head_dim is taken as given (None: hidden_size / num_attention_heads): Qwen3-MoE'
 Refused with a ValueError naming the reason: attention or MLP biases, an activation other
 than SiLU, any RoPE scaling, a sliding window shorter than the context (Mixtral's, Qwen's
 use_sliding_window: day 21), an odd head_dim (RoPE rotates pairs), Qwen2-MoE's gated
-shared expert (shared_expert_gate), and DeepSeek-V3 folders (multi-head latent attention,
-which arrives with day 21; its router and MoE block convert with moe_from_hf_block).
+shared expert (shared_expert_gate). DeepSeek-V3 (model_type "deepseek_v3": multi-head latent
+attention and DeepSeek's router, day 21) is converted by tinygpt.hf_deepseek.
 """
 
 from __future__ import annotations
@@ -54,20 +54,18 @@ from torch import nn
 from tinygpt.model import ModelConfig, TinyGPT
 from tinygpt.moe import MoE
 
-MODEL_TYPES = ("llama", "qwen3_moe", "mixtral")
+MODEL_TYPES = ("llama", "qwen3_moe", "mixtral", "deepseek_v3")
 
 # families a user may meet, and why they are not loaded (yet)
 REFUSED = {
-    "deepseek_v3": "DeepSeek-V3's attention is multi-head latent attention (compressed K/V and "
-                   "a decoupled RoPE key), which arrives with day 21; its router and MoE block "
-                   "convert with tinygpt.hf_models.moe_from_hf_block",
     "qwen2_moe": "Qwen2-MoE gates its shared expert with a sigmoid (shared_expert_gate) and "
                  "has q/k/v biases, neither of which TinyGPT implements",
 }
 
 # per-expert weight names in the Hub's layout: (gate, up, down)
 EXPERT_NAMES = {"qwen3_moe": ("gate_proj", "up_proj", "down_proj"),
-                "mixtral": ("w1", "w3", "w2")}
+                "mixtral": ("w1", "w3", "w2"),
+                "deepseek_v3": ("gate_proj", "up_proj", "down_proj")}
 
 
 def check_model_type(model_type: Any) -> str:
@@ -154,6 +152,10 @@ def config_from_hf(hf_config: Any) -> ModelConfig:
     config_from_hf_moe. head_dim may differ from hidden_size / num_attention_heads.
     """
     model_type = check_model_type(_hf_get(hf_config, "model_type", "llama"))
+    if model_type == "deepseek_v3":                 # day 21: multi-head latent attention
+        from tinygpt.hf_deepseek import config_from_hf_deepseek
+
+        return config_from_hf_deepseek(hf_config)
     if model_type != "llama":
         return config_from_hf_moe(hf_config)
     act = _hf_get(hf_config, "hidden_act", "silu")
@@ -313,9 +315,9 @@ def config_from_hf_moe(hf_config: Any) -> ModelConfig:
     (Qwen3-30B-A3B: 128 against 2048 / 32 = 64).
     """
     family = check_model_type(_hf_get(hf_config, "model_type"))
-    if family == "llama":
-        raise ValueError("config_from_hf_moe reads model_type 'qwen3_moe' or 'mixtral'; use "
-                         "config_from_hf for 'llama'")
+    if family in ("llama", "deepseek_v3"):
+        raise ValueError(f"config_from_hf_moe reads model_type 'qwen3_moe' or 'mixtral'; use "
+                         f"config_from_hf for {family!r}")
 
     def get(name: str, default: Any = _MISSING) -> Any:
         return _hf_get(hf_config, name, default, family=family)
@@ -523,7 +525,12 @@ def from_hf(state_dict: Mapping[str, torch.Tensor] | nn.Module, hf_config: Any,
             dtype: torch.dtype | None = None) -> TinyGPT:
     """A TinyGPT from any of MODEL_TYPES: from_hf_llama or from_hf_moe by hf_config's
     model_type (default "llama"); ValueError listing the allowed types for any other."""
-    if check_model_type(_hf_get(hf_config, "model_type", "llama")) == "llama":
+    model_type = check_model_type(_hf_get(hf_config, "model_type", "llama"))
+    if model_type == "deepseek_v3":                 # day 21 (hf_deepseek imports this module)
+        from tinygpt.hf_deepseek import from_hf_deepseek
+
+        return from_hf_deepseek(state_dict, hf_config, dtype)
+    if model_type == "llama":
         return from_hf_llama(state_dict, hf_config, dtype)
     return from_hf_moe(state_dict, hf_config, dtype)
 

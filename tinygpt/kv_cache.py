@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as nnf
 
 from tinygpt import flops as F
+from tinygpt.mla import LatentLayerCache
 from tinygpt.model import ModelConfig, TinyGPT
 from tinygpt.moe import MoE, MoEDecode
 from tinygpt.native import torch_single_thread
@@ -98,6 +99,10 @@ class LayerKVCache:
         self.v[:batch, :, start:end] = v
         return self.k[:batch, :, :end], self.v[:batch, :, :end]
 
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
     def update_static(self, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Write k, v (B, H_kv, T, head_dim) at the positions input_pos (T,), in place.
@@ -120,11 +125,18 @@ class KVCache:
     layers[i].k, layers[i].v: (batch_size, n_kv_heads, max_len, head_dim) on `device`, `dtype`.
     length: positions 0 .. length-1 are filled (a dynamic cache advances it on every forward;
     for a static cache the caller keeps it, see `static`). Use KVCache.for_model(model).
+
+    latent=(kv_lora_rank, qk_rope_head_dim) (day 21, a model with multi-head latent attention,
+    which for_model passes) makes every layer a tinygpt.mla.LatentLayerCache instead: the
+    latent c (batch_size, max_len, kv_lora_rank) and the RoPE key k_pe (batch_size, max_len,
+    qk_rope_head_dim), not decompressed keys and values; n_kv_heads is then 1 and head_dim
+    kv_lora_rank + qk_rope_head_dim, the values stored per token and layer.
     """
 
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_len: int,
                  head_dim: int, *, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32, static: bool = False) -> None:
+                 dtype: torch.dtype = torch.float32, static: bool = False,
+                 latent: tuple[int, int] | None = None) -> None:
         for name, value in (("n_layers", n_layers), ("batch_size", batch_size),
                             ("n_kv_heads", n_kv_heads), ("max_len", max_len),
                             ("head_dim", head_dim)):
@@ -134,8 +146,21 @@ class KVCache:
         self.batch_size, self.max_len = batch_size, max_len
         self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
         self.device, self.dtype, self.static = torch.device(device), dtype, bool(static)
-        self.layers = [LayerKVCache(batch_size, n_kv_heads, max_len, head_dim,
-                                    device=self.device, dtype=dtype) for _ in range(n_layers)]
+        self.layers: list[LayerKVCache] | list[LatentLayerCache]
+        if latent is not None:
+            if (not isinstance(latent, tuple) or len(latent) != 2
+                    or n_kv_heads != 1 or head_dim != sum(latent)):
+                raise ValueError(f"latent must be (kv_lora_rank, qk_rope_head_dim) with "
+                                 f"n_kv_heads=1 and head_dim their sum, got latent={latent!r}, "
+                                 f"n_kv_heads={n_kv_heads}, head_dim={head_dim}")
+            for name, value in zip(("kv_lora_rank", "qk_rope_head_dim"), latent, strict=True):
+                _check_positive(name, value)
+            self.layers = [LatentLayerCache(batch_size, max_len, *latent, device=self.device,
+                                            dtype=dtype) for _ in range(n_layers)]
+        else:
+            self.layers = [LayerKVCache(batch_size, n_kv_heads, max_len, head_dim,
+                                        device=self.device, dtype=dtype)
+                           for _ in range(n_layers)]
         self.length = 0
 
     @classmethod
@@ -154,6 +179,10 @@ class KVCache:
             raise ValueError(f"max_len ({max_len}) must be <= the model's max_seq_len "
                              f"({cfg.max_seq_len})")
         weight = next(model.parameters())
+        if cfg.attention == "mla":          # day 21: the latent and the RoPE key per token
+            latent = (cfg.kv_lora_rank, cfg.qk_rope_head_dim)
+            return cls(cfg.n_layers, batch_size, 1, max_len, sum(latent), device=weight.device,
+                       dtype=weight.dtype, static=static, latent=latent)
         # a tensor-parallel shard (tinygpt.parallel) caches only its own KV heads
         n_kv_heads = getattr(model, "cache_kv_heads", cfg.n_kv_heads)
         return cls(cfg.n_layers, batch_size, n_kv_heads, max_len, cfg.head_dim,
@@ -166,8 +195,9 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by all K and V buffers (equals flops.kv_cache_bytes for max_len tokens)."""
-        return sum(layer.k.nbytes + layer.v.nbytes for layer in self.layers)
+        """Bytes held by all K and V buffers (equals flops.kv_cache_bytes for max_len tokens;
+        a latent cache: tinygpt.mla.kv_bytes_per_token_mla for max_len tokens)."""
+        return sum(layer.nbytes for layer in self.layers)
 
     def reset(self) -> None:
         """Forget the contents: the next forward writes from position 0 again."""
@@ -374,6 +404,8 @@ def _fused_refusal(cfg: ModelConfig) -> str | None:
     q/k norm; a mixture-of-experts layer runs in it through tinygpt.moe.MoEDecode (day 20)."""
     if cfg.qk_norm:
         return "the model normalizes queries and keys per head before RoPE (qk_norm=True)"
+    if cfg.attention == "mla":                  # day 21: MLAttention's absorbed decode runs
+        return cfg.fast_path_refusal()
     return None
 
 
@@ -612,8 +644,9 @@ class DecodeStep:
                             "step is used")
         else:
             for layer in cache.layers:      # fixed addresses: no copies into the CUDA graph
-                torch._dynamo.mark_static_address(layer.k)
-                torch._dynamo.mark_static_address(layer.v)
+                for buffer in ((layer.c, layer.k_pe) if isinstance(layer, LatentLayerCache)
+                               else (layer.k, layer.v)):
+                    torch._dynamo.mark_static_address(buffer)
             self._compiled_fn = torch.compile(_static_step, mode="reduce-overhead",
                                               fullgraph=True)
             self.compiled = True

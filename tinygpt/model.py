@@ -72,6 +72,13 @@ class ModelConfig:
     token goes through; dense_layers: indices of layers that keep the dense SwiGLU (d_ff).
     qk_norm: RMSNorm over head_dim on queries and keys before RoPE (Qwen3).
 
+    Multi-head latent attention (day 21, DeepSeek-V2/V3; attention="gqa", the default, keeps
+    day 05's attention and the fields below at 0): attention="mla" caches a latent of
+    kv_lora_rank values and a RoPE key of qk_rope_head_dim per token; heads' keys are
+    qk_nope_head_dim + qk_rope_head_dim wide, values v_head_dim; q_lora_rank > 0 compresses
+    the queries too. n_kv_heads must equal n_heads and head_dim is qk_rope_head_dim (RoPE's
+    width). See tinygpt.mla.
+
     head_dim: the width of one attention head. None (the default) derives it as
     d_model // n_heads (d_model must then be divisible by n_heads); give it when a model's
     heads are wider or narrower than that: Qwen3 and Qwen3-MoE use 128 with
@@ -106,6 +113,12 @@ class ModelConfig:
     dense_layers: tuple[int, ...] = ()
     qk_norm: bool = False
     head_dim: int | None = None
+    attention: str = "gqa"
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
@@ -116,6 +129,10 @@ class ModelConfig:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
+        if self.attention != "gqa" or self.kv_lora_rank or self.q_lora_rank:
+            from tinygpt.mla import check_config  # day 21's fields (mla imports this module)
+
+            check_config(self)
         self._resolve_head_dim()
         if not self.rope_base > 0:
             raise ValueError(f"rope_base must be > 0, got {self.rope_base!r}")
@@ -238,6 +255,9 @@ class ModelConfig:
         own modules instead (Block, Attention.qkv, MoE) or refuse with this reason. An
         explicit head_dim is no reason: every fast path sizes heads by cfg.head_dim
         (tests/test_moe_model.py runs each one on heads twice d_model / n_heads wide)."""
+        if self.attention == "mla":
+            return (f"the model's attention is multi-head latent attention (attention='mla', "
+                    f"kv_lora_rank={self.kv_lora_rank}): its cache holds latents, not K and V")
         if self.is_moe:
             return (f"the model has mixture-of-experts layers (n_experts={self.n_experts}, "
                     f"top_k={self.top_k}): their feed_forward is tinygpt.moe.MoE, not one "
@@ -356,7 +376,12 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_index: int = 0) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attention = Attention(cfg)
+        if cfg.attention == "mla":
+            from tinygpt.mla import MLAttention  # day 21 (mla imports this module)
+
+            self.attention = MLAttention(cfg)
+        else:
+            self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.feed_forward: SwiGLU | MoE
         if cfg.is_moe_layer(layer_index):
@@ -519,6 +544,10 @@ def count_parameters(cfg: ModelConfig) -> int:
     D, hd = cfg.d_model, cfg.head_dim
     attention = D * cfg.n_heads * hd + 2 * D * cfg.n_kv_heads * hd + cfg.n_heads * hd * D
     attention += 2 * hd if cfg.qk_norm else 0
+    if cfg.attention == "mla":                          # day 21: tinygpt.mla.MLAttention
+        from tinygpt.mla import mla_parameters
+
+        attention = mla_parameters(cfg)
     n_moe = len(cfg.moe_layers)
     dense = (cfg.n_layers - n_moe) * 3 * D * cfg.d_ff
     moe = n_moe * (cfg.n_experts * D + 3 * D * cfg.d_expert * (cfg.n_experts

@@ -175,6 +175,11 @@ class PagedKVCache:
         cfg = getattr(model, "cfg", None)
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"model must carry a tinygpt ModelConfig as .cfg, got {cfg!r}")
+        if cfg.attention == "mla":          # day 21
+            raise ValueError("the paged cache holds every head's decompressed keys and values; "
+                             "a model with multi-head latent attention (attention='mla') caches "
+                             "latents (tinygpt.mla.LatentLayerCache): generate with "
+                             "tinygpt.generate, whose KVCache holds them")
         weight = next(model.parameters())
         # a tensor-parallel shard (tinygpt.parallel) caches only its own KV heads
         n_kv_heads = getattr(model, "cache_kv_heads", cfg.n_kv_heads)

@@ -1,0 +1,322 @@
+"""Day 21's multi-head latent attention (tinygpt.mla) and DeepSeek-V3 folders
+(tinygpt.hf_deepseek): the attention module against transformers' DeepseekV3Attention (with
+and without q_lora_rank, interleaved RoPE or not), a whole random DeepseekV3ForCausalLM
+(logits, greedy tokens), the latent cache's naive and absorbed decodes against each other and
+the uncached model, generate() and DecodeStep on it, a saved folder through load_model, KV
+bytes per token, and what is refused.
+
+Tolerances: each float32 result is measured against a float64 run of the same computation
+(tinygpt.testing.check_float32_error): ours may be at most FACTOR times as far from it as an
+independent float32 run (transformers', or our uncached model, or the naive decode) is, plus
+FLOOR. Measured on the 2-core AMD EPYC (2026-11-27), 8 draws of weights and inputs each, ours
+over the reference: attention modules (4 variants, outputs up to ~1, errors 5e-8 to 1.2e-7) at
+most 1.38; whole models (logits up to 0.63, errors 1.5e-7 to 2.2e-7) at most 1.08; cached
+decode (naive or absorbed) against the uncached model at most 1.13. FACTOR = 4 (as day 20's
+tests/test_moe_hf.py); a wrong head, a RoPE channel out of order, a lost latent or a wrong
+scale is off by the outputs' own size (0.1 to 1).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tinygpt.generate import generate
+from tinygpt.kv_cache import DecodeStep, KVCache, prefill
+from tinygpt.mla import (
+    LatentLayerCache,
+    MLAttention,
+    kv_bytes_per_token_expanded,
+    kv_bytes_per_token_mla,
+)
+from tinygpt.model import ModelConfig, TinyGPT, count_parameters
+from tinygpt.positions import rope_cos_sin
+from tinygpt.sampling import SamplingParams
+from tinygpt.testing import check_float32_error
+
+transformers = pytest.importorskip("transformers")
+
+from tests.test_moe_hf import WORDS, hf_greedy, word_tokenizer  # noqa: E402
+from tinygpt.hf_deepseek import (  # noqa: E402
+    config_from_hf_deepseek,
+    from_hf_deepseek,
+    mla_from_hf_attention,
+)
+from tinygpt.hf_models import config_from_hf, from_hf  # noqa: E402
+
+FACTOR, FLOOR = 4.0, 1e-7
+MLA = dict(attention="mla", kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16,
+           v_head_dim=16)
+
+
+def hf_config(**changes):
+    """The brief's tiny DeepSeek-V3: hidden 64, 4 heads, latent 32, RoPE key 8, nope 16, v 16,
+    8 routed experts in 4 groups (2 chosen), 1 shared expert, the first layer dense."""
+    kwargs = dict(vocab_size=len(WORDS), hidden_size=64, intermediate_size=96,
+                  moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=None,
+                  qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8,
+                  num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
+                  first_k_dense_replace=1, max_position_embeddings=64,
+                  routed_scaling_factor=2.5, bos_token_id=None, eos_token_id=None,
+                  pad_token_id=None, experts_implementation="eager",
+                  attn_implementation="eager")
+    kwargs.update(changes)
+    return transformers.DeepseekV3Config(**kwargs)
+
+
+def hf_model(seed: int = 0, **changes):
+    torch.manual_seed(seed)
+    model = transformers.DeepseekV3ForCausalLM(hf_config(**changes)).eval()
+    with torch.no_grad():               # a router bias that matters (transformers inits 0)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0, 0.1)
+    return model
+
+
+def tiny_cfg(**changes) -> ModelConfig:
+    kwargs = dict(vocab_size=len(WORDS), d_model=64, n_layers=2, n_heads=4, n_kv_heads=4,
+                  d_ff=96, max_seq_len=64, n_experts=8, top_k=2, d_expert=32,
+                  router="sigmoid_groups", n_group=4, topk_group=2, routed_scale=2.5,
+                  n_shared_experts=1, dense_layers=(0,), **MLA)
+    kwargs.update(changes)
+    return ModelConfig(**kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# the attention module
+
+
+@pytest.mark.parametrize("q_lora_rank", [None, 24])
+@pytest.mark.parametrize("interleave", [False, True])
+def test_mla_attention_equals_transformers(q_lora_rank, interleave):
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+        DeepseekV3Attention,
+        DeepseekV3RotaryEmbedding,
+    )
+
+    config = hf_config(q_lora_rank=q_lora_rank, rope_interleave=interleave)
+    torch.manual_seed(1)
+    theirs = DeepseekV3Attention(config, 0)
+    for p in theirs.parameters():                 # norms too: not all ones
+        torch.nn.init.normal_(p, std=0.15)
+    ours = mla_from_hf_attention(theirs)
+    assert (ours.wq is None) == (q_lora_rank is not None)
+    x = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(2))
+    rotary = DeepseekV3RotaryEmbedding(config)
+    mask = torch.full((9, 9), float("-inf")).triu(1)[None, None]
+    with torch.no_grad():
+        want = theirs(x, rotary(x, torch.arange(9)[None]), mask)[0]
+        cos64, sin64 = rotary(x.double(), torch.arange(9)[None])
+        truth = copy.deepcopy(theirs).double()(x.double(), (cos64.double(), sin64.double()),
+                                               mask.double())[0]
+        got = ours(x, *rope_cos_sin(8, 9, 10000.0))
+    check_float32_error("MLAttention", got, want, truth, factor=FACTOR, floor=FLOOR)
+
+
+def test_absorbed_attention_equals_the_naive_one():
+    """Scores and outputs straight from the latents (wkv_b folded into the query and the
+    output) against decompressing them, causal and over a longer cache, float64 the truth."""
+    attention = MLAttention(tiny_cfg())
+    with torch.no_grad():
+        for p in attention.parameters():
+            p.normal_(0, 0.2)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 5, 64, generator=gen)
+    past = torch.randn(2, 7, 32, generator=gen), torch.randn(2, 7, 8, generator=gen)
+    cos, sin = rope_cos_sin(8, torch.arange(7, 12), 10000.0)
+    twin = copy.deepcopy(attention).double()
+    mask = torch.ones(5, 12, dtype=torch.bool).tril(7)     # 7 cached positions, 5 new ones
+    results = {}
+    for model, dtype in ((attention, torch.float32), (twin, torch.float64)):
+        with torch.no_grad():
+            q = model.queries(x.to(dtype), cos.to(dtype), sin.to(dtype))
+            c, k_pe = model.latent(x.to(dtype), cos.to(dtype), sin.to(dtype))
+            c = torch.cat([past[0].to(dtype), c], 1)
+            k_pe = torch.cat([past[1].to(dtype), k_pe], 1)
+            for m in (mask, None):
+                results[dtype, m is None] = (model.attend_naive(*q, c, k_pe, m),
+                                             model.attend_absorbed(*q, c, k_pe, m))
+    for unmasked in (False, True):
+        naive, absorbed = results[torch.float32, unmasked]
+        truth, truth_absorbed = results[torch.float64, unmasked]
+        assert (truth_absorbed - truth).abs().max() < 1e-12 * truth.abs().max()
+        check_float32_error(f"absorbed attention (unmasked={unmasked})", absorbed, naive,
+                            truth, factor=FACTOR, floor=FLOOR)
+    # the mask matters here: a decode that ignored it would be caught
+    assert (results[torch.float64, True][0] - results[torch.float64, False][0]).abs().max() > 0.01
+
+
+# --------------------------------------------------------------------------------------------
+# the whole model
+
+
+def test_model_equals_transformers_deepseek_v3():
+    theirs = hf_model(q_lora_rank=24)
+    ours = from_hf_deepseek(theirs, theirs.config)
+    assert ours.cfg == tiny_cfg(q_lora_rank=24, norm_eps=1e-6)
+    assert isinstance(ours.layers[0].attention, MLAttention)
+    assert ours.cfg.is_moe_layer(1) and not ours.cfg.is_moe_layer(0)
+    assert count_parameters(ours.cfg) == sum(p.numel() for p in ours.parameters()) == \
+        sum(p.numel() for p in theirs.parameters())
+    ids = torch.randint(0, len(WORDS), (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want, got = theirs(ids).logits, ours(ids)
+        truth = copy.deepcopy(theirs).double()(ids).logits
+    err, ref_err = check_float32_error("TinyGPT from deepseek_v3", got, want, truth,
+                                       factor=FACTOR, floor=FLOOR)
+    prompt, n = [3, 4, 5, 6, 7], 16
+    tokens = hf_greedy(theirs, prompt, n)
+    with torch.no_grad():               # no step may be a near-tie at float32's error
+        steps = theirs(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
+    top2 = steps.topk(2, dim=-1).values
+    assert (top2[:, 0] - top2[:, 1]).min() > 100 * max(err, ref_err)
+    greedy = SamplingParams(temperature=0, max_new_tokens=n)
+    assert generate(ours, prompt, greedy).token_ids == tokens
+    assert generate(ours, prompt, greedy, use_cache=False).token_ids == tokens
+
+
+# --------------------------------------------------------------------------------------------
+# decoding from the latent cache
+
+
+@pytest.mark.parametrize("decode", ["absorbed", "naive"])
+@pytest.mark.parametrize("static", [False, True])
+def test_cached_decode_equals_the_uncached_model(decode, static):
+    model = TinyGPT(tiny_cfg(q_lora_rank=24), seed=1)
+    for layer in model.layers:
+        layer.attention.decode = decode
+    twin = copy.deepcopy(model).double()
+    ids = torch.randint(0, len(WORDS), (2, 12), generator=torch.Generator().manual_seed(4))
+    cache = KVCache.for_model(model, 2, 20, static=static)
+    layer = cache.layers[0]
+    assert isinstance(layer, LatentLayerCache) and not hasattr(layer, "k")
+    assert layer.c.shape == (2, 20, 32) and layer.k_pe.shape == (2, 20, 8)
+    assert cache.nbytes == 2 * 20 * kv_bytes_per_token_mla(model.cfg, dtype_bytes=4)
+    with torch.no_grad():
+        full, truth = model(ids)[:, 4:11], twin(ids)[:, 4:11]
+        logits = [prefill(model, cache, ids[:, :5])]
+        step = DecodeStep(model, cache)
+        assert "multi-head latent attention" in step.tiled_reason
+        logits += [step(ids[:, t:t + 1]) for t in range(5, 11)]
+    assert cache.length == 11
+    check_float32_error(f"{decode} decode", torch.stack(logits, 1), full, truth,
+                        factor=FACTOR, floor=FLOOR)
+
+
+def test_the_decode_really_switches():
+    """The two decodes round differently: equal logits would mean one path never ran."""
+    model = TinyGPT(tiny_cfg(), seed=2)
+    ids = torch.randint(0, len(WORDS), (1, 9), generator=torch.Generator().manual_seed(5))
+    results = {}
+    for decode in ("absorbed", "naive"):
+        for layer in model.layers:
+            layer.attention.decode = decode
+        cache = KVCache.for_model(model, 1, 16)
+        with torch.no_grad():
+            prefill(model, cache, ids[:, :8])
+            results[decode] = DecodeStep(model, cache)(ids[:, 8:])
+    assert not torch.equal(results["absorbed"], results["naive"])
+    torch.testing.assert_close(results["absorbed"], results["naive"], rtol=0, atol=1e-5)
+    model.layers[0].attention.decode = "fast"
+    with pytest.raises(ValueError, match=r"decode must be one of \('absorbed', 'naive'\)"):
+        model(ids, kv_cache=KVCache.for_model(model, 1, 16))
+
+
+def test_generate_on_an_mla_model_gives_the_uncached_tokens():
+    model = TinyGPT(tiny_cfg(), seed=3)
+    greedy = SamplingParams(temperature=0, max_new_tokens=20)
+    cached = generate(model, [3, 4, 5], greedy).token_ids
+    assert cached == generate(model, [3, 4, 5], greedy, use_cache=False).token_ids
+    assert len(set(cached)) > 2                                   # not one token repeated
+
+
+# --------------------------------------------------------------------------------------------
+# folders, bytes, refusals
+
+
+def test_a_saved_folder_loads_through_load_model(tmp_path):
+    from safetensors.torch import load_file
+
+    from tinygpt.loading import load_model
+
+    theirs = hf_model(seed=5)
+    theirs.save_pretrained(tmp_path, safe_serialization=True)
+    word_tokenizer().save_pretrained(tmp_path)
+    on_disk = load_file(tmp_path / "model.safetensors")
+    experts = [k for k in on_disk if ".experts." in k]
+    assert experts and all(k.split(".experts.")[1].split(".")[0].isdigit() for k in experts)
+    model, tokenizer, _ = load_model(tmp_path)
+    assert model.cfg.attention == "mla"
+    prompt = tokenizer.encode("the cat sat on the")
+    greedy = SamplingParams(temperature=0, max_new_tokens=12)
+    assert generate(model, prompt, greedy).token_ids == hf_greedy(theirs, prompt, 12)
+    from tinygpt.engine import Engine
+
+    with pytest.raises(ValueError, match="multi-head latent attention.*tinygpt.generate"):
+        Engine(model, tokenizer)
+
+
+def test_kv_bytes_per_token_of_deepseek_v3():
+    cfg = config_from_hf(transformers.DeepseekV3Config().to_dict())
+    assert (cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.n_layers) == (512, 64, 61)
+    assert kv_bytes_per_token_mla(cfg) == (512 + 64) * 61 * 2 == 70_272
+    assert kv_bytes_per_token_expanded(cfg) == 128 * (192 + 128) * 61 * 2 == 4_997_120
+    assert kv_bytes_per_token_mla(cfg, dtype_bytes=1) == 35_136
+    with pytest.raises(ValueError, match=r"dtype_bytes must be one of \(1, 2, 4, 8\)"):
+        kv_bytes_per_token_mla(cfg, 3)
+    with pytest.raises(ValueError, match="attention='mla'"):
+        kv_bytes_per_token_mla(tiny_cfg(attention="gqa", kv_lora_rank=0, qk_rope_head_dim=0,
+                                        qk_nope_head_dim=0, v_head_dim=0, n_kv_heads=2))
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(attention="mqa"), r"attention must be one of \('gqa', 'mla'\)"),
+    (dict(attention="gqa"), "kv_lora_rank=32 needs multi-head latent attention"),
+    (dict(kv_lora_rank=0), "kv_lora_rank must be >= 1"),
+    (dict(qk_rope_head_dim=7), "qk_rope_head_dim must be a positive even integer"),
+    (dict(q_lora_rank=-1), "q_lora_rank must be an integer >= 0"),
+    (dict(n_kv_heads=2), "n_kv_heads must equal n_heads"),
+    (dict(head_dim=16), "head_dim must be None or qk_rope_head_dim=8"),
+    (dict(qk_norm=True), "qk_norm=True"),
+])
+def test_bad_mla_configs_are_refused(change, match):
+    with pytest.raises(ValueError, match=match):
+        tiny_cfg(**change)
+
+
+def test_mla_fields_leave_other_configs_alone():
+    dense = ModelConfig(vocab_size=10, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=8,
+                        max_seq_len=8)
+    assert dense.attention == "gqa" and dense.kv_lora_rank == 0 and dense.head_dim == 8
+    assert tiny_cfg().head_dim == 8 and "latent" in tiny_cfg().fast_path_refusal()
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(rope_parameters={"rope_type": "yarn", "factor": 40.0, "rope_theta": 10000.0,
+                           "original_max_position_embeddings": 64}), "YaRN"),
+    (dict(num_key_value_heads=2), "num_key_value_heads must equal"),
+    (dict(attention_bias=True), "bias"),
+    (dict(hidden_act="gelu"), "silu"),
+])
+def test_deepseek_configs_we_cannot_run_are_refused(change, match):
+    with pytest.raises(ValueError, match=match):
+        config_from_hf_deepseek({**hf_config().to_dict(), **change})
+
+
+def test_missing_and_extra_weights_are_named():
+    theirs = hf_model(seed=6)
+    state = dict(theirs.state_dict())
+    del state["model.layers.1.self_attn.kv_b_proj.weight"]
+    state["model.layers.1.self_attn.k_proj.weight"] = torch.zeros(1)
+    with pytest.raises(ValueError, match="missing keys.*kv_b_proj.*unexpected keys.*k_proj"):
+        from_hf(state, theirs.config)
+    state = dict(theirs.state_dict())
+    state["model.layers.1.self_attn.kv_b_proj.weight"] = torch.zeros(3, 32)
+    with pytest.raises(ValueError, match="kv_b_proj.weight has shape"):
+        from_hf(state, theirs.config)
+    with pytest.raises(TypeError, match="DeepseekV3Attention"):
+        mla_from_hf_attention(torch.nn.Linear(2, 2))
