@@ -71,6 +71,10 @@ def test_model_bytes_by_hand():
     experts = sum(ff.w1.nbytes + ff.w2.nbytes + ff.w3.nbytes for ff in moe)
     assert info["dense"] == total - experts - model.tok_embeddings.weight.nbytes
     assert info["kv_per_position"] == 2 * 3 * 2 * 8 * 4
+    # tinygpt.flops counts the same batch-1 step, and the embedding row besides
+    from tinygpt import flops
+    assert flops.decode_step_bytes(TINY, 1, 10, "fp32") == info["dense"] + 2 * 2 * info[
+        "expert"] + 10 * info["kv_per_position"] + TINY.d_model * 4
 
 
 def test_a_dispatch_row_on_a_small_shape():
