@@ -29,6 +29,7 @@ DAY_MODULE = "one course day's module, read whole alongside its notebook"
 # tinygpt-relative path -> why it may be longer than MAX_LINES (one line each)
 LONG_MODULES: dict[str, str] = {
     "tokenizer.py": f"day 02: {DAY_MODULE}",
+    "model.py": f"day 05: {DAY_MODULE} (day 20's MoE and day 21's long-context fields)",
     "train.py": f"day 06: {DAY_MODULE}",
     "roofline.py": f"day 10: {DAY_MODULE}",
     "kv_cache.py": f"day 11: {DAY_MODULE}",

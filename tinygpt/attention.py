@@ -69,6 +69,24 @@ def causal_mask(t_q: int, t_k: int | None = None, dtype: torch.dtype = torch.flo
     return mask.masked_fill(~allowed, float("-inf"))
 
 
+def sliding_window_mask(t_q: int, t_k: int | None, window: int,
+                        device: torch.device | str | None = None) -> torch.Tensor:
+    """Boolean sliding-window causal mask (t_q, t_k): True where query i may attend to key j.
+
+    Bottom-right aligned like causal_mask_bool: query i sits at position p = i + (t_k - t_q)
+    and sees keys p - window + 1 .. p, the last `window` positions including its own (Mistral's
+    convention in transformers: key j is visible iff j > p - window). window >= t_k is plain
+    causal attention. Each layer of a windowed model reads at most `window` keys per query,
+    so its KV cache needs only the last window - 1 positions besides the new ones (day 21).
+    """
+    t_k = _check_lengths(t_q, t_k)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive integer, got {window!r}")
+    pos = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)
+    keys = torch.arange(t_k, device=device)[None, :]
+    return (keys <= pos) & (keys > pos - window)
+
+
 def _as_additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Turn a boolean mask (True = attend) into an additive one; leave a float mask alone."""
     if mask.dtype == torch.bool:

@@ -113,6 +113,9 @@ def forward_padded(model: TinyGPT, ids: torch.Tensor, positions: torch.Tensor,
     """The model's layers over a padded batch with a cache: ids, positions (B, T) long;
     key_mask (B, cache.length + T) bool over every cached and new position. Writes the new
     keys and values at cache.length and returns logits (B, T, V)."""
+    if model.cfg.positions_refusal() is not None:           # day 21
+        raise ValueError(f"forward_padded attends with its own padding mask and the model's "
+                         f"fixed RoPE tables; {model.cfg.positions_refusal()}")
     start = cache.check_step(ids.shape[0], ids.shape[1], ids.device,
                              model.tok_embeddings.weight.dtype)
     if key_mask.shape != (ids.shape[0], start + ids.shape[1]):

@@ -10,7 +10,10 @@
 
 The families, as transformers 5 writes them (model_type in config.json):
 
-    llama       dense SwiGLU layers
+    llama       dense SwiGLU layers; RoPE scalings "linear", "dynamic", "yarn", "llama3"
+                become ModelConfig.rope_scaling (day 21, tinygpt.hf_rope says how)
+    mistral     a Llama whose sliding_window W is ModelConfig.sliding_window on every layer
+                (day 21; Mixtral's and Qwen3-MoE's use_sliding_window load the same way)
     qwen3_moe   softmax router, top k renormalized when norm_topk_prob; q/k norm (RMSNorm
                 over head_dim before RoPE); layer i is sparse unless i is in mlp_only_layers or
                 (i + 1) % decoder_sparse_step != 0, and dense layers are intermediate_size wide,
@@ -37,8 +40,8 @@ head_dim is taken as given (None: hidden_size / num_attention_heads): Qwen3-MoE'
 128 wide with hidden_size / num_attention_heads = 64 (ModelConfig.head_dim).
 
 Refused with a ValueError naming the reason: attention or MLP biases, an activation other
-than SiLU, any RoPE scaling, a sliding window shorter than the context (Mixtral's, Qwen's
-use_sliding_window: day 21), an odd head_dim (RoPE rotates pairs), Qwen2-MoE's gated
+than SiLU, RoPE scalings other than TinyGPT's ROPE_TYPES (longrope, partial rotary
+factors), an odd head_dim (RoPE rotates pairs), Qwen2-MoE's gated
 shared expert (shared_expert_gate). DeepSeek-V3 (model_type "deepseek_v3": multi-head latent
 attention and DeepSeek's router, day 21) is converted by tinygpt.hf_deepseek.
 """
@@ -51,16 +54,22 @@ from typing import Any
 import torch
 from torch import nn
 
+from tinygpt.hf_rope import hf_rope, hf_rope_parameters, hf_window
 from tinygpt.model import ModelConfig, TinyGPT
 from tinygpt.moe import MoE
+from tinygpt.positions import scaled_rope_cos_sin
 
-MODEL_TYPES = ("llama", "qwen3_moe", "mixtral", "deepseek_v3")
+MODEL_TYPES = ("llama", "mistral", "qwen3_moe", "mixtral", "deepseek_v3")
 
 # families a user may meet, and why they are not loaded (yet)
 REFUSED = {
     "qwen2_moe": "Qwen2-MoE gates its shared expert with a sigmoid (shared_expert_gate) and "
                  "has q/k/v biases, neither of which TinyGPT implements",
 }
+
+# model types loaded as day 05's Llama (Mistral: a Llama with a sliding window, day 21)
+LLAMA_LIKE = ("llama", "mistral")
+
 
 # per-expert weight names in the Hub's layout: (gate, up, down)
 EXPERT_NAMES = {"qwen3_moe": ("gate_proj", "up_proj", "down_proj"),
@@ -122,8 +131,9 @@ def _hf_get(hf_config: Any, name: str, default: Any = _MISSING, family: str = "L
 
 
 def _check_dense(cfg: ModelConfig, what: str) -> None:
-    if cfg.fast_path_refusal() is not None:
-        raise ValueError(f"{what} describes a dense Llama: {cfg.fast_path_refusal()}")
+    why = cfg.fast_path_refusal()
+    if why is not None and why != cfg.positions_refusal():     # windows, dynamic RoPE: fine
+        raise ValueError(f"{what} describes a dense Llama: {why}")
 
 
 def _hf_rope_theta(hf_config: Any) -> float:
@@ -156,7 +166,7 @@ def config_from_hf(hf_config: Any) -> ModelConfig:
         from tinygpt.hf_deepseek import config_from_hf_deepseek
 
         return config_from_hf_deepseek(hf_config)
-    if model_type != "llama":
+    if model_type not in LLAMA_LIKE:
         return config_from_hf_moe(hf_config)
     act = _hf_get(hf_config, "hidden_act", "silu")
     if act != "silu":
@@ -167,6 +177,8 @@ def config_from_hf(hf_config: Any) -> ModelConfig:
     d_model = _hf_get(hf_config, "hidden_size")
     n_heads = _hf_get(hf_config, "num_attention_heads")
     n_kv_heads = _hf_get(hf_config, "num_key_value_heads", None) or n_heads
+    theta, scaling, context = hf_rope(hf_config)
+    window = _hf_get(hf_config, "sliding_window", None) if model_type == "mistral" else None
     return ModelConfig(
         vocab_size=_hf_get(hf_config, "vocab_size"),
         d_model=d_model,
@@ -174,8 +186,10 @@ def config_from_hf(hf_config: Any) -> ModelConfig:
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
         d_ff=_hf_get(hf_config, "intermediate_size"),
-        max_seq_len=_hf_get(hf_config, "max_position_embeddings"),
-        rope_base=_hf_rope_theta(hf_config),
+        max_seq_len=context,
+        rope_base=theta,
+        rope_scaling=scaling,
+        sliding_window=hf_window(window, context),
         norm_eps=float(_hf_get(hf_config, "rms_norm_eps", 1e-6)),
         tie_embeddings=bool(_hf_get(hf_config, "tie_word_embeddings", False)),
         head_dim=_hf_get(hf_config, "head_dim", None),
@@ -197,8 +211,9 @@ def from_hf_llama(state_dict: Mapping[str, torch.Tensor] | nn.Module, hf_config:
         raise TypeError(f"state_dict must be a mapping of names to tensors or an nn.Module, got "
                         f"{type(state_dict).__name__}")
     model_type = _hf_get(hf_config, "model_type", "llama")
-    if model_type != "llama":
-        raise ValueError(f"from_hf_llama loads model_type 'llama', got {model_type!r}; "
+    if model_type not in LLAMA_LIKE:
+        raise ValueError(f"from_hf_llama loads model_type 'llama' or 'mistral', got "
+                         f"{model_type!r}; "
                          f"tinygpt.hf_models.from_hf loads every one of {MODEL_TYPES}")
     cfg = config_from_hf(hf_config)
     key_map = hf_llama_key_map(cfg)
@@ -243,6 +258,9 @@ def config_to_hf(cfg: ModelConfig, **overrides: Any):
     from transformers import LlamaConfig
 
     _check_dense(cfg, "config_to_hf")
+    if cfg.sliding_window:
+        raise ValueError(f"config_to_hf writes a LlamaConfig, which has no sliding window; "
+                         f"cfg.sliding_window={cfg.sliding_window} (a MistralConfig has one)")
 
     kwargs: dict[str, Any] = dict(
         vocab_size=cfg.vocab_size,
@@ -254,7 +272,7 @@ def config_to_hf(cfg: ModelConfig, **overrides: Any):
         head_dim=cfg.head_dim,
         max_position_embeddings=cfg.max_seq_len,
         rms_norm_eps=cfg.norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_base)},
+        rope_parameters=hf_rope_parameters(cfg),
         tie_word_embeddings=cfg.tie_embeddings,
         hidden_act="silu",
         attention_bias=False,
@@ -315,7 +333,7 @@ def config_from_hf_moe(hf_config: Any) -> ModelConfig:
     (Qwen3-30B-A3B: 128 against 2048 / 32 = 64).
     """
     family = check_model_type(_hf_get(hf_config, "model_type"))
-    if family in ("llama", "deepseek_v3"):
+    if family in ("llama", "mistral", "deepseek_v3"):
         raise ValueError(f"config_from_hf_moe reads model_type 'qwen3_moe' or 'mixtral'; use "
                          f"config_from_hf for {family!r}")
 
@@ -330,14 +348,10 @@ def config_from_hf_moe(hf_config: Any) -> ModelConfig:
             raise ValueError(f"{name}=True is not supported: TinyGPT's linear layers have no bias")
     d_model, n_heads, n_layers = get("hidden_size"), get("num_attention_heads"), \
         get("num_hidden_layers")
-    context = get("max_position_embeddings")
+    theta, scaling, context = hf_rope(hf_config)
     window = get("sliding_window", None)
     if family == "qwen3_moe" and not get("use_sliding_window", False):
         window = None                                 # transformers ignores it then
-    if window is not None and window < context:
-        raise ValueError(f"sliding_window={window} is shorter than max_position_embeddings="
-                         f"{context}: sliding-window attention arrives with day 21 (KV memory "
-                         f"for long context); TinyGPT attends over the whole context")
     n_experts, top_k = _n_experts(hf_config, family), get("num_experts_per_tok")
     if family == "mixtral":
         d_ff = d_expert = get("intermediate_size")
@@ -358,8 +372,8 @@ def config_from_hf_moe(hf_config: Any) -> ModelConfig:
     return ModelConfig(
         vocab_size=get("vocab_size"), d_model=d_model, n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=get("num_key_value_heads", None) or n_heads, d_ff=d_ff,
-        max_seq_len=context, rope_base=_hf_rope_theta(hf_config),
-        norm_eps=float(get("rms_norm_eps", 1e-6)),
+        max_seq_len=context, rope_base=theta, rope_scaling=scaling,
+        sliding_window=hf_window(window, context), norm_eps=float(get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(get("tie_word_embeddings", False)), qk_norm=qk_norm,
         head_dim=get("head_dim", None), **moe)
 
@@ -511,11 +525,10 @@ def from_hf_moe(state_dict: Mapping[str, torch.Tensor] | nn.Module, hf_config: A
 
 def _real_rope_tables(model: TinyGPT) -> TinyGPT:
     """RoPE's tables of a model built on the meta device, computed for real."""
-    from tinygpt.positions import rope_cos_sin
-
     cfg = model.cfg
     weight = model.tok_embeddings.weight
-    cos, sin = rope_cos_sin(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)
+    cos, sin = scaled_rope_cos_sin(cfg.head_dim, cfg.max_seq_len, cfg.rope_base,
+                                   cfg.rope_scaling)
     model.register_buffer("rope_cos", cos.to(weight), persistent=False)
     model.register_buffer("rope_sin", sin.to(weight), persistent=False)
     return model
@@ -530,7 +543,7 @@ def from_hf(state_dict: Mapping[str, torch.Tensor] | nn.Module, hf_config: Any,
         from tinygpt.hf_deepseek import from_hf_deepseek
 
         return from_hf_deepseek(state_dict, hf_config, dtype)
-    if model_type == "llama":
+    if model_type in LLAMA_LIKE:
         return from_hf_llama(state_dict, hf_config, dtype)
     return from_hf_moe(state_dict, hf_config, dtype)
 

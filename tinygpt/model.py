@@ -46,9 +46,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tinygpt.attention import grouped_query_attention, merge_heads, split_heads
+from tinygpt.attention import (
+    grouped_query_attention,
+    merge_heads,
+    sliding_window_mask,
+    split_heads,
+)
 from tinygpt.moe import ROUTERS, MoE
-from tinygpt.positions import apply_rope, rope_cos_sin
+from tinygpt.positions import apply_rope, check_rope_scaling, scaled_rope_cos_sin
 
 if TYPE_CHECKING:                                   # day 11's cache; no import cycle at run time
     from tinygpt.kv_cache import KVCache, LayerKVCache
@@ -89,6 +94,16 @@ class ModelConfig:
     `dataclasses.replace(cfg, d_model=..., n_heads=...)` keeps it unless you pass
     head_dim=None to derive it again. Configs differing only in an explicit head_dim equal to
     the derived one are equal.
+
+    Long context (day 21; the defaults change nothing, and older checkpoints load):
+    rope_scaling: () for plain RoPE, or the (key, value) pairs of a scaling as
+    tinygpt.positions.check_rope_scaling takes them (a dict is accepted and stored sorted),
+    e.g. {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}; see tinygpt.positions
+    for what "linear", "dynamic", "yarn" and "llama3" do. sliding_window: 0 (every layer sees
+    the whole causal context) or W >= 1: a query at position t sees keys t - W + 1 .. t only
+    (Mistral's convention); full_attention_layers: layers that keep full attention in a
+    windowed model (hybrid local / global models, e.g. every sixth layer global).
     """
 
     vocab_size: int
@@ -119,6 +134,9 @@ class ModelConfig:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    rope_scaling: tuple[tuple[str, Any], ...] = ()
+    sliding_window: int = 0
+    full_attention_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
@@ -139,6 +157,57 @@ class ModelConfig:
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
         self._check_moe()
+        self._check_long_context()
+
+    def _check_long_context(self) -> None:
+        """The day-21 fields: the scaling validated and stored as sorted pairs; windows."""
+        object.__setattr__(self, "rope_scaling", check_rope_scaling(self.rope_scaling))
+        window, full = self.sliding_window, self.full_attention_layers
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise ValueError(f"sliding_window must be an integer >= 0 (0: no window), got "
+                             f"{window!r}")
+        if not isinstance(full, (tuple, list)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in full):
+            raise ValueError(f"full_attention_layers must be a tuple of layer indices, got "
+                             f"{full!r}")
+        if full and not window:
+            raise ValueError(f"full_attention_layers={tuple(full)!r} needs sliding_window >= 1 "
+                             f"(without a window every layer attends fully)")
+        if len(set(full)) != len(full) or not all(0 <= i < self.n_layers for i in full):
+            raise ValueError(f"full_attention_layers must be distinct layer indices in "
+                             f"[0, n_layers={self.n_layers}), got {tuple(full)!r}")
+        object.__setattr__(self, "full_attention_layers", tuple(sorted(full)))
+        if window and getattr(self, "attention", "gqa") != "gqa":
+            raise ValueError(f"sliding_window={window} is implemented for attention='gqa' "
+                             f"(TinyGPT's Attention), got attention={self.attention!r}")
+
+    def layer_window(self, i: int) -> int | None:
+        """Layer i's sliding window W (a query at t sees keys t - W + 1 .. t), or None when it
+        attends to the whole causal context."""
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers:
+            raise ValueError(f"i must be a layer index in [0, n_layers={self.n_layers}), got "
+                             f"{i!r}")
+        if not self.sliding_window or i in self.full_attention_layers:
+            return None
+        return self.sliding_window
+
+    @property
+    def rope_type(self) -> str:
+        """The RoPE scaling's type: "default" (none), "linear", "dynamic", "yarn", "llama3"."""
+        return dict(self.rope_scaling).get("rope_type", "default")
+
+    def positions_refusal(self) -> str | None:
+        """Why a path that computes attention or RoPE itself (fused decode steps, the
+        engine's paged attention, padded batches, tensor-parallel shards) would get this
+        model wrong, or None. Static scalings (linear, yarn, llama3) need no reason: they only
+        change the model's rope_cos / rope_sin tables, which those paths read."""
+        if self.sliding_window:
+            return (f"the model has sliding-window attention (sliding_window="
+                    f"{self.sliding_window}): only TinyGPT's own attention masks the window")
+        if self.rope_type == "dynamic":
+            return ("the model's RoPE is 'dynamic' (NTK) scaling: its frequencies change with "
+                    "the sequence length, and only TinyGPT.forward recomputes them")
+        return None
 
     def _resolve_head_dim(self) -> None:
         """Store the effective head_dim: the given one, or d_model // n_heads when None."""
@@ -264,7 +333,7 @@ class ModelConfig:
                     f"SwiGLU")
         if self.qk_norm:
             return "the model normalizes queries and keys per head before RoPE (qk_norm=True)"
-        return None
+        return self.positions_refusal()
 
 # --------------------------------------------------------------------------------------------
 # building blocks
@@ -315,7 +384,12 @@ class Attention(nn.Module):
     normalize each query and key head before RoPE (Qwen3); otherwise both are None.
     `qkv` computes rotated queries and keys and the values; `forward` attends and projects back.
     Keeping the two steps apart lets a KV cache slot in between them.
+    `window` (day 21; set by Block from cfg.layer_window) is None for full causal attention,
+    or W: a query at position t then sees keys t - W + 1 .. t (tinygpt.attention.
+    sliding_window_mask), in the uncached forward and with either kind of cache.
     """
+
+    window: int | None = None
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -354,6 +428,9 @@ class Attention(nn.Module):
         offset (an int) of a dynamic cache, or the positions (T,) (a tensor) of a static one.
         """
         q, k, v = self.qkv(x, cos, sin)
+        window, n_new = self.window, q.shape[2]
+        if window is not None:
+            return self.wo(merge_heads(self._windowed(q, k, v, kv_cache, cache_pos)))
         if kv_cache is None:
             y = grouped_query_attention(q, k, v, causal=True)   # (B, H, T, head_dim)
         elif isinstance(cache_pos, torch.Tensor):
@@ -362,8 +439,32 @@ class Attention(nn.Module):
         else:
             k, v = kv_cache.update(k, v, cache_pos)             # (B, H_kv, cache_pos + T, hd)
             # one query is the newest position and may see every cached key: no mask needed
-            y = grouped_query_attention(q, k, v, causal=q.shape[2] > 1)
+            y = grouped_query_attention(q, k, v, causal=n_new > 1)
         return self.wo(merge_heads(y))
+
+    def _windowed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  kv_cache: LayerKVCache | None, cache_pos: int | torch.Tensor) -> torch.Tensor:
+        """forward's attention under a sliding window of W = self.window: (B, H, T, hd).
+
+        Uncached, and with a dynamic cache, the keys are the bottom-right-aligned ones of
+        sliding_window_mask; a dynamic cache reads only the last W - 1 cached positions
+        before the T new ones (a decode step attends over at most W keys, however long the
+        sequence). A static cache masks slot j for the query at position p unless
+        p - W < j <= p."""
+        window, n_new = self.window, q.shape[2]
+        if kv_cache is None:
+            mask = sliding_window_mask(n_new, n_new, window, device=q.device)
+            return grouped_query_attention(q, k, v, causal=False, mask=mask)
+        if isinstance(cache_pos, torch.Tensor):
+            k, v, mask = kv_cache.update_static(k, v, cache_pos)
+            slots = torch.arange(k.shape[2], device=cache_pos.device)
+            mask = mask & (slots[None, :] > cache_pos[:, None] - window)
+            return grouped_query_attention(q, k, v, causal=False, mask=mask)
+        k, v = kv_cache.update(k, v, cache_pos)                 # (B, H_kv, cache_pos + T, hd)
+        first = max(0, cache_pos - window + 1)                  # the oldest key a query sees
+        k, v = k[:, :, first:], v[:, :, first:]
+        mask = sliding_window_mask(n_new, k.shape[2], window, device=q.device)
+        return grouped_query_attention(q, k, v, causal=False, mask=mask)
 
 
 class Block(nn.Module):
@@ -382,6 +483,8 @@ class Block(nn.Module):
             self.attention = MLAttention(cfg)
         else:
             self.attention = Attention(cfg)
+        if cfg.layer_window(layer_index) is not None:          # day 21: sliding window
+            self.attention.window = cfg.layer_window(layer_index)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.feed_forward: SwiGLU | MoE
         if cfg.is_moe_layer(layer_index):
@@ -410,7 +513,11 @@ class TinyGPT(nn.Module):
     TinyGPT(cfg, seed=0) initializes every weight deterministically from `seed` (see
     `init_weights`); seed=None keeps PyTorch's default initialization, for callers that load
     weights right away. RoPE cos/sin tables for positions 0 .. max_seq_len - 1 are precomputed
-    as (non-saved) buffers `rope_cos`, `rope_sin` of shape (max_seq_len, head_dim).
+    as (non-saved) buffers `rope_cos`, `rope_sin` of shape (max_seq_len, head_dim), with
+    cfg.rope_scaling applied (tinygpt.positions.scaled_rope_cos_sin; YaRN's attention factor
+    is in them). "dynamic" scaling's frequencies depend on the sequence length: the buffers
+    hold those of its original context, and forward recomputes the tables when a pass
+    reaches beyond it.
     """
 
     def __init__(self, cfg: ModelConfig, seed: int | None = 0) -> None:
@@ -424,7 +531,8 @@ class TinyGPT(nn.Module):
         self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rope_cos_sin(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)
+        cos, sin = scaled_rope_cos_sin(cfg.head_dim, cfg.max_seq_len, cfg.rope_base,
+                                       cfg.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         if seed is not None:
@@ -514,6 +622,8 @@ class TinyGPT(nn.Module):
             cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]  # (T, hd)
         else:
             cos, sin = self.rope_cos[input_pos], self.rope_sin[input_pos]    # (.., T, head_dim)
+        if self.cfg.rope_type == "dynamic":
+            cos, sin = self._dynamic_tables(cos, sin, start, T, input_pos)
         x = self.tok_embeddings(idx)                                         # (B, T, D)
         if kv_cache is None:
             for layer in self.layers:
@@ -525,6 +635,21 @@ class TinyGPT(nn.Module):
             if not kv_cache.static:
                 kv_cache.advance(T)
         return self.output(self.norm(x))                                     # (B, T, V)
+
+    def _dynamic_tables(self, cos: torch.Tensor, sin: torch.Tensor, start: int, T: int,
+                        input_pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of "dynamic" (NTK) scaling for this pass: its base grows with the pass's
+        largest position + 1 (tinygpt.positions says how this matches transformers); within
+        the original context the buffers' tables are those already."""
+        cfg = self.cfg
+        seq_len = start + T if input_pos is None else int(input_pos.max()) + 1
+        if seq_len <= dict(cfg.rope_scaling)["original_max_position_embeddings"]:
+            return cos, sin
+        positions = torch.arange(start, start + T, device=cos.device) if input_pos is None \
+            else input_pos
+        cos, sin = scaled_rope_cos_sin(cfg.head_dim, positions, cfg.rope_base,
+                                       cfg.rope_scaling, seq_len=seq_len)
+        return cos.to(self.rope_cos.dtype), sin.to(self.rope_sin.dtype)
 
 
 def count_parameters(cfg: ModelConfig) -> int:

@@ -70,6 +70,10 @@ class ModelRunner:
                              f"n_layers={model.cfg.n_layers}")
         if not isinstance(batched, bool):
             raise TypeError(f"batched must be True or False, got {batched!r}")
+        if model.cfg.positions_refusal() is not None:       # day 21
+            raise ValueError(f"the engine's paged attention reads every cached block and the "
+                             f"model's fixed RoPE tables; {model.cfg.positions_refusal()}. "
+                             f"Generate with tinygpt.generate (its KV cache honours them)")
         self.model, self.cache = model, cache
         self.device = cache.k.device
         self.batched, self.batched_reason = False, "batched=False: the plain products run"

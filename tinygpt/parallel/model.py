@@ -29,7 +29,7 @@ from tinygpt.parallel.layers import (
 from tinygpt.parallel.ranks import run_ranks
 from tinygpt.parallel.sharding import plan_heads, shard_state_dict, vocab_range
 from tinygpt.parallel.source import load_source
-from tinygpt.positions import rope_cos_sin
+from tinygpt.positions import scaled_rope_cos_sin
 
 
 class TensorParallelGPT(TinyGPT):
@@ -81,7 +81,8 @@ class TensorParallelGPT(TinyGPT):
                     getattr(attn, norm).weight = nn.Parameter(
                         shard[f"{p}attention.{norm}.weight"], requires_grad=False)
         self.norm.weight = nn.Parameter(shard["norm.weight"], requires_grad=False)
-        cos, sin = rope_cos_sin(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)
+        cos, sin = scaled_rope_cos_sin(cfg.head_dim, cfg.max_seq_len, cfg.rope_base,
+                                       cfg.rope_scaling)            # day 21's scalings
         self.rope_cos, self.rope_sin = cos.to(self.norm.weight), sin.to(self.norm.weight)
         self.eval()
 
@@ -100,6 +101,9 @@ def check_tensor_parallel(cfg: ModelConfig) -> None:
         raise ValueError(f"tensor parallelism splits dense SwiGLU layers by d_ff; "
                          f"{cfg.fast_path_refusal()}: split its experts with expert "
                          f"parallelism (tinygpt.parallel.experts) instead")
+    if cfg.positions_refusal() is not None:               # day 21
+        raise ValueError(f"the tensor-parallel shard attends over whole caches with fixed "
+                         f"RoPE tables; {cfg.positions_refusal()}")
 
 
 def shard_model(model: TinyGPT, rank: int | None = None, world_size: int | None = None,

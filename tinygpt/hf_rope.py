@@ -1,0 +1,97 @@
+"""Day 21: RoPE scalings and sliding windows of Hugging Face configs, for tinygpt.hf_models.
+
+    hf_rope(hf_config)          (rope_theta, ModelConfig.rope_scaling as a dict, max_seq_len)
+    hf_window(window, context)  ModelConfig.sliding_window of a config's sliding_window
+    hf_rope_parameters(cfg)     transformers' rope_parameters for a ModelConfig's RoPE
+
+transformers 5 keeps RoPE in rope_parameters {"rope_type", "rope_theta", ...}; older
+config.json files have a top-level rope_theta and an optional rope_scaling dict (with "type"
+or "rope_type"). What each scaling does is written in tinygpt.positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tinygpt.positions import ROPE_TYPES
+
+_UNSET = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor")
+
+
+def _get(hf_config: Any, name: str, default: Any = None) -> Any:
+    if isinstance(hf_config, Mapping):
+        return hf_config.get(name, default)
+    return getattr(hf_config, name, default)
+
+
+def hf_rope(hf_config: Any) -> tuple[float, dict[str, Any], int]:
+    """(rope_theta, TinyGPT's rope_scaling as a dict ({} for none), max_seq_len) of a
+    transformers config object or config.json dict (it needs max_position_embeddings).
+
+    As transformers' standardize_rope_params does, yarn and llama3 take
+    original_max_position_embeddings from the top level when it is there, else from the
+    parameters, else max_position_embeddings, and a yarn factor of None is
+    max_position_embeddings / original_max_position_embeddings. "dynamic" grows the base past
+    max_position_embeddings (transformers' original length, recorded as
+    original_max_position_embeddings), so max_seq_len is then max_position_embeddings * factor.
+    ValueError for rope types outside ROPE_TYPES (longrope, ...) and a partial_rotary_factor
+    other than 1, naming them.
+    """
+    context = _get(hf_config, "max_position_embeddings")
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise ValueError(f"hf_config.max_position_embeddings must be a positive integer, got "
+                         f"{context!r}")
+    params = _get(hf_config, "rope_parameters")
+    if params is None:
+        params = _get(hf_config, "rope_scaling")
+    params = dict(params or {})
+    theta = float(params.pop("rope_theta", None) or _get(hf_config, "rope_theta", 10000.0))
+    rope_type = params.pop("rope_type", None) or params.get("type") or "default"
+    params.pop("type", None)
+    partial = params.pop("partial_rotary_factor", None) or _get(hf_config,
+                                                                "partial_rotary_factor")
+    if partial not in (None, 1, 1.0):
+        raise ValueError(f"partial_rotary_factor={partial!r} is not supported: TinyGPT rotates "
+                         f"every channel of a head (partial_rotary_factor 1)")
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"RoPE scaling type {rope_type!r} is not supported; TinyGPT implements "
+                         f"rope_type in {ROPE_TYPES} (tinygpt.positions)")
+    if rope_type == "default":
+        return theta, {}, context
+    scaling = dict(params, rope_type=rope_type)
+    if rope_type in ("yarn", "llama3"):
+        top = _get(hf_config, "original_max_position_embeddings")
+        scaling["original_max_position_embeddings"] = int(
+            top or params.get("original_max_position_embeddings") or context)
+    if rope_type == "yarn":
+        if scaling.get("factor") is None:
+            scaling["factor"] = context / scaling["original_max_position_embeddings"]
+        scaling = {k: v for k, v in scaling.items() if v is not None or k not in _UNSET}
+    if rope_type == "dynamic":
+        if not isinstance(scaling.get("factor"), int | float) or scaling["factor"] < 1:
+            raise ValueError(f"a dynamic RoPE scaling needs a factor >= 1, got "
+                             f"{scaling.get('factor')!r}")
+        scaling["original_max_position_embeddings"] = context
+        context = int(context * scaling["factor"])
+    return theta, scaling, context
+
+
+def hf_window(window: Any, context: int) -> int:
+    """ModelConfig.sliding_window of a config's sliding_window: 0 when it is null or no shorter
+    than the context (the window then hides nothing, and the fast paths stay open)."""
+    if window is None:
+        return 0
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"sliding_window must be null or a positive integer, got {window!r}")
+    return window if window < context else 0
+
+
+def hf_rope_parameters(cfg: Any) -> dict[str, Any]:
+    """transformers' rope_parameters for a ModelConfig's RoPE. A dynamic scaling's original
+    length is transformers' max_position_embeddings (pass it to config_to_hf as an override
+    to make the two models equal)."""
+    params: dict[str, Any] = {"rope_type": "default", **dict(cfg.rope_scaling)}
+    if params["rope_type"] == "dynamic":
+        del params["original_max_position_embeddings"]
+    return {**params, "rope_theta": float(cfg.rope_base)}
