@@ -320,3 +320,28 @@ def test_missing_and_extra_weights_are_named():
         from_hf(state, theirs.config)
     with pytest.raises(TypeError, match="DeepseekV3Attention"):
         mla_from_hf_attention(torch.nn.Linear(2, 2))
+
+
+def test_flops_and_bytes_count_the_latent_model():
+    """tinygpt.flops on an MLA config: parameters as built, the cache's real bytes, and a
+    prefill's FLOPs as torch's FlopCounterMode counts them (dense feed-forwards: exact)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from tinygpt import flops as F
+
+    for cfg in (tiny_cfg(q_lora_rank=24), tiny_cfg()):
+        built = sum(p.numel() for p in TinyGPT(cfg, seed=None).parameters())
+        assert F.param_count(cfg) == count_parameters(cfg) == built
+        assert F.kv_cache_bytes(cfg, 1, 1, "bf16") == kv_bytes_per_token_mla(cfg) \
+            == 2 * (32 + 8) * 2
+        assert KVCache.for_model(TinyGPT(cfg), 3, 10).nbytes == F.kv_cache_bytes(cfg, 10, 3,
+                                                                                 "fp32")
+    dense = ModelConfig(vocab_size=len(WORDS), d_model=64, n_layers=2, n_heads=4, n_kv_heads=4,
+                        d_ff=96, max_seq_len=64, q_lora_rank=24, **MLA)
+    model = TinyGPT(dense)
+    ids = torch.randint(0, len(WORDS), (2, 7), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(ids)
+    assert counter.get_total_flops() == F.prefill_flops(dense, 2, 7)
+    # a score and a weighted value per key and head: 2 (16 + 8) + 2 * 16 per layer
+    assert F.attention_flops_per_token(dense, 5) == 2 * 4 * 2 * (16 + 8 + 16) * 5

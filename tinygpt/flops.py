@@ -99,15 +99,24 @@ def param_breakdown(cfg: ModelConfig) -> dict[str, int]:
     For a mixture of experts "mlp" holds every feed-forward weight: the dense layers' SwiGLUs
     and each sparse layer's router, all E routed experts and the shared ones (see
     active_param_breakdown for what one token uses). "norms" includes q/k norm weights.
+    Multi-head latent attention (day 21): "attention" holds its projections
+    (tinygpt.mla.mla_parameters less the latent norms, which "norms" holds).
     """
     _check_cfg(cfg)
     d, hd, layers = cfg.d_model, cfg.head_dim, cfg.n_layers
     q_width, kv_width = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    attention = d * q_width + 2 * d * kv_width + q_width * d
+    latent_norms = 0
+    if cfg.attention == "mla":
+        from tinygpt.mla import mla_parameters
+
+        latent_norms = cfg.q_lora_rank + cfg.kv_lora_rank
+        attention = mla_parameters(cfg) - latent_norms
     return {
         "embedding": cfg.vocab_size * d,
-        "attention": layers * (d * q_width + 2 * d * kv_width + q_width * d),
+        "attention": layers * attention,
         "mlp": int(_mlp_params(cfg, cfg.n_experts)),
-        "norms": layers * 2 * d + d + (layers * 2 * hd if cfg.qk_norm else 0),
+        "norms": layers * (2 * d + latent_norms) + d + (layers * 2 * hd if cfg.qk_norm else 0),
         "lm_head": 0 if cfg.tie_embeddings else d * cfg.vocab_size,
     }
 
@@ -165,16 +174,29 @@ def weight_flops_per_token(cfg: ModelConfig) -> int:
     return 2 * matmul_params(cfg)
 
 
+def _score_value_width(cfg: ModelConfig) -> int:
+    """Per query head and key: the width of q . k plus that of the value summed, 2 head_dim;
+    multi-head latent attention (day 21) over its decompressed keys and values:
+    qk_nope_head_dim + qk_rope_head_dim + v_head_dim."""
+    if cfg.attention == "mla":
+        return cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim
+    return 2 * cfg.head_dim
+
+
 def attention_flops_per_token(cfg: ModelConfig, context_len: int) -> int:
     """FLOPs of Q K^T and A V for one query token that attends to `context_len` keys.
 
     Per layer and query head: the scores q . k cost 2*hd per key, the weighted sum of values
     another 2*hd per key, so 4 * n_layers * n_heads * head_dim * context_len in all. GQA does
     not reduce this (every query head still scores every key); it only shrinks the cache.
+    Multi-head latent attention (day 21) is counted over decompressed keys and values, as
+    its prefill computes it: 2 x (qk_nope + qk_rope + v) per key instead of 4 x head_dim;
+    its absorbed decode scores latents instead (tinygpt.mla's docstring: more FLOPs, fewer
+    bytes).
     """
     _check_cfg(cfg)
     _check_int("context_len", context_len)
-    return 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * context_len
+    return 2 * cfg.n_layers * cfg.n_heads * _score_value_width(cfg) * context_len
 
 
 def flops_per_token(cfg: ModelConfig, context_len: int) -> int:
@@ -220,7 +242,7 @@ def prefill_flops(cfg: ModelConfig, batch: int, prompt_len: int, *, attention: s
     head_positions = prompt_len if all_logits else 1
     scores = attention_scores_count(prompt_len, attention)
     per_sequence = (prompt_len * body + head_positions * 2 * head
-                    + 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * scores)
+                    + 2 * cfg.n_layers * cfg.n_heads * _score_value_width(cfg) * scores)
     return batch * per_sequence
 
 
@@ -262,13 +284,18 @@ def kv_cache_bytes(cfg: ModelConfig, tokens: int, batch: int, dtype: str) -> int
     """Bytes of the KV cache: 2 (K and V) x layers x kv_heads x head_dim x bytes x tokens x batch.
 
     With GQA only the n_kv_heads heads are cached: Llama-2-70B (8 of 64 heads) needs 1.34 GB
-    for 4,096 bf16 tokens instead of the 10.7 GB a 64-head cache would.
+    for 4,096 bf16 tokens instead of the 10.7 GB a 64-head cache would. Multi-head latent
+    attention (day 21) caches layers x (kv_lora_rank + qk_rope_head_dim) per token instead
+    (tinygpt.mla.kv_bytes_per_token_mla): DeepSeek-V3, 70,272 bf16 bytes per token.
     """
     _check_cfg(cfg)
     _check_int("tokens", tokens, minimum=0)
     _check_int("batch", batch)
     bits = DTYPE_BITS[_check_dtype("dtype", dtype)]
-    elements = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * tokens * batch
+    per_layer = 2 * cfg.n_kv_heads * cfg.head_dim
+    if cfg.attention == "mla":
+        per_layer = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    elements = cfg.n_layers * per_layer * tokens * batch
     return math.ceil(elements * bits / 8)
 
 
