@@ -1,0 +1,242 @@
+"""Day 21: sliding-window attention (ModelConfig.sliding_window / full_attention_layers,
+tinygpt.attention.sliding_window_mask, Attention's windowed forward).
+
+The mask's convention (a query at t sees keys t - W + 1 .. t, transformers' Mistral), the
+windowed model against a plain oracle (every layer written out with a mask built key by key),
+day 11's caches (dynamic and static) and generate() against the uncached windowed model,
+hybrid local / global layers, the refusals of the paths that cannot honour a window, and
+random Hugging Face Mistral and Mixtral models with a window shorter than prompt + generation
+against transformers (logits, greedy tokens, a Mistral folder through load_model).
+
+Tolerance of the logits against transformers: as tests/test_rope_scaling.py, ours at most
+FACTOR times as far from transformers' float64 run as transformers' float32 run, plus FLOOR.
+Measured on the 2-core AMD EPYC (2026-11-27), 5 weight draws each (logits up to 0.72, errors
+1.4e-7 to 2.5e-7): ours over theirs 1.00 against Mistral's eager attention and Mixtral (the
+same float32 sums), at most 1.20 against Mistral's sdpa. A window one key wider moves the
+logits by more than 1e-3 (checked below); so does the mask's convention off by one.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from tinygpt.attention import causal_mask_bool, repeat_kv, sliding_window_mask
+from tinygpt.generate import generate
+from tinygpt.kv_cache import DecodeStep, KVCache
+from tinygpt.model import ModelConfig, TinyGPT
+from tinygpt.sampling import SamplingParams
+from tinygpt.testing import check_float32_error
+
+FACTOR, FLOOR = 4.0, 1e-7
+BASE = dict(vocab_size=50, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=64,
+            max_seq_len=48)
+
+
+def test_the_mask_is_mistrals_convention():
+    for t_q, t_k, w in [(6, 6, 3), (2, 9, 4), (1, 7, 3), (5, 5, 1), (4, 4, 10)]:
+        got = sliding_window_mask(t_q, t_k, w)
+        want = torch.tensor([[0 <= (i + t_k - t_q) - j < w for j in range(t_k)]
+                             for i in range(t_q)])
+        assert torch.equal(got, want), (t_q, t_k, w)
+    assert torch.equal(sliding_window_mask(5, 7, 7), causal_mask_bool(5, 7))
+    assert sliding_window_mask(1, 9, 4).tolist() == [[False] * 5 + [True] * 4]
+    with pytest.raises(ValueError, match="window must be a positive integer"):
+        sliding_window_mask(3, 3, 0)
+    with pytest.raises(ValueError, match="t_k .* must be >= t_q"):
+        sliding_window_mask(4, 3, 2)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(sliding_window=-1), "sliding_window must be an integer >= 0"),
+    (dict(sliding_window=2.5), "sliding_window must be an integer"),
+    (dict(full_attention_layers=(1,)), "needs sliding_window >= 1"),
+    (dict(sliding_window=4, full_attention_layers=(3,)), r"in \[0, n_layers=3\)"),
+    (dict(sliding_window=4, full_attention_layers=(1, 1)), "distinct"),
+    (dict(sliding_window=4, full_attention_layers="1"), "tuple of layer indices"),
+])
+def test_bad_windows_are_named(change, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(**BASE, **change)
+
+
+def oracle(model: TinyGPT, ids: torch.Tensor) -> torch.Tensor:
+    """The model written out layer by layer: full attention scores, then the window's mask
+    built key by key from cfg.layer_window, softmax and the rest of the block."""
+    cfg, T = model.cfg, ids.shape[1]
+    cos, sin = model.rope_cos[:T], model.rope_sin[:T]
+    x = model.tok_embeddings(ids)
+    for i, layer in enumerate(model.layers):
+        attn, w = layer.attention, cfg.layer_window(i) or T + 1
+        q, k, v = attn.qkv(layer.attention_norm(x), cos, sin)
+        k, v = repeat_kv(k, cfg.n_rep), repeat_kv(v, cfg.n_rep)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(cfg.head_dim)
+        allowed = torch.tensor([[j <= t and t - j < w for j in range(T)] for t in range(T)])
+        y = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ v
+        x = x + attn.wo(y.transpose(1, 2).reshape(ids.shape[0], T, -1))
+        x = x + layer.feed_forward(layer.ffn_norm(x))
+    return model.output(model.norm(x))
+
+
+@pytest.fixture(scope="module")
+def windowed():
+    cfg = ModelConfig(**BASE, sliding_window=5, full_attention_layers=(1,))
+    return TinyGPT(cfg, seed=3).eval()
+
+
+IDS = torch.randint(0, 50, (2, 30), generator=torch.Generator().manual_seed(0))
+
+
+@torch.no_grad()
+def test_the_windowed_model_equals_the_oracle_and_differs_from_full_attention(windowed):
+    cfg = windowed.cfg
+    assert [cfg.layer_window(i) for i in range(3)] == [5, None, 5]
+    assert [layer.attention.window for layer in windowed.layers] == [5, None, 5]
+    got = windowed(IDS)
+    torch.testing.assert_close(got, oracle(windowed, IDS), rtol=0, atol=2e-6)
+    # the window matters: full attention, every layer windowed, or W off by one all differ
+    for change in (dict(sliding_window=0, full_attention_layers=()),
+                   dict(full_attention_layers=()), dict(sliding_window=4),
+                   dict(sliding_window=6)):
+        other = copy.deepcopy(windowed)
+        other.cfg = ModelConfig(**{**BASE, "sliding_window": 5, "full_attention_layers": (1,),
+                                   **change})
+        for i, layer in enumerate(other.layers):
+            layer.attention.window = other.cfg.layer_window(i)
+        torch.testing.assert_close(other(IDS), oracle(other, IDS), rtol=0, atol=2e-6)
+        assert (other(IDS) - got).abs().max() > 1e-3, change
+    # positions before the window closes are untouched by it
+    full = copy.deepcopy(windowed)
+    for layer in full.layers:
+        layer.attention.window = None
+    torch.testing.assert_close(full(IDS[:, :5]), got[:, :5], rtol=0, atol=1e-6)
+
+
+@torch.no_grad()
+def test_both_caches_and_generate_equal_the_uncached_windowed_model(windowed):
+    want = windowed(IDS)
+    cache = KVCache.for_model(windowed, 2)
+    parts = [windowed(IDS[:, :12], kv_cache=cache)]
+    parts += [windowed(IDS[:, t:t + 1], kv_cache=cache) for t in range(12, 20)]
+    parts.append(windowed(IDS[:, 20:], kv_cache=cache))       # several new tokens at once
+    torch.testing.assert_close(torch.cat(parts, 1), want, rtol=0, atol=1e-5)
+    static = KVCache.for_model(windowed, 2, static=True)
+    parts = [windowed(IDS[:, :7], input_pos=torch.arange(7), kv_cache=static)]
+    parts += [windowed(IDS[:, t:t + 1], input_pos=torch.tensor([t]), kv_cache=static)
+              for t in range(7, 30)]
+    torch.testing.assert_close(torch.cat(parts, 1), want, rtol=0, atol=1e-5)
+    # the decode step runs the modules (its fused kernels read whole caches), same logits
+    cache = KVCache.for_model(windowed, 1)
+    step = DecodeStep(windowed, cache)
+    assert not step.tiled and "sliding-window" in step.tiled_reason
+    windowed(IDS[:1, :10], kv_cache=cache)
+    torch.testing.assert_close(step(IDS[:1, 10:11]), want[0, 10][None], rtol=0, atol=1e-5)
+    # generate (the cached loop) gives the uncached loop's greedy tokens
+    params = SamplingParams(temperature=0, max_new_tokens=25)
+    prompt = IDS[0, :8].tolist()
+    cached = generate(windowed, prompt, params).token_ids
+    assert cached == generate(windowed, prompt, params, use_cache=False).token_ids
+    assert len(cached) == 25                                  # far past the window of 5
+
+
+def test_paths_that_cannot_honour_a_window_refuse_it(windowed):
+    from tinygpt.batching import forward_padded
+    from tinygpt.engine import Engine
+
+    cfg = windowed.cfg
+    assert "sliding-window" in cfg.fast_path_refusal()
+    assert cfg.positions_refusal() == cfg.fast_path_refusal()
+    with pytest.raises(ValueError, match="paged attention.*sliding_window=5.*tinygpt.generate"):
+        Engine(windowed, None)
+    with pytest.raises(ValueError, match="forward_padded.*sliding_window=5"):
+        forward_padded(windowed, IDS[:, :4], torch.arange(4).expand(2, 4),
+                       torch.ones(2, 4, dtype=torch.bool), KVCache.for_model(windowed, 2))
+    assert ModelConfig(**BASE).positions_refusal() is None
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face Mistral and Mixtral with a window
+
+
+def hf_mistral(attn: str = "eager", seed: int = 0, **changes):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MistralConfig(**{**dict(
+        vocab_size=50, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=64, sliding_window=6, rms_norm_eps=1e-6,
+        attn_implementation=attn, bos_token_id=None, eos_token_id=None, pad_token_id=None),
+        **changes})
+    torch.manual_seed(seed)
+    return transformers.MistralForCausalLM(config).eval()
+
+
+def hf_mixtral(seed: int = 0):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MixtralConfig(
+        vocab_size=50, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=64, sliding_window=6,
+        attn_implementation="eager", experts_implementation="eager", bos_token_id=None,
+        eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(seed)
+    return transformers.MixtralForCausalLM(config).eval()
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
+                                                                               dtype=torch.long),
+                             max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("build", [lambda: hf_mistral("eager"), lambda: hf_mistral("sdpa"),
+                                   hf_mixtral], ids=["mistral-eager", "mistral-sdpa",
+                                                     "mixtral"])
+def test_windowed_hf_models_give_transformers_logits_and_greedy_tokens(build):
+    from tinygpt.hf_models import from_hf
+
+    hf = build()
+    ours = from_hf(hf, hf.config)
+    assert ours.cfg.sliding_window == 6 and ours.cfg.max_seq_len == 64
+    ids = torch.randint(0, 50, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want, got = hf(ids).logits, ours(ids)
+        truth = copy.deepcopy(hf).double()(ids).logits
+    err, _ = check_float32_error(f"TinyGPT from {hf.config.model_type} with a window", got, want,
+                                 truth, factor=FACTOR, floor=FLOOR)
+    wider = copy.deepcopy(ours)                   # one key more per query: far off
+    for layer in wider.layers:
+        layer.attention.window = 7
+    with torch.no_grad():
+        assert (wider(ids) - want).abs().max() > 1e-3
+    prompt = ids[0, :10].tolist()                 # 10 + 14 > the window of 6
+    params = SamplingParams(temperature=0, max_new_tokens=14)
+    assert generate(ours, prompt, params).token_ids == hf_greedy(hf, prompt, 14)
+
+
+def test_a_mistral_folder_loads_and_generates_transformers_tokens(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from tinygpt.hf_models import config_from_hf
+    from tinygpt.loading import load_model
+
+    hf = hf_mistral("sdpa", seed=2)
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    core = Tokenizer(models.WordLevel({f"w{i}": i for i in range(50)}, unk_token="w0"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=core, unk_token="w0").save_pretrained(
+        tmp_path)
+    model, tokenizer, info = load_model(tmp_path)
+    assert model.cfg == config_from_hf(hf.config) and model.cfg.sliding_window == 6
+    prompt = tokenizer.encode("w3 w7 w9 w11 w4 w4 w8 w20 w31")
+    params = SamplingParams(temperature=0, max_new_tokens=16)
+    assert generate(model, prompt, params).token_ids == hf_greedy(hf, prompt, 16)
+    # a window no shorter than the context hides nothing: no window, the fast paths stay open
+    assert config_from_hf(hf_mistral(sliding_window=64).config).sliding_window == 0
+    assert config_from_hf(hf_mistral(sliding_window=None).config).sliding_window == 0
