@@ -304,3 +304,18 @@ def test_rope_types_we_do_not_implement_are_refused():
         "type": "yarn", "factor": 4.0, "beta_fast": None}})
     assert dict(cfg.rope_scaling) == {"rope_type": "yarn", "factor": 4.0,
                                       "original_max_position_embeddings": 8}
+
+
+def test_gguf_writes_and_reads_plain_rope_only(tmp_path):
+    """tinygpt.gguf refuses a file with llama.rope.scaling.type or rope_freqs.weight (day 15's
+    loader; unchanged), and the benchmark's write_gguf refuses a scaled model instead of
+    writing it as plain RoPE."""
+    pytest.importorskip("gguf")
+    from tinygpt.bench.llamacpp import write_gguf
+
+    cfg = ModelConfig(vocab_size=32, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=48,
+                      max_seq_len=64, tie_embeddings=True,
+                      rope_scaling={"rope_type": "linear", "factor": 2.0})
+    with pytest.raises(ValueError, match="write_gguf writes plain RoPE.*'linear'"):
+        write_gguf(TinyGPT(cfg), tmp_path / "m.gguf", "F32")
+    assert not (tmp_path / "m.gguf").exists()

@@ -63,6 +63,9 @@ def write_gguf(model: TinyGPT, path: Path, fmt: str) -> None:
     if cfg.fast_path_refusal() is not None:
         raise ValueError(f"write_gguf writes a dense llama-architecture file; "
                          f"{cfg.fast_path_refusal()}")
+    if cfg.rope_scaling:                  # day 21; tinygpt.gguf refuses scaled files too
+        raise ValueError(f"write_gguf writes plain RoPE; the model has rope_scaling "
+                         f"{dict(cfg.rope_scaling)!r}")
     import gguf
     import numpy as np
 
