@@ -2,8 +2,9 @@
 (tinygpt.hf_deepseek): the attention module against transformers' DeepseekV3Attention (with
 and without q_lora_rank, interleaved RoPE or not), a whole random DeepseekV3ForCausalLM
 (logits, greedy tokens), the latent cache's naive and absorbed decodes against each other and
-the uncached model, generate() and DecodeStep on it, a saved folder through load_model, KV
-bytes per token, and what is refused.
+the uncached model, generate() and DecodeStep on it, day 17's runner and engine on a paged
+latent pool, a saved folder through load_model, KV bytes per token and tinygpt.flops, and what
+is refused.
 
 Tolerances: each float32 result is measured against a float64 run of the same computation
 (tinygpt.testing.check_float32_error): ours may be at most FACTOR times as far from it as an
@@ -11,7 +12,8 @@ independent float32 run (transformers', or our uncached model, or the naive deco
 FLOOR. Measured on the 2-core AMD EPYC (2026-11-27), 8 draws of weights and inputs each, ours
 over the reference: attention modules (4 variants, outputs up to ~1, errors 5e-8 to 1.2e-7) at
 most 1.38; whole models (logits up to 0.63, errors 1.5e-7 to 2.2e-7) at most 1.08; cached
-decode (naive or absorbed) against the uncached model at most 1.13. FACTOR = 4 (as day 20's
+decode (naive or absorbed) against the uncached model at most 1.13; the runner on a latent
+pool (logits up to ~1, errors 1.3e-7 to 2.4e-7) at most 1.24. FACTOR = 4 (as day 20's
 tests/test_moe_hf.py); a wrong head, a RoPE channel out of order, a lost latent or a wrong
 scale is off by the outputs' own size (0.1 to 1).
 """
@@ -254,10 +256,85 @@ def test_a_saved_folder_loads_through_load_model(tmp_path):
     prompt = tokenizer.encode("the cat sat on the")
     greedy = SamplingParams(temperature=0, max_new_tokens=12)
     assert generate(model, prompt, greedy).token_ids == hf_greedy(theirs, prompt, 12)
-    from tinygpt.engine import Engine
 
-    with pytest.raises(ValueError, match="multi-head latent attention.*tinygpt.generate"):
-        Engine(model, tokenizer)
+
+def sharp_model(seed: int) -> TinyGPT:
+    """A random MLA model whose attention matters: its matrices drawn 0.15 wide, so scores
+    spread over several units (the default 0.02 leaves softmax nearly uniform)."""
+    model = TinyGPT(tiny_cfg(q_lora_rank=24), seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in model.layers:
+            for p in layer.attention.parameters():
+                if p.ndim == 2:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.15)
+    return model
+
+
+def test_runner_logits_on_a_latent_pool_equal_the_model():
+    """tinygpt.runner over PagedKVCache(latent=r): prefills of several lengths and decodes
+    mixed in one call, blocks of 4, against the uncached model and float64."""
+    import random
+
+    from tinygpt.paged import PagedKVCache
+    from tinygpt.runner import ModelRunner
+
+    model = sharp_model(8)
+    exact = copy.deepcopy(model).double()
+    cache = PagedKVCache.for_model(model, num_blocks=40, block_size=4)
+    runner = ModelRunner(model, cache)
+    rng = random.Random(8)
+    seqs = {i: [rng.randrange(len(WORDS)) for _ in range(n)] for i, n in enumerate((3, 17, 9))}
+    done = dict.fromkeys(seqs, 0)
+    got, want, truth = [], [], []
+    for seq_id in seqs:
+        cache.add(seq_id)
+    while any(done[i] < len(ids) for i, ids in seqs.items()):
+        work = []
+        decodes = rng.random() < 0.4
+        for seq_id, ids in seqs.items():
+            n = min(1 if decodes else rng.randint(1, 6), len(ids) - done[seq_id])
+            if n:
+                cache.reserve(seq_id, n)
+                work.append((seq_id, ids[done[seq_id]:done[seq_id] + n], done[seq_id]))
+        logits = runner.forward(work)
+        for row, (seq_id, chunk, start) in enumerate(work):
+            end = start + len(chunk)
+            with torch.inference_mode():
+                context = torch.tensor([seqs[seq_id][:end]])
+                want.append(model(context)[0, -1])
+                truth.append(exact(context)[0, -1])
+            got.append(logits[row])
+            cache.lengths[seq_id] = done[seq_id] = end
+    check_float32_error("the runner on a latent pool", torch.stack(got), torch.stack(want),
+                        torch.stack(truth), factor=FACTOR, floor=FLOOR)
+
+
+def test_the_engine_runs_mla_on_a_latent_pool():
+    """Day 17's engine: the paged pool holds one latent + RoPE key per token and layer (the
+    absorbed decode as multi-query attention); mixed prefills and decodes, a shared prefix
+    block and copy-on-write give generate()'s greedy tokens."""
+    from tinygpt.engine import Engine
+    from tinygpt.paged import PagedKVCache
+
+    model = sharp_model(7)
+    prompts = [[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
+               [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 21], [22, 23, 24]]
+    params = SamplingParams(temperature=0, max_new_tokens=10)
+    want = [generate(model, p, params).token_ids for p in prompts]
+    engine = Engine(model, prefix_caching=True, max_running=3)
+    pool = engine.cache
+    assert pool.latent == 32 and pool.v is pool.k
+    assert pool.k.shape[2:] == (1, 16, 32 + 8)          # (blocks, 1 head, block_size, r + rope)
+    assert not engine.runner.batched and "latent" in engine.runner.batched_reason
+    assert [r.token_ids for r in engine.generate(prompts, params)] == want
+    hits = engine.scheduler.prefix_hit_tokens
+    assert [r.token_ids for r in engine.generate(prompts[:2], params)] == want[:2]
+    assert engine.scheduler.prefix_hit_tokens > hits
+    with pytest.raises(ValueError, match="latent.*ModelRunner"):
+        pool.sequence(0)
+    with pytest.raises(ValueError, match="latent must be 0 or kv_lora_rank"):
+        PagedKVCache(1, 2, 40, num_blocks=2, latent=32)
 
 
 def test_kv_bytes_per_token_of_deepseek_v3():

@@ -52,6 +52,13 @@ Pieces:
     kv_bytes_per_token_mla(cfg)    the latent cache's bytes per token, and
     kv_bytes_per_token_expanded    what the decompressed K and V would take
 
+Where it runs: TinyGPT builds MLAttention when cfg.attention == "mla"; KVCache.for_model
+gives such a model LatentLayerCache layers, so generate() and DecodeStep (which runs the
+modules) decode absorbed; day 17's engine keeps one paged pool of [latent, RoPE key] rows
+(tinygpt.paged.PagedKVCache latent=kv_lora_rank) and its runner computes the absorbed form as
+multi-query attention: one shared key per token, queries [q_nope W_uk, q_pe] per head, and the
+latent (the key's first kv_lora_rank columns) as the value.
+
 RoPE here is the "rotate half" layout of tinygpt.positions. DeepSeek-V3's checkpoints rotate
 interleaved pairs (x0, x1), (x2, x3), ... (rope_interleave); transformers' rotation of them
 returns the channels as [even ones, odd ones] rotated by rotate-half, so permuting the RoPE
@@ -281,8 +288,7 @@ class MLAttention(nn.Module):
                         k_pe: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """The same result without building K or V (see the module docstring): scores
         (q_nope W_uk^T) . c + q_pe . k_pe, then (softmax . c) W_uv. Arguments as attend_naive."""
-        w_uk, w_uv = self._heads()
-        q_abs = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)                # (B, H, T, r)
+        q_abs = self.absorb_query(q_nope)                                    # (B, H, T, r)
         scores = (q_abs @ c[:, None].transpose(-1, -2)
                   + q_pe @ k_pe[:, None].transpose(-1, -2)) * self.scale    # (B, H, T, S)
         if mask is not None:
@@ -290,8 +296,17 @@ class MLAttention(nn.Module):
         # softmax in float32 at least (bfloat16 scores would round the weights coarsely)
         p = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)),
                           dim=-1).to(c.dtype)
-        latent_out = p @ c[:, None]                                          # (B, H, T, r)
-        y = torch.einsum("bhtr,hvr->bhtv", latent_out, w_uv)                # (B, H, T, v)
+        return self.from_latent(p @ c[:, None])              # the weighted latents (B,H,T,r)
+
+    def absorb_query(self, q_nope: torch.Tensor) -> torch.Tensor:
+        """q_nope (B, H, T, nope) -> q_nope W_uk per head (B, H, T, kv_lora_rank): the query
+        in latent space, whose dot product with a cached latent is q_nope . k_nope."""
+        return torch.einsum("bhtn,hnr->bhtr", q_nope, self._heads()[0])
+
+    def from_latent(self, latent_out: torch.Tensor) -> torch.Tensor:
+        """The weighted sum of latents per head (B, H, T, kv_lora_rank) -> through W_uv per
+        head, heads merged: (B, T, H * v), what wo takes."""
+        y = torch.einsum("bhtr,hvr->bhtv", latent_out, self._heads()[1])
         return y.transpose(1, 2).flatten(2)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

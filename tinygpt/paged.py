@@ -144,14 +144,26 @@ class PagedKVCache:
     the pool's size. max_len: the most positions a sequence may hold (the model's window).
     prefix_caching: keep full blocks findable by their prefix key after their sequences end
     (see the module docstring).
+
+    latent=kv_lora_rank (day 21, multi-head latent attention; for_model passes it): the pool
+    holds, per layer and token, the latent and the RoPE key side by side (n_kv_heads 1,
+    head_dim kv_lora_rank + qk_rope_head_dim), the absorbed decode's single shared key; its
+    values are the key's first kv_lora_rank columns (the latent), so there is no second pool:
+    `v` is `k`. The runner reads it (tinygpt.runner); write / gather / sequence, which store
+    separate keys and values, refuse.
     """
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, *, num_blocks: int,
                  block_size: int = 16, max_len: int = 1024,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 prefix_caching: bool = False) -> None:
+                 prefix_caching: bool = False, latent: int = 0) -> None:
         if not isinstance(prefix_caching, bool):
             raise TypeError(f"prefix_caching must be True or False, got {prefix_caching!r}")
+        if isinstance(latent, bool) or not isinstance(latent, int) or latent < 0 or (
+                latent and (n_kv_heads != 1 or not latent < head_dim)):
+            raise ValueError(f"latent must be 0 or kv_lora_rank (< head_dim={head_dim}, with "
+                             f"n_kv_heads=1), got latent={latent!r}, n_kv_heads={n_kv_heads}")
+        self.latent = latent
         for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads),
                             ("head_dim", head_dim), ("block_size", block_size),
                             ("max_len", max_len)):
@@ -162,7 +174,7 @@ class PagedKVCache:
         shape = (n_layers, num_blocks, n_kv_heads, block_size, head_dim)
         with torch.inference_mode(False):
             self.k = torch.zeros(shape, device=device, dtype=dtype)
-            self.v = torch.zeros(shape, device=device, dtype=dtype)
+            self.v = self.k if latent else torch.zeros(shape, device=device, dtype=dtype)
         self.tables: dict[Hashable, list[int]] = {}
         self.lengths: dict[Hashable, int] = {}
         self.prefix_caching = prefix_caching
@@ -175,12 +187,12 @@ class PagedKVCache:
         cfg = getattr(model, "cfg", None)
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"model must carry a tinygpt ModelConfig as .cfg, got {cfg!r}")
-        if cfg.attention == "mla":          # day 21
-            raise ValueError("the paged cache holds every head's decompressed keys and values; "
-                             "a model with multi-head latent attention (attention='mla') caches "
-                             "latents (tinygpt.mla.LatentLayerCache): generate with "
-                             "tinygpt.generate, whose KVCache holds them")
         weight = next(model.parameters())
+        if cfg.attention == "mla":          # day 21: one latent + RoPE key per token and layer
+            return cls(cfg.n_layers, 1, cfg.kv_lora_rank + cfg.qk_rope_head_dim,
+                       num_blocks=num_blocks, block_size=block_size, max_len=cfg.max_seq_len,
+                       device=weight.device, dtype=weight.dtype,
+                       prefix_caching=prefix_caching, latent=cfg.kv_lora_rank)
         # a tensor-parallel shard (tinygpt.parallel) caches only its own KV heads
         n_kv_heads = getattr(model, "cache_kv_heads", cfg.n_kv_heads)
         return cls(cfg.n_layers, n_kv_heads, cfg.head_dim, num_blocks=num_blocks,
@@ -303,7 +315,8 @@ class PagedKVCache:
             shared = table[-1]
             (copy,) = self.allocator.allocate(1)
             self.k[:, copy] = self.k[:, shared]
-            self.v[:, copy] = self.v[:, shared]
+            if self.v is not self.k:
+                self.v[:, copy] = self.v[:, shared]
             self.allocator.release(shared)
             table[-1] = copy
         missing = math.ceil((length + n_new) / self.block_size) - len(table)
@@ -320,21 +333,30 @@ class PagedKVCache:
         blocks = torch.tensor(table, dtype=torch.long)[index]
         return blocks.to(self.k.device), (positions % self.block_size).to(self.k.device)
 
+    def _check_not_latent(self, what: str) -> None:
+        if self.latent:
+            raise ValueError(f"{what}() stores separate keys and values; this pool holds "
+                             f"latents (latent={self.latent}, multi-head latent attention): "
+                             f"tinygpt.runner.ModelRunner reads and writes them")
+
     def write(self, layer: int, seq_id: Hashable, k: torch.Tensor, v: torch.Tensor,
               start: int) -> None:
         """Store k, v (n_kv_heads, T, head_dim) at positions start .. start + T - 1."""
+        self._check_not_latent("write")
         blocks, offsets = self.slots(seq_id, start, k.shape[1])
         self.k[layer, blocks, :, offsets] = k.transpose(0, 1)
         self.v[layer, blocks, :, offsets] = v.transpose(0, 1)
 
     def gather(self, layer: int, seq_id: Hashable, end: int) -> tuple[torch.Tensor, ...]:
         """Keys and values of positions 0 .. end - 1: (n_kv_heads, end, head_dim) each."""
+        self._check_not_latent("gather")
         blocks, offsets = self.slots(seq_id, 0, end)
         return (self.k[layer, blocks, :, offsets].transpose(0, 1),
                 self.v[layer, blocks, :, offsets].transpose(0, 1))
 
     def sequence(self, seq_id: Hashable) -> PagedSequence:
         """The sequence as a `kv_cache` for TinyGPT.forward (batch 1)."""
+        self._check_not_latent("sequence")
         self._known(seq_id)
         return PagedSequence(self, seq_id)
 

@@ -139,7 +139,7 @@ class ModelRunner:
         group = model.layers[0].attention.n_heads // n_kv    # a parallel shard's own heads
         scale = model.cfg.head_dim ** -0.5
         # decodes only, batched: tinygpt.cpu_gemm's paged attention reads the blocks in place
-        in_place = self.batched and t_q == 1
+        in_place = self.batched and t_q == 1 and not cache.latent
         if in_place:
             lengths = torch.tensor(ends, **as_long)
         else:
@@ -153,6 +153,11 @@ class ModelRunner:
         for layer_index, layer in enumerate(model.layers):
             attn = layer.attention
             k_pool, v_pool = cache.k[layer_index], cache.v[layer_index]  # (blocks, Hkv, bs, hd)
+            if cache.latent:      # day 21: multi-head latent attention, absorbed (plain road)
+                x = x + self._latent_attention(attn, layer.attention_norm(x), cos, sin, slots,
+                                               k_pool, r_tables, padded)
+                x = x + layer.feed_forward(layer.ffn_norm(x))
+                continue
             if self.batched:          # q (T, H, hd), k and v already in the pool
                 q = self._qkv_store(layer_index, x, cos, sin, slots)
             else:
@@ -182,6 +187,24 @@ class ModelRunner:
         rows = [self._head(self._norm(x[0, int(f):int(f) + n])).float() if flag
                 else None for flag, f, n in zip(every_position, first, counts, strict=True)]
         return logits, rows
+
+    @staticmethod
+    def _latent_attention(attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          slots: torch.Tensor, pool: torch.Tensor, tables: torch.Tensor,
+                          padded: tuple) -> torch.Tensor:
+        """A tinygpt.mla.MLAttention layer over a latent pool (PagedKVCache latent=r): h (1, T,
+        D) normed -> its output (1, T, D). The absorbed decode is multi-query attention with
+        one shared key [latent, RoPE key] per token, queries [q_nope W_uk, q_pe] per head and
+        the latent as value: the latents and RoPE keys go into the pool at `slots`,
+        padded_attention reads the blocks (values: the key's first r columns), and W_uv and wo
+        take the weighted latents back out."""
+        r = attn.kv_lora_rank
+        q_nope, q_pe = attn.queries(h, cos, sin)                              # (1, H, T, .)
+        q = torch.cat([attn.absorb_query(q_nope), q_pe], -1)[0].transpose(0, 1)  # (T,H,r+rope)
+        key = torch.cat(attn.latent(h, cos, sin), -1)[0]                          # (T, r+rope)
+        pool.view(-1, key.shape[-1]).index_copy_(0, slots, key)
+        y = padded_attention(q, pool, pool, tables, padded, attn.scale)      # (T, H, r+rope)
+        return attn.wo(attn.from_latent(y[..., :r].transpose(0, 1)[None]))
 
     def _padded_batch(self, counts: list[int], starts: list[int], first: torch.Tensor,
                       width: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
