@@ -142,6 +142,41 @@ def test_both_caches_and_generate_equal_the_uncached_windowed_model(windowed):
     assert len(cached) == 25                                  # far past the window of 5
 
 
+@torch.no_grad()
+def test_a_rolling_cache_holds_only_the_window_and_gives_the_same_logits(windowed):
+    from tinygpt.kv_cache import LayerKVCache
+    from tinygpt.rolling import RollingLayerCache
+
+    want = windowed(IDS)
+    cache = KVCache.for_model(windowed, 2, rolling=True, slack=2)
+    kinds = [type(layer) for layer in cache.layers]
+    assert kinds == [RollingLayerCache, LayerKVCache, RollingLayerCache]
+    per_slot = 2 * 2 * 2 * 8 * 4            # k and v, batch 2, 2 KV heads, head_dim 8, float32
+    assert cache.nbytes == per_slot * (48 + 2 * (5 + 2))      # one full layer, two rings of 7
+    parts = [windowed(IDS[:, :12], kv_cache=cache)]         # a prefill longer than the ring
+    parts += [windowed(IDS[:, t:t + 1], kv_cache=cache) for t in range(12, 20)]
+    parts.append(windowed(IDS[:, 20:23], kv_cache=cache))
+    torch.testing.assert_close(torch.cat(parts, 1), want[:, :23], rtol=0, atol=1e-5)
+    # speculative decoding's rollback: back by slack + 1 = 3 is safe, by 4 is refused
+    cache.length = 20
+    torch.testing.assert_close(windowed(IDS[:, 20:30], kv_cache=cache), want[:, 20:],
+                               rtol=0, atol=1e-5)
+    cache.length = 26
+    with pytest.raises(ValueError, match="cannot go back to position 26.*slack \\+ 1 = 3"):
+        windowed(IDS[:, 26:27], kv_cache=cache)
+    cache.reset()                                           # from 0 again: all fine
+    torch.testing.assert_close(windowed(IDS[:, :9], kv_cache=cache), want[:, :9], rtol=0,
+                               atol=1e-5)
+    with pytest.raises(ValueError, match="rolling=True needs a dynamic cache"):
+        KVCache.for_model(windowed, rolling=True, static=True)
+    with pytest.raises(ValueError, match="rolling=True needs a model with a sliding window"):
+        KVCache.for_model(TinyGPT(ModelConfig(**BASE)), rolling=True)
+    with pytest.raises(ValueError, match="rolling must be True or False"):
+        KVCache.for_model(windowed, rolling="yes")
+    with pytest.raises(ValueError, match="slack must be an integer >= 0"):
+        KVCache.for_model(windowed, rolling=True, slack=-1)
+
+
 def test_paths_that_cannot_honour_a_window_refuse_it(windowed):
     from tinygpt.batching import forward_padded
     from tinygpt.engine import Engine

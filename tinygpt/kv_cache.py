@@ -165,11 +165,13 @@ class KVCache:
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, batch_size: int = 1, max_len: int | None = None,
-                  *, static: bool = False) -> KVCache:
+                  *, static: bool = False, rolling: bool = False, slack: int = 0) -> KVCache:
         """A cache shaped for `model` (a TinyGPT), on the device and in the dtype of its weights.
 
         max_len defaults to model.cfg.max_seq_len and may not exceed it (RoPE has no angles for
-        later positions).
+        later positions). rolling=True (day 21, a dynamic cache of a model with a sliding
+        window) gives each windowed layer a tinygpt.rolling.RollingLayerCache of
+        sliding_window + slack slots instead of max_len (full-attention layers keep theirs).
         """
         cfg = getattr(model, "cfg", None)
         if not isinstance(cfg, ModelConfig):
@@ -185,8 +187,13 @@ class KVCache:
                        dtype=weight.dtype, static=static, latent=latent)
         # a tensor-parallel shard (tinygpt.parallel) caches only its own KV heads
         n_kv_heads = getattr(model, "cache_kv_heads", cfg.n_kv_heads)
-        return cls(cfg.n_layers, batch_size, n_kv_heads, max_len, cfg.head_dim,
-                   device=weight.device, dtype=weight.dtype, static=static)
+        cache = cls(cfg.n_layers, batch_size, n_kv_heads, max_len, cfg.head_dim,
+                    device=weight.device, dtype=weight.dtype, static=static)
+        if rolling is not False:
+            from tinygpt.rolling import rolling_layers
+
+            cache.layers = rolling_layers(cache, cfg, rolling, slack)
+        return cache
 
     @property
     def shape(self) -> tuple[int, int, int, int]:

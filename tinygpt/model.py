@@ -449,8 +449,8 @@ class Attention(nn.Module):
         Uncached, and with a dynamic cache, the keys are the bottom-right-aligned ones of
         sliding_window_mask; a dynamic cache reads only the last W - 1 cached positions
         before the T new ones (a decode step attends over at most W keys, however long the
-        sequence). A static cache masks slot j for the query at position p unless
-        p - W < j <= p."""
+        sequence), and a rolling one (tinygpt.rolling) holds only those. A static cache
+        masks slot j for the query at position p unless p - W < j <= p."""
         window, n_new = self.window, q.shape[2]
         if kv_cache is None:
             mask = sliding_window_mask(n_new, n_new, window, device=q.device)
@@ -460,9 +460,9 @@ class Attention(nn.Module):
             slots = torch.arange(k.shape[2], device=cache_pos.device)
             mask = mask & (slots[None, :] > cache_pos[:, None] - window)
             return grouped_query_attention(q, k, v, causal=False, mask=mask)
-        k, v = kv_cache.update(k, v, cache_pos)                 # (B, H_kv, cache_pos + T, hd)
-        first = max(0, cache_pos - window + 1)                  # the oldest key a query sees
-        k, v = k[:, :, first:], v[:, :, first:]
+        k, v = kv_cache.update(k, v, cache_pos)   # every position, or a rolling cache's
+        keep = cache_pos + n_new - max(0, cache_pos - window + 1)     # the last keys it sees
+        k, v = k[:, :, -keep:], v[:, :, -keep:]
         mask = sliding_window_mask(n_new, k.shape[2], window, device=q.device)
         return grouped_query_attention(q, k, v, causal=False, mask=mask)
 
