@@ -1,17 +1,18 @@
 """Day 21's multi-head latent attention (tinygpt.mla) and DeepSeek-V3 folders
 (tinygpt.hf_deepseek): the attention module against transformers' DeepseekV3Attention (with
-and without q_lora_rank, interleaved RoPE or not), a whole random DeepseekV3ForCausalLM
-(logits, greedy tokens), the latent cache's naive and absorbed decodes against each other and
-the uncached model, generate() and DecodeStep on it, day 17's runner and engine on a paged
-latent pool, a saved folder through load_model, KV bytes per token and tinygpt.flops, and what
-is refused.
+and without q_lora_rank, interleaved RoPE or not), a whole random DeepseekV3ForCausalLM with
+plain RoPE and with YaRN (logits, greedy tokens), the latent cache's naive and absorbed
+decodes against each other and the uncached model, generate() and DecodeStep on it, day 17's
+runner and engine on a paged latent pool, a saved folder through load_model, KV bytes per
+token and tinygpt.flops, and what is refused.
 
 Tolerances: each float32 result is measured against a float64 run of the same computation
 (tinygpt.testing.check_float32_error): ours may be at most FACTOR times as far from it as an
 independent float32 run (transformers', or our uncached model, or the naive decode) is, plus
 FLOOR. Measured on the 2-core AMD EPYC (2026-11-27), 8 draws of weights and inputs each, ours
 over the reference: attention modules (4 variants, outputs up to ~1, errors 5e-8 to 1.2e-7) at
-most 1.38; whole models (logits up to 0.63, errors 1.5e-7 to 2.2e-7) at most 1.08; cached
+most 1.38; whole models (logits up to 0.63, errors 1.3e-7 to 2.2e-7; 5 more draws with
+YaRN) at most 1.08; cached
 decode (naive or absorbed) against the uncached model at most 1.13; the runner on a latent
 pool (logits up to ~1, errors 1.3e-7 to 2.4e-7) at most 1.24. FACTOR = 4 (as day 20's
 tests/test_moe_hf.py); a wrong head, a RoPE channel out of order, a lost latent or a wrong
@@ -21,6 +22,7 @@ scale is off by the outputs' own size (0.1 to 1).
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -156,10 +158,24 @@ def test_absorbed_attention_equals_the_naive_one():
 # the whole model
 
 
-def test_model_equals_transformers_deepseek_v3():
-    theirs = hf_model(q_lora_rank=24)
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+        "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 16}
+
+
+@pytest.mark.parametrize("yarn", [False, True], ids=["rope", "yarn"])
+def test_model_equals_transformers_deepseek_v3(yarn):
+    """With YaRN (DeepSeek-V3's scaling, here 4x over 16 positions, mscale 0.707 against
+    mscale_all_dim 1 as DeepSeek-V2 has it: the tables' attention factor and the scores'
+    mscale^2 both differ from 1); the generation runs past the original 16 positions."""
+    theirs = hf_model(q_lora_rank=24, **({"rope_parameters": YARN} if yarn else {}))
     ours = from_hf_deepseek(theirs, theirs.config)
-    assert ours.cfg == tiny_cfg(q_lora_rank=24, norm_eps=1e-6)
+    assert ours.cfg == tiny_cfg(q_lora_rank=24, norm_eps=1e-6,
+                                rope_scaling={k: v for k, v in YARN.items()
+                                              if k != "rope_theta"} if yarn else ())
+    mscale = 0.1 * math.log(4.0) + 1
+    assert ours.layers[0].attention.scale == pytest.approx(24 ** -0.5 * (mscale ** 2 if yarn
+                                                                         else 1))
     assert isinstance(ours.layers[0].attention, MLAttention)
     assert ours.cfg.is_moe_layer(1) and not ours.cfg.is_moe_layer(0)
     assert count_parameters(ours.cfg) == sum(p.numel() for p in ours.parameters()) == \
@@ -170,7 +186,7 @@ def test_model_equals_transformers_deepseek_v3():
         truth = copy.deepcopy(theirs).double()(ids).logits
     err, ref_err = check_float32_error("TinyGPT from deepseek_v3", got, want, truth,
                                        factor=FACTOR, floor=FLOOR)
-    prompt, n = [3, 4, 5, 6, 7], 16
+    prompt, n = [3, 4, 5, 6, 7], 20
     tokens = hf_greedy(theirs, prompt, n)
     with torch.no_grad():               # no step may be a near-tie at float32's error
         steps = theirs(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
@@ -373,8 +389,8 @@ def test_mla_fields_leave_other_configs_alone():
 
 
 @pytest.mark.parametrize("change,match", [
-    (dict(rope_parameters={"rope_type": "yarn", "factor": 40.0, "rope_theta": 10000.0,
-                           "original_max_position_embeddings": 64}), "YaRN"),
+    (dict(rope_parameters={"rope_type": "longrope", "factor": 4.0, "rope_theta": 10000.0}),
+     "longrope"),
     (dict(num_key_value_heads=2), "num_key_value_heads must equal"),
     (dict(attention_bias=True), "bias"),
     (dict(hidden_act="gelu"), "silu"),

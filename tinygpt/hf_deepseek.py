@@ -27,9 +27,12 @@ reordered, even channels first, so that tinygpt's rotate-half RoPE gives the sam
 (see tinygpt.mla). Multi-token-prediction layers (model.layers.{num_hidden_layers}...) are
 skipped, as transformers skips them.
 
-Refused with a ValueError naming the reason: RoPE scaling (DeepSeek-V3's YaRN: its scaled
-frequencies and the mscale of the softmax scale are not implemented), biases, an activation
-other than SiLU, num_key_value_heads other than num_attention_heads.
+RoPE scaling (DeepSeek-V3's YaRN: factor 40 over 4,096 positions) becomes
+ModelConfig.rope_scaling (tinygpt.hf_rope, tinygpt.positions), and with mscale_all_dim the
+softmax scale grows by mscale^2 (tinygpt.mla.softmax_scale), as transformers does.
+
+Refused with a ValueError naming the reason: RoPE types tinygpt.positions does not implement,
+biases, an activation other than SiLU, num_key_value_heads other than num_attention_heads.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from tinygpt.hf_models import _experts, _hf_get, _hf_rope_theta, _Keys, _real_rope_tables
+from tinygpt.hf_models import _experts, _hf_get, _Keys, _real_rope_tables
+from tinygpt.hf_rope import hf_rope
 from tinygpt.mla import MLAttention
 from tinygpt.model import ModelConfig, TinyGPT
 
@@ -62,11 +66,7 @@ def config_from_hf_deepseek(hf_config: Any) -> ModelConfig:
     if get("attention_bias", False):
         raise ValueError("attention_bias=True is not supported: TinyGPT's linear layers have "
                          "no bias")
-    try:
-        rope_base = _hf_rope_theta(hf_config)
-    except ValueError as err:
-        raise ValueError(f"{err}; DeepSeek-V3's YaRN (its scaled frequencies and the mscale "
-                         f"of MLA's softmax scale) is not implemented yet") from None
+    rope_base, rope_scaling, context = hf_rope(hf_config)
     n_heads, n_layers = get("num_attention_heads"), get("num_hidden_layers")
     n_kv = get("num_key_value_heads", None) or n_heads
     if n_kv != n_heads:
@@ -86,7 +86,7 @@ def config_from_hf_deepseek(hf_config: Any) -> ModelConfig:
     return ModelConfig(
         vocab_size=get("vocab_size"), d_model=get("hidden_size"), n_layers=n_layers,
         n_heads=n_heads, n_kv_heads=n_heads, d_ff=get("intermediate_size"),
-        max_seq_len=get("max_position_embeddings"), rope_base=rope_base,
+        max_seq_len=context, rope_base=rope_base, rope_scaling=rope_scaling,
         norm_eps=float(get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(get("tie_word_embeddings", False)), attention="mla",
         q_lora_rank=get("q_lora_rank", None) or 0, kv_lora_rank=get("kv_lora_rank"),

@@ -68,6 +68,7 @@ rows of the query and key projections (evens first) at load time gives the same 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -133,6 +134,21 @@ def mla_parameters(cfg: ModelConfig) -> int:
     query = D * qr + qr + qr * H * qk if qr else D * H * qk
     return (query + D * (r + cfg.qk_rope_head_dim) + r
             + r * H * (cfg.qk_nope_head_dim + cfg.v_head_dim) + H * cfg.v_head_dim * D)
+
+
+def softmax_scale(cfg: ModelConfig) -> float:
+    """The scale of MLA's scores: 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim), times
+    mscale^2 when cfg.rope_scaling (e.g. DeepSeek-V3's YaRN) gives mscale_all_dim and a factor
+    > 1, with mscale = 0.1 mscale_all_dim ln(factor) + 1 (DeepSeek's and transformers'
+    yarn_get_mscale): longer contexts flatten the softmax, and this sharpens it back."""
+    _check_mla(cfg)
+    scale = 1 / math.sqrt(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
+    params = dict(cfg.rope_scaling)
+    m_all, factor = params.get("mscale_all_dim"), params.get("factor", 1)
+    if params.get("rope_type", "default") != "default" and m_all and factor > 1:
+        mscale = 0.1 * m_all * math.log(factor) + 1
+        scale *= mscale * mscale
+    return scale
 
 
 def kv_bytes_per_token_mla(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
@@ -230,7 +246,7 @@ class MLAttention(nn.Module):
         self.nope, self.rope, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, \
             cfg.v_head_dim
         qk, H, D = self.nope + self.rope, cfg.n_heads, cfg.d_model
-        self.scale = qk ** -0.5
+        self.scale = softmax_scale(cfg)
         self.wq = self.wq_a = self.q_norm = self.wq_b = None
         if cfg.q_lora_rank:
             self.wq_a = nn.Linear(D, cfg.q_lora_rank, bias=False)
