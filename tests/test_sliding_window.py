@@ -177,6 +177,22 @@ def test_a_rolling_cache_holds_only_the_window_and_gives_the_same_logits(windowe
         KVCache.for_model(windowed, rolling=True, slack=-1)
 
 
+def test_the_engine_masks_windows_and_gives_generate_tokens(windowed):
+    from tinygpt.engine import Engine
+
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 50, (n,), generator=g).tolist() for n in (3, 20, 9, 30)]
+    params = SamplingParams(temperature=0, max_new_tokens=15)
+    want = [generate(windowed, p, params).token_ids for p in prompts]
+    engine = Engine(windowed, None, max_running=3, token_budget=16, block_size=4)
+    assert not engine.runner.batched and "sliding-window" in engine.runner.batched_reason
+    assert [r.token_ids for r in engine.generate(prompts, params)] == want
+    full = copy.deepcopy(windowed)              # the engine's tokens depend on the window
+    for layer in full.layers:
+        layer.attention.window = None
+    assert [generate(full, p, params).token_ids for p in prompts] != want
+
+
 def test_paths_that_cannot_honour_a_window_refuse_it(windowed):
     from tinygpt.batching import forward_padded
     from tinygpt.engine import Engine
@@ -184,8 +200,10 @@ def test_paths_that_cannot_honour_a_window_refuse_it(windowed):
     cfg = windowed.cfg
     assert "sliding-window" in cfg.fast_path_refusal()
     assert cfg.positions_refusal() == cfg.fast_path_refusal()
-    with pytest.raises(ValueError, match="paged attention.*sliding_window=5.*tinygpt.generate"):
-        Engine(windowed, None)
+    dynamic = TinyGPT(ModelConfig(**BASE, rope_scaling={
+        "rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 16}))
+    with pytest.raises(ValueError, match="runner reads the model's fixed RoPE tables.*dynamic"):
+        Engine(dynamic, None)
     with pytest.raises(ValueError, match="forward_padded.*sliding_window=5"):
         forward_padded(windowed, IDS[:, :4], torch.arange(4).expand(2, 4),
                        torch.ones(2, 4, dtype=torch.bool), KVCache.for_model(windowed, 2))

@@ -197,13 +197,14 @@ class ModelConfig:
         return dict(self.rope_scaling).get("rope_type", "default")
 
     def positions_refusal(self) -> str | None:
-        """Why a path that computes attention or RoPE itself (fused decode steps, the
-        engine's paged attention, padded batches, tensor-parallel shards) would get this
-        model wrong, or None. Static scalings (linear, yarn, llama3) need no reason: they only
-        change the model's rope_cos / rope_sin tables, which those paths read."""
+        """Why a path that computes attention or RoPE itself (fused decode steps and
+        products, padded batches, tensor-parallel shards; the engine's runner masks windows
+        in its padded batch but refuses dynamic RoPE) would get this model wrong, or None.
+        Static scalings (linear, yarn, llama3) need no reason: they only change the model's
+        rope_cos / rope_sin tables, which those paths read."""
         if self.sliding_window:
             return (f"the model has sliding-window attention (sliding_window="
-                    f"{self.sliding_window}): only TinyGPT's own attention masks the window")
+                    f"{self.sliding_window}): the fused kernels attend over every cached key")
         if self.rope_type == "dynamic":
             return ("the model's RoPE is 'dynamic' (NTK) scaling: its frequencies change with "
                     "the sequence length, and only TinyGPT.forward recomputes them")

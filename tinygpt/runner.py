@@ -70,10 +70,10 @@ class ModelRunner:
                              f"n_layers={model.cfg.n_layers}")
         if not isinstance(batched, bool):
             raise TypeError(f"batched must be True or False, got {batched!r}")
-        if model.cfg.positions_refusal() is not None:       # day 21
-            raise ValueError(f"the engine's paged attention reads every cached block and the "
-                             f"model's fixed RoPE tables; {model.cfg.positions_refusal()}. "
-                             f"Generate with tinygpt.generate (its KV cache honours them)")
+        if model.cfg.rope_type == "dynamic":                 # day 21
+            raise ValueError(f"the engine's runner reads the model's fixed RoPE tables; "
+                             f"{model.cfg.positions_refusal()}. Generate with "
+                             f"tinygpt.generate (TinyGPT.forward recomputes them)")
         self.model, self.cache = model, cache
         self.device = cache.k.device
         self.batched, self.batched_reason = False, "batched=False: the plain products run"
@@ -139,11 +139,16 @@ class ModelRunner:
         group = model.layers[0].attention.n_heads // n_kv    # a parallel shard's own heads
         scale = model.cfg.head_dim ** -0.5
         # decodes only, batched: tinygpt.cpu_gemm's paged attention reads the blocks in place
-        in_place = self.batched and t_q == 1 and not cache.latent
+        in_place = self.batched and t_q == 1 and not cache.latent \
+            and not model.cfg.sliding_window                # (windows: the padded batch)
         if in_place:
             lengths = torch.tensor(ends, **as_long)
         else:
             padded = self._padded_batch(counts, starts, first, width, group)
+            # day 21: sliding-window layers mask keys older than their window too
+            windowed = self._padded_batch(counts, starts, first, width, group,
+                                          model.cfg.sliding_window) \
+                if model.cfg.sliding_window else None
 
         x = model.tok_embeddings(ids_t)                                            # (1, T, D)
         if self.batched:
@@ -170,7 +175,8 @@ class ModelRunner:
                 y = cpu_gemm.paged_attention(q, k_pool, v_pool, r_tables, lengths, scale,
                                              checked=True)
             else:
-                y = padded_attention(q, k_pool, v_pool, r_tables, padded, scale)  # (T, H, d)
+                y = padded_attention(q, k_pool, v_pool, r_tables, windowed if
+                                     model.cfg.layer_window(layer_index) else padded, scale)
             y = y.reshape(1, y.shape[0], -1)                                     # (1, T, H*d)
             if self.batched:
                 x = self._mlp(layer_index, x, y)
@@ -207,12 +213,14 @@ class ModelRunner:
         return attn.wo(attn.from_latent(y[..., :r].transpose(0, 1)[None]))
 
     def _padded_batch(self, counts: list[int], starts: list[int], first: torch.Tensor,
-                      width: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      width: int, group: int, window: int = 0
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q_index, real_q, bias) of the padded batch: row i, column j of the padded queries
         is packed token first_i + j (j < n_i, real_q); bias (N, 1, g*Tq, W*bs) is 0 where a
         query may see a key and -inf elsewhere (query j of row i sits at position start_i + j
-        and sees keys 0 .. start_i + j; a padding query sees key 0 only: its output is thrown
-        away, it must stay finite)."""
+        and sees keys 0 .. start_i + j, or with a sliding window (day 21) the last `window`
+        of them; a padding query sees key 0 only: its output is thrown away, it must stay
+        finite)."""
         device, size = self.device, self.cache.block_size
         as_long = dict(dtype=torch.long, device=device)
         col = torch.arange(max(counts), device=device)
@@ -220,8 +228,10 @@ class ModelRunner:
         q_index = torch.where(real_q, first[:, None] + col[None, :], 0)
         q_pos = torch.tensor(starts, **as_long)[:, None] + col[None, :]
         keys = torch.arange(width * size, device=device)
-        mask = torch.where(real_q[:, :, None], keys[None, None, :] <= q_pos[:, :, None],
-                           keys[None, None, :] == 0)[:, None]                     # (N,1,Tq,Tk)
+        seen = keys[None, None, :] <= q_pos[:, :, None]
+        if window:
+            seen &= keys[None, None, :] > q_pos[:, :, None] - window
+        mask = torch.where(real_q[:, :, None], seen, keys[None, None, :] == 0)[:, None]
         # grouped-query attention without copying keys: the `group` query heads that share a
         # kv head become `group` times as many query rows of that head
         mask = mask.repeat(1, 1, group, 1)                                  # (N, 1, g*Tq, Tk)
