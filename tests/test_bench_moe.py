@@ -78,9 +78,10 @@ def test_model_bytes_by_hand():
 
 
 def test_a_dispatch_row_on_a_small_shape():
-    c = row.dispatch_row(4, 2, 32, 8, 0, repeats=1, targeted=False)
+    c = row.dispatch_row(4, 2, 32, 8, 0, rounds=1, targeted=False)
     d = c.details
     assert c.name == "moe_dispatch_4x2" and c.value == pytest.approx(d["loop_s"] / d["dispatch_s"])
+    assert d["round_ratios"] == [c.value]
     assert d["error_vs_float64"] <= 4 * d["loop_error_vs_float64"] + 1e-6
     assert d["loop_weight_bytes"] == 8 * 2 * 3 * 32 * 1024 * 4
     assert c.met == (c.value >= row.DISPATCH_TARGET) and (c.reason is None) == c.met
