@@ -14,7 +14,9 @@ over the reference: attention modules (4 variants, outputs up to ~1, errors 5e-8
 most 1.38; whole models (logits up to 0.63, errors 1.3e-7 to 2.2e-7; 5 more draws with
 YaRN) at most 1.08; cached
 decode (naive or absorbed) against the uncached model at most 1.13; the runner on a latent
-pool (logits up to ~1, errors 1.3e-7 to 2.4e-7) at most 1.24. FACTOR = 4 (as day 20's
+pool (logits up to ~1, errors 1.3e-7 to 2.4e-7) at most 1.24; day 13's padded rows at most
+2.05 (a 2-token row: 1.6e-7 against 7.8e-8), beam search's log-probability at most 1.0.
+FACTOR = 4 (as day 20's
 tests/test_moe_hf.py); a wrong head, a RoPE channel out of order, a lost latent or a wrong
 scale is off by the outputs' own size (0.1 to 1).
 """
@@ -438,3 +440,40 @@ def test_flops_and_bytes_count_the_latent_model():
     assert counter.get_total_flops() == F.prefill_flops(dense, 2, 7)
     # a score and a weighted value per key and head: 2 (16 + 8) + 2 * 16 per layer
     assert F.attention_flops_per_token(dense, 5) == 2 * 4 * 2 * (16 + 8 + 16) * 5
+
+
+def test_batched_generation_and_beam_search_on_mla():
+    """Day 13's padded batches over a latent cache: each row's greedy tokens equal generate()'s
+    for that prompt alone (prompts of different lengths, rows finishing early), and the padded
+    forward's logits equal the uncached model's for every real token."""
+    from tinygpt.batching import BatchedKVCache, beam_search, generate_batch, left_pad
+
+    model = sharp_model(9)
+    prompts = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15]]
+    params = [SamplingParams(temperature=0, max_new_tokens=n) for n in (8, 5, 8)]
+    want = [generate(model, p, q).token_ids for p, q in zip(prompts, params, strict=True)]
+    assert [r.token_ids for r in generate_batch(model, prompts, params)] == want
+    ids, mask = left_pad(prompts)
+    batch = BatchedKVCache(model, 3, 16)
+    with torch.no_grad():
+        logits = batch.forward(ids, mask)
+        exact = copy.deepcopy(model).double()
+        for row, prompt in enumerate(prompts):
+            got = logits[row, mask[row]]
+            check_float32_error(f"padded row {row}", got, model(torch.tensor([prompt]))[0],
+                                exact(torch.tensor([prompt]))[0], factor=FACTOR, floor=FLOOR)
+    batch.reorder([2, 0])
+    assert batch.cache.layers[0].c.shape[0] == 2
+    # beam search reorders the latent rows every step: its best beam's log-probability
+    # equals the uncached model's for those tokens
+    prompt = prompts[0]
+    best = beam_search(model, prompt, 3, 6)
+    tokens = torch.tensor(best.token_ids)
+    sums = []
+    for m in (model, exact):
+        with torch.no_grad():
+            logits = m(torch.tensor([prompt + best.token_ids]))[0, len(prompt) - 1:-1]
+        sums.append(torch.log_softmax(logits, -1)[torch.arange(len(tokens)), tokens].sum())
+    assert best.hypotheses[0].token_ids == best.token_ids
+    check_float32_error("beam search's log-probability", torch.tensor(best.hypotheses[0].log_prob),
+                        sums[0], sums[1], factor=FACTOR, floor=FLOOR)

@@ -51,6 +51,7 @@ from tinygpt.attention import grouped_query_attention, merge_heads
 from tinygpt.generate import GenerationResult, find_stop, model_device
 from tinygpt.kv_cache import KVCache
 from tinygpt.metrics import RequestTrace, inter_token_latencies, summarize, tpot, ttft
+from tinygpt.mla import LatentLayerCache
 from tinygpt.model import ModelConfig, TinyGPT
 from tinygpt.roofline import Hardware, op_time
 from tinygpt.sampling import SamplingParams, sample_next_token
@@ -127,6 +128,11 @@ def forward_padded(model: TinyGPT, ids: torch.Tensor, positions: torch.Tensor,
     x = model.tok_embeddings(ids)
     for layer, layer_cache in zip(model.layers, cache.layers, strict=True):
         attn = layer.attention
+        if isinstance(layer_cache, LatentLayerCache):      # day 21: multi-head latent attention
+            x = x + attn.forward_masked(layer.attention_norm(x), cos, sin, layer_cache, start,
+                                        mask)
+            x = x + layer.feed_forward(layer.ffn_norm(x))
+            continue
         q, k, v = attn.qkv(layer.attention_norm(x), cos, sin)
         k, v = layer_cache.update(k, v, start)
         y = grouped_query_attention(q, k, v, causal=True, mask=mask)
@@ -206,6 +212,10 @@ class BatchedKVCache:
             raise ValueError(f"index must hold row numbers in [0, {self.batch_size}), got "
                              f"{index.tolist()}")
         for layer in self.cache.layers:
+            if isinstance(layer, LatentLayerCache):         # day 21: latents, RoPE keys
+                layer.c, layer.k_pe = layer.c.index_select(0, index), \
+                    layer.k_pe.index_select(0, index)
+                continue
             layer.k = layer.k.index_select(0, index)
             layer.v = layer.v.index_select(0, index)
         self.cache.batch_size = len(index)

@@ -325,6 +325,24 @@ class MLAttention(nn.Module):
         y = torch.einsum("bhtr,hvr->bhtv", latent_out, self._heads()[1])
         return y.transpose(1, 2).flatten(2)
 
+    def forward_masked(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       kv_cache: LatentLayerCache, start: int, mask: torch.Tensor
+                       ) -> torch.Tensor:
+        """A padded batch (tinygpt.batching.forward_padded): x (B, T, D) is written into the
+        dynamic kv_cache at offset `start`, and the T queries (the last T of S = start + T
+        positions) attend where `mask` (B, 1, T, S) bool and causality both allow; one token
+        decodes as `decode` says, more attend naively. Returns (B, T, D)."""
+        if self.decode not in DECODES:
+            raise ValueError(f"decode must be one of {DECODES}, got {self.decode!r}")
+        T = x.shape[1]
+        q_nope, q_pe = self.queries(x, cos, sin)
+        c, k_pe = kv_cache.update(*self.latent(x, cos, sin), start)
+        S = c.shape[1]
+        mask = mask & torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
+        absorbed = T == 1 and self.decode == "absorbed"
+        attend = self.attend_absorbed if absorbed else self.attend_naive
+        return self.wo(attend(q_nope, q_pe, c, k_pe, mask))
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: LatentLayerCache | None = None,
                 cache_pos: int | torch.Tensor = 0) -> torch.Tensor:
