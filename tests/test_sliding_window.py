@@ -193,6 +193,59 @@ def test_the_engine_masks_windows_and_gives_generate_tokens(windowed):
     assert [generate(full, p, params).token_ids for p in prompts] != want
 
 
+def test_the_paged_cache_frees_blocks_that_left_every_window():
+    from tinygpt.engine import Engine
+    from tinygpt.paged import DROPPED, PagedKVCache
+
+    cache = PagedKVCache(1, 1, 4, num_blocks=12, block_size=4, window=6)
+    cache.add("a")
+    cache.reserve("a", 21)
+    cache.lengths["a"] = 20                   # the next query (position 20) reads 15 .. 20
+    assert cache.drop_out_of_window("a") == 3 and cache.tables["a"][:4] == [DROPPED] * 3 + [3]
+    cache.lengths["a"] = 21                   # position 21 reads 16 .. 21: block 3 goes too
+    assert cache.drop_out_of_window("a") == 1 and cache.tables["a"][:5] == [DROPPED] * 4 + [4]
+    assert cache.drop_out_of_window("a") == 0 and cache.allocator.num_free == 12 - 2
+    cache.fork("a", "b")
+    cache.check()
+    cache.free("a")
+    cache.free("b")
+    cache.check()
+    assert cache.allocator.num_free == 12
+    with pytest.raises(ValueError, match="window must be an integer >= 0"):
+        PagedKVCache(1, 1, 4, num_blocks=2, window=-1)
+    # the engine: every layer windowed, so blocks are dropped; the same tokens as generate
+    cfg = ModelConfig(**{**BASE, "n_layers": 2, "max_seq_len": 96}, sliding_window=6)
+    model = TinyGPT(cfg, seed=3).eval()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 50, (n,), generator=g).tolist() for n in (3, 20, 9, 30)]
+    params = SamplingParams(temperature=0, max_new_tokens=40)
+    want = [generate(model, p, params).token_ids for p in prompts]
+    for prefix_caching in (False, True):
+        engine = Engine(model, None, max_running=3, token_budget=16, block_size=4,
+                        prefix_caching=prefix_caching)
+        pool = engine.runner.cache
+        assert pool.window == 6
+        held: dict = {}
+        complete = engine.scheduler.complete
+
+        def counted(items, complete=complete, pool=pool, held=held):
+            complete(items)
+            pool.check()
+            for item in items:
+                if item.n == 1 and item.seq.id in pool.tables:       # a decode step
+                    live = sum(b != DROPPED for b in pool.tables[item.seq.id])
+                    held[item.seq.id] = max(held.get(item.seq.id, 0), live)
+
+        engine.scheduler.complete = counted
+        assert [r.token_ids for r in engine.generate(prompts, params)] == want
+        # (W - 1) / block_size blocks of keys still read, plus the newest: 2 or 3 of 4, where
+        # the longest sequence (30 + 40 positions) would otherwise hold 18
+        assert held and max(held.values()) <= (6 - 1) // 4 + 2
+    # a hybrid model's global layers read every key: nothing is dropped
+    hybrid = TinyGPT(ModelConfig(**BASE, sliding_window=6, full_attention_layers=(1,)))
+    assert PagedKVCache.for_model(hybrid, num_blocks=4).window == 0
+
+
 def test_paths_that_cannot_honour_a_window_refuse_it(windowed):
     from tinygpt.batching import forward_padded
     from tinygpt.engine import Engine

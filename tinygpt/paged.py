@@ -64,6 +64,9 @@ def _positive(name: str, value) -> int:
     return value
 
 
+DROPPED = -1        # a block table entry released by PagedKVCache.drop_out_of_window (day 21)
+
+
 class BlockAllocator:
     """A free list of block ids 0 .. num_blocks - 1 and a reference count for each.
 
@@ -151,12 +154,25 @@ class PagedKVCache:
     values are the key's first kv_lora_rank columns (the latent), so there is no second pool:
     `v` is `k`. The runner reads it (tinygpt.runner); write / gather / sequence, which store
     separate keys and values, refuse.
+
+    window=W (day 21; for_model passes cfg.sliding_window when EVERY layer is windowed):
+    a query at position t reads keys t - W + 1 .. t only, so once a sequence holds L
+    positions no later query reads a block whose positions all lie before L - W + 1.
+    drop_out_of_window releases such blocks (the scheduler calls it after every step) and
+    marks their table entries DROPPED: a long sequence then holds about W / block_size + 1
+    blocks, however long it grows. The runner reads a dropped entry as block 0, whose
+    contents its window mask hides. A hybrid model's full-attention layers need every key:
+    window stays 0 and nothing is dropped.
     """
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, *, num_blocks: int,
                  block_size: int = 16, max_len: int = 1024,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 prefix_caching: bool = False, latent: int = 0) -> None:
+                 prefix_caching: bool = False, latent: int = 0, window: int = 0) -> None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise ValueError(f"window must be an integer >= 0 (0: keep every block), got "
+                             f"{window!r}")
+        self.window = window
         if not isinstance(prefix_caching, bool):
             raise TypeError(f"prefix_caching must be True or False, got {prefix_caching!r}")
         if isinstance(latent, bool) or not isinstance(latent, int) or latent < 0 or (
@@ -195,9 +211,10 @@ class PagedKVCache:
                        prefix_caching=prefix_caching, latent=cfg.kv_lora_rank)
         # a tensor-parallel shard (tinygpt.parallel) caches only its own KV heads
         n_kv_heads = getattr(model, "cache_kv_heads", cfg.n_kv_heads)
+        window = 0 if cfg.full_attention_layers else cfg.sliding_window     # day 21
         return cls(cfg.n_layers, n_kv_heads, cfg.head_dim, num_blocks=num_blocks,
                    block_size=block_size, max_len=cfg.max_seq_len, device=weight.device,
-                   dtype=weight.dtype, prefix_caching=prefix_caching)
+                   dtype=weight.dtype, prefix_caching=prefix_caching, window=window)
 
     # -- sequences ---------------------------------------------------------------------------
 
@@ -278,16 +295,33 @@ class PagedKVCache:
         if child in self.tables:
             raise ValueError(f"sequence {child!r} is already in the cache")
         for block in blocks:
-            self.allocator.share(block)
+            if block != DROPPED:
+                self.allocator.share(block)
         self.tables[child], self.lengths[child] = list(blocks), self.lengths[parent]
         self.keys[child] = list(self.keys.get(parent, []))
 
     def free(self, seq_id: Hashable) -> None:
         """Drop a sequence; its blocks return to the pool unless another sequence shares them."""
         for block in self._known(seq_id):
-            self.allocator.release(block)
+            if block != DROPPED:
+                self.allocator.release(block)
         del self.tables[seq_id], self.lengths[seq_id]
         self.keys.pop(seq_id, None)
+
+    def drop_out_of_window(self, seq_id: Hashable) -> int:
+        """Release the sequence's blocks that no later query reads (window > 0): those whose
+        positions all lie before length - window + 1. Returns how many were released; their
+        table entries become DROPPED (a prefix of the table; positions keep their index)."""
+        table = self._known(seq_id)
+        if not self.window:
+            return 0
+        oldest = self.lengths[seq_id] - self.window + 1      # the oldest key still read
+        released = 0
+        for b in range(min(max(oldest, 0) // self.block_size, len(table))):
+            if table[b] != DROPPED:
+                self.allocator.release(table[b])
+                table[b], released = DROPPED, released + 1
+        return released
 
     def blocks_needed(self, seq_id: Hashable, n_new: int) -> int:
         """Blocks `reserve(seq_id, n_new)` would take from the pool (copy-on-write included)."""
@@ -351,6 +385,7 @@ class PagedKVCache:
         """Keys and values of positions 0 .. end - 1: (n_kv_heads, end, head_dim) each."""
         self._check_not_latent("gather")
         blocks, offsets = self.slots(seq_id, 0, end)
+        blocks = blocks.clamp(min=0)                 # DROPPED: out of every query's window
         return (self.k[layer, blocks, :, offsets].transpose(0, 1),
                 self.v[layer, blocks, :, offsets].transpose(0, 1))
 
@@ -369,7 +404,8 @@ class PagedKVCache:
         held: dict[int, int] = {}
         for table in self.tables.values():
             for block in table:
-                held[block] = held.get(block, 0) + 1
+                if block != DROPPED:
+                    held[block] = held.get(block, 0) + 1
         free = set(self.allocator._free) | set(self.allocator.parked)
         for block in range(self.allocator.num_blocks):
             count = self.allocator.refcount[block]
@@ -390,7 +426,7 @@ class PagedKVCache:
         forked sequences counts once); 0.0 when no block is in use."""
         filled = {(table[p // self.block_size], p % self.block_size)
                   for seq_id, table in self.tables.items()
-                  for p in range(self.lengths[seq_id])}
+                  for p in range(self.lengths[seq_id]) if table[p // self.block_size] != DROPPED}
         slots = self.used_blocks * self.block_size
         return 0.0 if slots == 0 else 1 - len(filled) / slots
 

@@ -134,7 +134,8 @@ class ModelRunner:
                  + torch.tensor(slot_offset, **as_long)[:, None]).reshape(-1)      # (T * H_kv)
         # each sequence reads whole blocks, in table order (padding blocks are masked out)
         r_tables = torch.tensor([table[:width] + [0] * (width - min(len(table), width))
-                                 for table in tables], **as_long)                  # (N, W)
+                                 for table in tables], **as_long).clamp_(min=0)    # (N, W)
+        # (a block dropped out of a sliding window, paged.DROPPED, reads as block 0: masked)
         first = torch.tensor([0, *counts[:-1]], **as_long).cumsum(0)
         group = model.layers[0].attention.n_heads // n_kv    # a parallel shard's own heads
         scale = model.cfg.head_dim ** -0.5

@@ -264,6 +264,8 @@ class Scheduler:
             if getattr(self.cache, "prefix_caching", False) and self.cache.needs_commit(
                     item.seq.id):
                 self.cache.commit(item.seq.id, item.seq.tokens(0, item.seq.num_computed))
+            if getattr(self.cache, "window", 0):        # day 21: blocks out of every window
+                self.cache.drop_out_of_window(item.seq.id)
 
 
 def blocks_for(cache, n_tokens: int) -> int:
