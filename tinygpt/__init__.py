@@ -32,6 +32,8 @@ One module per concept, named after the course day that finishes it:
     structured  day 19  structured outputs in production: llguidance grammars behind the sampler
     moe         day 20  mixture of experts: routers, dispatch, the MoE layer, what decode reads
     hf_models   day 20  Hugging Face Llama, Qwen3-MoE and Mixtral weights as TinyGPT
+    mla         day 21  multi-head latent attention: the latent cache, naive and absorbed decode
+    hf_deepseek day 21  Hugging Face DeepSeek-V3 weights (latent attention, its MoE) as TinyGPT
     device_sampling     the token choice of a captured GPU step: per-row knobs, no host sync
     gguf                GGUF files: metadata, our own dequantization, a Llama GGUF as TinyGPT
     gguf_tokenizer      the byte-level BPE tokenizer and chat template stored in a GGUF file
