@@ -346,3 +346,22 @@ def test_a_mistral_folder_loads_and_generates_transformers_tokens(tmp_path):
     # a window no shorter than the context hides nothing: no window, the fast paths stay open
     assert config_from_hf(hf_mistral(sliding_window=64).config).sliding_window == 0
     assert config_from_hf(hf_mistral(sliding_window=None).config).sliding_window == 0
+
+
+def test_the_windowed_cache_size_matches_a_rolling_cache_and_mistral_7b():
+    from tinygpt import flops
+    from tinygpt.rolling import windowed_kv_cache_bytes
+
+    cfg = ModelConfig(**BASE, sliding_window=5, full_attention_layers=(1,))
+    model = TinyGPT(cfg)
+    rolling = KVCache.for_model(model, 2, rolling=True)
+    assert windowed_kv_cache_bytes(cfg, 48, 2, "fp32") == rolling.nbytes     # max_len 48
+    assert windowed_kv_cache_bytes(cfg, 3, 2, "fp32") == flops.kv_cache_bytes(cfg, 3, 2, "fp32")
+    plain = ModelConfig(**BASE)
+    assert windowed_kv_cache_bytes(plain, 40, 3) == flops.kv_cache_bytes(plain, 40, 3, "bf16")
+    mistral = ModelConfig(vocab_size=32000, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                          d_ff=14336, max_seq_len=32768, rope_base=1e6, sliding_window=4096)
+    assert windowed_kv_cache_bytes(mistral, 32768, 1) == 536_870_912          # 0.54 GB
+    assert flops.kv_cache_bytes(mistral, 32768, 1, "bf16") == 8 * 536_870_912
+    with pytest.raises(ValueError, match="dtype"):
+        windowed_kv_cache_bytes(cfg, 4, 1, "fp8")
