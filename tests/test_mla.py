@@ -477,3 +477,29 @@ def test_batched_generation_and_beam_search_on_mla():
     assert best.hypotheses[0].token_ids == best.token_ids
     check_float32_error("beam search's log-probability", torch.tensor(best.hypotheses[0].log_prob),
                         sums[0], sums[1], factor=FACTOR, floor=FLOOR)
+
+
+def test_checkpoints_and_speculative_decoding_on_mla(tmp_path):
+    """A TinyGPT checkpoint keeps the MLA fields and weights; speculative decoding (the
+    cache's multi-token verify pass and its rollback) gives the target's greedy tokens."""
+    import dataclasses
+
+    from tinygpt import load_pretrained
+    from tinygpt.speculative import PromptLookupDrafter, speculative_generate
+    from tinygpt.train import load_checkpoint, save_checkpoint
+
+    _, tokenizer = load_pretrained()
+    cfg = dataclasses.replace(tiny_cfg(q_lora_rank=24), vocab_size=tokenizer.vocab_size)
+    model = TinyGPT(cfg, seed=10)
+    save_checkpoint(tmp_path, model, tokenizer)
+    back, _ = load_checkpoint(tmp_path)
+    assert back.cfg == cfg and isinstance(back.layers[1].attention, MLAttention)
+    ids = torch.randint(0, cfg.vocab_size, (1, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model(ids), back(ids))
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]          # repeats: the drafter proposes often
+    greedy = SamplingParams(temperature=0, max_new_tokens=16)
+    result = speculative_generate(model, PromptLookupDrafter(), prompt, greedy, gamma=3)
+    assert result.token_ids == generate(model, prompt, greedy).token_ids
+    stats = result.stats                  # drafts were verified, some rejected (rolled back)
+    assert sum(stats.proposed) > 0 and sum(stats.accepted) < sum(stats.proposed)
