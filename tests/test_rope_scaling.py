@@ -319,3 +319,32 @@ def test_gguf_writes_and_reads_plain_rope_only(tmp_path):
     with pytest.raises(ValueError, match="write_gguf writes plain RoPE.*'linear'"):
         write_gguf(TinyGPT(cfg), tmp_path / "m.gguf", "F32")
     assert not (tmp_path / "m.gguf").exists()
+
+
+def test_the_fast_paths_read_the_scaled_tables():
+    """Static scalings only change rope_cos / rope_sin: the decode step (tiled or plain) and the
+    engine's batched runner read them, and give the uncached model's greedy tokens."""
+    from tinygpt.engine import Engine
+    from tinygpt.kv_cache import DecodeStep, KVCache
+
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    model = TinyGPT(ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                d_ff=48, max_seq_len=64, rope_scaling=yarn), seed=1).eval()
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (5, 17, 30)]
+    params = SamplingParams(temperature=0, max_new_tokens=20)
+    want = [generate(model, p, params, use_cache=False).token_ids for p in prompts]
+    assert [generate(model, p, params).token_ids for p in prompts] == want
+    engine = Engine(model, None, max_running=2, token_budget=16, block_size=4)
+    assert [r.token_ids for r in engine.generate(prompts, params)] == want
+    for tiled in (True, False):
+        cache = KVCache.for_model(model)
+        step = DecodeStep(model, cache, tiled=tiled)
+        assert step._weights is not None                 # the fused step, not the modules
+        with torch.no_grad():
+            model(torch.tensor([prompts[1]]), kv_cache=cache)
+            got = step(torch.tensor([[3]]))
+            ids = torch.tensor([prompts[1] + [3]])
+            truth = copy.deepcopy(model).double()(ids)[:, -1]
+            check_float32_error(f"the decode step (tiled={tiled}) of a YaRN model", got,
+                                model(ids)[:, -1], truth, factor=FACTOR, floor=FLOOR)
