@@ -39,6 +39,11 @@ latent's kv_lora_rank values instead of the head's ~head_dim (512 + 64 against 1
 multiply-adds for DeepSeek-V3: more flops), but the bytes read per token are the latent's
 576 values for all 128 heads at once instead of 49,152: decode reads the cache, so it is
 bandwidth that counts and MLA turns attention from memory-bound towards compute-bound.
+Decoding naively from the latent cache is the worst of both: every step decompresses every
+cached latent (2 x S x kv_lora_rank x H x (nope + v) FLOPs). One float32 decode step of a
+DeepSeek-V2-Lite-shaped layer (D 2048, 16 heads, latent 512, RoPE key 64, nope and v 128)
+over 4,096 cached tokens took 230 and 344 ms naive and 12 and 8 ms absorbed, two runs each,
+on a 2-core AMD EPYC shared with other work (2026-11-27).
 
 Pieces:
 
