@@ -7,7 +7,7 @@ head: 2 x n_kv_heads x head_dim numbers. MLA caches one small vector per token i
     k_pe  = RoPE(x W_kr)              the RoPE key, qk_rope_head_dim wide (64), shared by heads
 
 so (kv_lora_rank + qk_rope_head_dim) numbers per layer and token (576 for DeepSeek-V3, against
-2 x 128 heads x 192 = 49,152 for the keys and values it decompresses into). Every head's
+128 heads x (192 + 128) = 40,960 for the keys and values it decompresses into). Every head's
 key and value are linear in the latent, through wkv_b = [W_uk; W_uv] per head:
 
     k_h = [c W_uk_h, k_pe]            (qk_nope_head_dim + qk_rope_head_dim wide)
@@ -35,9 +35,10 @@ decoupled key k_pe, shared by all heads and cached beside the latent, and scores
 q_abs_h . c_j + q_pe_h . k_pe_j.
 
 Cost at decode, per head and cached token: the absorbed scores and weighted sum run over the
-latent's kv_lora_rank values instead of the head's ~head_dim (512 + 64 against 192 + 128
-multiply-adds for DeepSeek-V3: more flops), but the bytes read per token are the latent's
-576 values for all 128 heads at once instead of 49,152: decode reads the cache, so it is
+latent's kv_lora_rank values instead of the head's widths (DeepSeek-V3: 512 + 64 for the
+score and 512 for the sum, 1,088 multiply-adds, against 192 + 128 = 320 over a decompressed
+cache: more flops), but the bytes read per token and layer are the latent's 576 values for
+all 128 heads at once instead of 40,960: decode reads the cache, so it is
 bandwidth that counts and MLA turns attention from memory-bound towards compute-bound.
 Decoding naively from the latent cache is the worst of both: every step decompresses every
 cached latent (2 x S x kv_lora_rank x H x (nope + v) FLOPs). One float32 decode step of a
