@@ -4,7 +4,7 @@ One module per concept, named after the course day that finishes it:
 
     numerics    day 01  softmax, log-softmax, temperature, cross-entropy, perplexity
     tokenizer   day 02  byte-level BPE, special tokens, chat template, tiktoken bridge
-    positions   day 03  embeddings, sinusoidal encoding, RoPE
+    positions   day 03  embeddings, sinusoidal encoding, RoPE (day 21: its scalings)
     attention   day 04  causal mask, scaled dot-product and grouped-query attention
     model       day 05  RMSNorm, SwiGLU, the Llama-style TinyGPT and its config
     corpus      day 06  the synthetic grammar corpus with exact next-word probabilities
@@ -34,6 +34,9 @@ One module per concept, named after the course day that finishes it:
     hf_models   day 20  Hugging Face Llama, Qwen3-MoE and Mixtral weights as TinyGPT
     mla         day 21  multi-head latent attention: the latent cache, naive and absorbed decode
     hf_deepseek day 21  Hugging Face DeepSeek-V3 weights (latent attention, its MoE) as TinyGPT
+    rolling     day 21  sliding windows' KV memory: the rolling cache, windowed cache bytes
+    hf_rope     day 21  RoPE scalings (positions: linear, dynamic, YaRN, Llama 3.1) and windows
+                        of Hugging Face configs (Llama rope_scaling, Mistral, Mixtral)
     device_sampling     the token choice of a captured GPU step: per-row knobs, no host sync
     gguf                GGUF files: metadata, our own dequantization, a Llama GGUF as TinyGPT
     gguf_tokenizer      the byte-level BPE tokenizer and chat template stored in a GGUF file
