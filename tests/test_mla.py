@@ -377,6 +377,7 @@ def test_kv_bytes_per_token_of_deepseek_v3():
     (dict(n_kv_heads=2), "n_kv_heads must equal n_heads"),
     (dict(head_dim=16), "head_dim must be None or qk_rope_head_dim=8"),
     (dict(qk_norm=True), "qk_norm=True"),
+    (dict(sliding_window=4), "sliding_window must be 0 with attention='mla'"),
 ])
 def test_bad_mla_configs_are_refused(change, match):
     with pytest.raises(ValueError, match=match):

@@ -130,6 +130,9 @@ def check_config(cfg: ModelConfig) -> None:
     if cfg.qk_norm:
         raise ValueError("qk_norm=True is Qwen3's per-head norm of ordinary attention; "
                          "attention='mla' normalizes its latents instead (q_norm, kv_norm)")
+    if getattr(cfg, "sliding_window", 0):
+        raise ValueError(f"sliding_window must be 0 with attention='mla' (MLAttention attends "
+                         f"over the whole causal context), got {cfg.sliding_window!r}")
 
 
 def mla_parameters(cfg: ModelConfig) -> int:
