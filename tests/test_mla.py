@@ -504,3 +504,19 @@ def test_checkpoints_and_speculative_decoding_on_mla(tmp_path):
     assert result.token_ids == generate(model, prompt, greedy).token_ids
     stats = result.stats                  # drafts were verified, some rejected (rolled back)
     assert sum(stats.proposed) > 0 and sum(stats.accepted) < sum(stats.proposed)
+
+
+def test_paths_written_for_llama_attention_refuse_mla():
+    from tinygpt.bench.llamacpp import write_gguf
+    from tinygpt.parallel.model import check_tensor_parallel
+    from tinygpt.quant import quantize_model
+
+    model = TinyGPT(tiny_cfg(n_experts=0, top_k=0, d_expert=0, router="softmax", n_group=1,
+                             topk_group=1, routed_scale=1.0, n_shared_experts=0,
+                             dense_layers=()))
+    with pytest.raises(ValueError, match="tensor parallelism.*multi-head latent attention"):
+        check_tensor_parallel(model.cfg)
+    with pytest.raises(ValueError, match="quantize_model.*multi-head latent attention"):
+        quantize_model(model, "int8")
+    with pytest.raises(ValueError, match="write_gguf.*multi-head latent attention"):
+        write_gguf(model, None, "F32")

@@ -557,6 +557,9 @@ def quantize_model(model: TinyGPT, scheme: str, *, lm_head: bool = False,
     if getattr(model, "quant_scheme", None) is not None:
         raise ValueError(f"model is already quantized ({model.quant_scheme!r}); quantize the "
                          f"full-precision model")
+    if model.cfg.attention == "mla":                     # day 21
+        raise ValueError(f"quantize_model quantizes Llama blocks' wq, wk, wv, wo, w1, w2, w3; "
+                         f"{model.cfg.fast_path_refusal()}")
     if model.cfg.is_moe:
         raise ValueError(f"quantize_model quantizes the nn.Linear layers of dense blocks; "
                          f"{model.cfg.fast_path_refusal()}, whose experts are stacked "

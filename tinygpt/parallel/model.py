@@ -101,6 +101,9 @@ def check_tensor_parallel(cfg: ModelConfig) -> None:
         raise ValueError(f"tensor parallelism splits dense SwiGLU layers by d_ff; "
                          f"{cfg.fast_path_refusal()}: split its experts with expert "
                          f"parallelism (tinygpt.parallel.experts) instead")
+    if cfg.attention == "mla":                            # day 21
+        raise ValueError(f"tensor parallelism splits wq, wk, wv and wo by heads; "
+                         f"{cfg.fast_path_refusal()}")
     if cfg.positions_refusal() is not None:               # day 21
         raise ValueError(f"the tensor-parallel shard attends over whole caches with fixed "
                          f"RoPE tables; {cfg.positions_refusal()}")
