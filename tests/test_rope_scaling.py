@@ -253,7 +253,7 @@ def word_tokenizer():
 
 @pytest.mark.parametrize("name", sorted(HF_CASES))
 def test_scaled_llama_gives_transformers_logits_and_greedy_tokens(tmp_path, name):
-    from tinygpt.hf_models import config_from_hf, config_to_hf, from_hf
+    from tinygpt.hf_models import config_from_hf, config_to_hf, from_hf, to_hf_llama
     from tinygpt.loading import load_model
 
     hf = hf_llama(name)
@@ -286,10 +286,11 @@ def test_scaled_llama_gives_transformers_logits_and_greedy_tokens(tmp_path, name
     params = SamplingParams(temperature=0, max_new_tokens=12)
     assert generate(model, prompt, params).token_ids == out[0, 40:].tolist()
     # and back: config_to_hf writes the same rope_parameters (dynamic: its original length
-    # is transformers' max_position_embeddings)
-    overrides = {"max_position_embeddings": HF_CASES[name][0]} if name == "dynamic" else {}
-    back = config_to_hf(cfg, **overrides)
-    assert config_from_hf(back) == cfg
+    # as transformers' max_position_embeddings), and to_hf_llama's model gives the logits
+    back = config_to_hf(cfg)
+    assert back.max_position_embeddings == HF_CASES[name][0] and config_from_hf(back) == cfg
+    with torch.no_grad():
+        torch.testing.assert_close(to_hf_llama(ours, "eager")(ids).logits, want, rtol=0, atol=0)
 
 
 def test_rope_types_we_do_not_implement_are_refused():

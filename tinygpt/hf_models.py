@@ -54,7 +54,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tinygpt.hf_rope import hf_rope, hf_rope_parameters, hf_window
+from tinygpt.hf_rope import hf_context, hf_rope, hf_rope_parameters, hf_window
 from tinygpt.model import ModelConfig, TinyGPT
 from tinygpt.moe import MoE
 from tinygpt.positions import scaled_rope_cos_sin
@@ -270,7 +270,7 @@ def config_to_hf(cfg: ModelConfig, **overrides: Any):
         num_attention_heads=cfg.n_heads,
         num_key_value_heads=cfg.n_kv_heads,
         head_dim=cfg.head_dim,
-        max_position_embeddings=cfg.max_seq_len,
+        max_position_embeddings=hf_context(cfg),
         rms_norm_eps=cfg.norm_eps,
         rope_parameters=hf_rope_parameters(cfg),
         tie_word_embeddings=cfg.tie_embeddings,

@@ -3,6 +3,7 @@
     hf_rope(hf_config)          (rope_theta, ModelConfig.rope_scaling as a dict, max_seq_len)
     hf_window(window, context)  ModelConfig.sliding_window of a config's sliding_window
     hf_rope_parameters(cfg)     transformers' rope_parameters for a ModelConfig's RoPE
+    hf_context(cfg)             transformers' max_position_embeddings for it
 
 transformers 5 keeps RoPE in rope_parameters {"rope_type", "rope_theta", ...}; older
 config.json files have a top-level rope_theta and an optional rope_scaling dict (with "type"
@@ -87,10 +88,17 @@ def hf_window(window: Any, context: int) -> int:
     return window if window < context else 0
 
 
+def hf_context(cfg: Any) -> int:
+    """transformers' max_position_embeddings for a ModelConfig: its max_seq_len, except for a
+    dynamic scaling, whose original length transformers reads from there."""
+    if cfg.rope_type == "dynamic":
+        return dict(cfg.rope_scaling)["original_max_position_embeddings"]
+    return cfg.max_seq_len
+
+
 def hf_rope_parameters(cfg: Any) -> dict[str, Any]:
-    """transformers' rope_parameters for a ModelConfig's RoPE. A dynamic scaling's original
-    length is transformers' max_position_embeddings (pass it to config_to_hf as an override
-    to make the two models equal)."""
+    """transformers' rope_parameters for a ModelConfig's RoPE (a dynamic scaling's original
+    length goes to max_position_embeddings, hf_context)."""
     params: dict[str, Any] = {"rope_type": "default", **dict(cfg.rope_scaling)}
     if params["rope_type"] == "dynamic":
         del params["original_max_position_embeddings"]
