@@ -14,7 +14,8 @@ What `name_or_path` may be:
     a folder              a TinyGPT checkpoint (tinygpt.train.save_checkpoint's), or a Hugging
                           Face folder: config.json with a model_type of
                           tinygpt.hf_models.MODEL_TYPES ("llama"; day 20's mixtures of experts
-                          "qwen3_moe" and "mixtral", per-expert or fused expert weights),
+                          "qwen3_moe" and "mixtral", per-expert or fused expert weights; day
+                          21's "deepseek_v3", latent attention, tinygpt.hf_deepseek),
                           *.safetensors weights and its tokenizer files, read from disk only
                           (tinygpt.hf_models.from_hf converts them)
 
@@ -87,7 +88,7 @@ class HFTokenizer:
 
 def load_hf_folder(path: Path, config: dict, dtype: torch.dtype | None = None):
     """(model, HFTokenizer) from a Hugging Face folder of one of MODEL_TYPES (Llama,
-    Qwen3-MoE, Mixtral): safetensors weights only."""
+    Qwen3-MoE, Mixtral, DeepSeek-V3, ...): safetensors weights only."""
     from safetensors.torch import load_file
 
     from tinygpt.hf_models import from_hf
