@@ -243,7 +243,7 @@ def test_word_classes_follow_the_grammar_slots():
     rng = random.Random(3)
     for _ in range(50):
         words = split_words(sample_story(rng))
-        for before, word in zip(words, words[1:]):
+        for before, word in zip(words, words[1:], strict=False):
             if WORD_CLASS[before] == "preposition":
                 assert word == "the" and WORD_CLASS[word] == "determiner"
             if WORD_CLASS[before] == "pronoun":

@@ -12,7 +12,7 @@ import torch
 from tinygpt import load_pretrained
 from tinygpt.generate import generate
 from tinygpt.sampling import SamplingParams
-from tinygpt.structured import Grammars, GrammarError
+from tinygpt.structured import GrammarError, Grammars
 
 SCHEMA = {"type": "object", "additionalProperties": False,
           "required": ["name", "colour", "count"],

@@ -50,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="address to listen on (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     parser.add_argument("--model", default=None,
-                        help="tinygpt (the shipped checkpoint, default), tinygpt-moe (day 20's mixture of "
-                             "experts), smollm2 (the installed "
+                        help="tinygpt (the shipped checkpoint, default), tinygpt-moe (day "
+                             "20's mixture of experts), smollm2 (the installed "
                              "SmolLM2-135M-Instruct), a .gguf file, a TinyGPT checkpoint "
                              "folder or a Hugging Face Llama, Qwen3-MoE or Mixtral folder")
     parser.add_argument("--max-queue", type=int, default=64,
