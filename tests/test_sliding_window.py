@@ -4,16 +4,17 @@ tinygpt.attention.sliding_window_mask, Attention's windowed forward).
 The mask's convention (a query at t sees keys t - W + 1 .. t, transformers' Mistral), the
 windowed model against a plain oracle (every layer written out with a mask built key by key),
 day 11's caches (dynamic and static) and generate() against the uncached windowed model,
-hybrid local / global layers, the refusals of the paths that cannot honour a window, and
-random Hugging Face Mistral and Mixtral models with a window shorter than prompt + generation
-against transformers (logits, greedy tokens, a Mistral folder through load_model).
+hybrid local / global layers, the rolling cache, the engine (masks, blocks dropped out of the
+window), the refusals of the paths that cannot honour a window, and random Hugging Face
+Mistral, Mixtral and Qwen3-MoE (use_sliding_window) models with a window shorter than prompt
++ generation against transformers (logits, greedy tokens, a Mistral folder via load_model).
 
 Tolerance of the logits against transformers: as tests/test_rope_scaling.py, ours at most
 FACTOR times as far from transformers' float64 run as transformers' float32 run, plus FLOOR.
-Measured on the 2-core AMD EPYC (2026-11-27), 5 weight draws each (logits up to 0.72, errors
-1.4e-7 to 2.5e-7): ours over theirs 1.00 against Mistral's eager attention and Mixtral (the
-same float32 sums), at most 1.20 against Mistral's sdpa. A window one key wider moves the
-logits by more than 1e-3 (checked below); so does the mask's convention off by one.
+Measured on the 2-core AMD EPYC (2026-11-27), 5 weight draws each (logits up to 0.77, errors
+1.4e-7 to 2.6e-7): ours over theirs 1.00 against Mistral's eager attention, Mixtral and
+Qwen3-MoE (the same float32 sums), at most 1.20 against Mistral's sdpa. A window one key
+wider moves the logits by more than 1e-3 (checked below); so does the mask off by one.
 """
 
 from __future__ import annotations
@@ -291,6 +292,19 @@ def hf_mixtral(seed: int = 0):
     return transformers.MixtralForCausalLM(config).eval()
 
 
+def hf_qwen3_moe(seed: int = 0):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=50, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+        use_sliding_window=True, sliding_window=6, attn_implementation="eager",
+        experts_implementation="eager", bos_token_id=None, eos_token_id=None,
+        pad_token_id=None)
+    torch.manual_seed(seed)
+    return transformers.Qwen3MoeForCausalLM(config).eval()
+
+
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
@@ -301,8 +315,8 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 
 @pytest.mark.parametrize("build", [lambda: hf_mistral("eager"), lambda: hf_mistral("sdpa"),
-                                   hf_mixtral], ids=["mistral-eager", "mistral-sdpa",
-                                                     "mixtral"])
+                                   hf_mixtral, hf_qwen3_moe],
+                         ids=["mistral-eager", "mistral-sdpa", "mixtral", "qwen3_moe"])
 def test_windowed_hf_models_give_transformers_logits_and_greedy_tokens(build):
     from tinygpt.hf_models import from_hf
 
