@@ -23,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="An interactive chat in the terminal.")
     parser.add_argument("--model", default="smollm2",
                         help="smollm2 (default), tinygpt, a .gguf file, a TinyGPT checkpoint "
-                             "folder or a Hugging Face Llama, Qwen3-MoE or Mixtral folder")
+                             "folder or a Hugging Face folder (Llama, Mistral, Qwen3-MoE, Mixtral, "
+                             "DeepSeek-V3)")
     parser.add_argument("--system", default=None, help="a system message opening the chat")
     parser.add_argument("--max-tokens", type=int, default=256,
                         help="longest reply in tokens (default 256)")

@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tinygpt (the shipped checkpoint, default), tinygpt-moe (day "
                              "20's mixture of experts), smollm2 (the installed "
                              "SmolLM2-135M-Instruct), a .gguf file, a TinyGPT checkpoint "
-                             "folder or a Hugging Face Llama, Qwen3-MoE or Mixtral folder")
+                             "folder or a Hugging Face folder (Llama, Mistral, Qwen3-MoE, Mixtral, "
+                             "DeepSeek-V3)")
     parser.add_argument("--max-queue", type=int, default=64,
                         help="requests that may wait; one more gets 429 (default 64)")
     parser.add_argument("--grace", type=float, default=5.0,
