@@ -481,8 +481,9 @@ class DecodeStep:
     decode_step itself, and so does a q/k-norm TinyGPT (day 20), with tiled_reason /
     pack_reason saying why. A mixture-of-experts layer (day 20) runs in the step as
     tinygpt.moe.MoEDecode: it routes the tokens and runs only the chosen experts' products
-    (on the tiled CPU products below, each expert's gate and up stacked, its down apart; the
-    C layers and pack_weights are for dense layers only).
+    (on the tiled CPU products below, each expert's gate and up stacked, its down apart; there
+    each layer runs as two C calls around the router, cpu_kernels.MoEDecodeLayers;
+    pack_weights is for dense layers only).
 
     compile=True (opt-in, CUDA only) runs a static-shape step through
     torch.compile(mode="reduce-overhead"), which captures it in a CUDA graph and replays it,
