@@ -34,6 +34,7 @@ ROW_MODULES: tuple[str, ...] = (
     "tinygpt.bench.parallel",       # day 18: tensor-parallel decode against one process
     "tinygpt.bench.structured",     # day 19: structured outputs: validity, compile, mask cost
     "tinygpt.bench.moe",            # day 20: MoE dispatch, decode bandwidth, bytes, EP, routing
+    "tinygpt.bench.longctx",        # day 21: MLA decode at 4,096 tokens, a window's flat KV
 )
 
 
