@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tinygpt.hf_models import _experts, _hf_get, _Keys, _real_rope_tables
+from tinygpt.hf_models import _experts, _hf_get, _Keys, assemble
 from tinygpt.hf_rope import hf_rope
 from tinygpt.mla import MLAttention
 from tinygpt.model import ModelConfig, TinyGPT
@@ -210,24 +210,4 @@ def from_hf_deepseek(state_dict: Mapping[str, torch.Tensor] | nn.Module, hf_conf
         if cfg.n_shared_experts:
             for a, b in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
                 take(f"{ff}shared.{a}.weight", f"{mlp}shared_experts.{b}.weight")
-    missing, unexpected = keys.missing, sorted(keys.left)
-    if missing or unexpected:
-        raise ValueError(f"state_dict does not match a {FAMILY} model with this config: "
-                         f"missing keys {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
-                         f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
-    if dtype is None:
-        dtype = new_state["tok_embeddings.weight"].dtype
-    with torch.device("meta"):                    # shapes only: the weights are assigned below
-        model = TinyGPT(cfg, seed=None)
-    expected = model.state_dict()
-    for key, tensor in new_state.items():
-        if tuple(tensor.shape) != tuple(expected[key].shape):
-            raise ValueError(f"{names[key]} has shape {tuple(tensor.shape)}, expected "
-                             f"{tuple(expected[key].shape)} for {cfg}")
-        new_state[key] = tensor.to(dtype, copy=True).contiguous()
-    if cfg.tie_embeddings:
-        new_state["output.weight"] = new_state["tok_embeddings.weight"]
-    model.load_state_dict(new_state, strict=True, assign=True)
-    if cfg.tie_embeddings:
-        model.output.weight = model.tok_embeddings.weight
-    return _real_rope_tables(model).eval()
+    return assemble(cfg, new_state, names, keys, FAMILY, dtype)

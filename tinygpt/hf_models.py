@@ -34,16 +34,12 @@ Expert weights come in two layouts, both accepted (per MoE layer, not mixed):
                 mlp.experts.down_proj (E, D, I); Mixtral's router is mlp.gate.weight
 
 Ours: layers.{i}.feed_forward.gate.weight (E, D), w1 and w3 (E, I, D), w2 (E, D, I) (see
-tinygpt.moe), and attention.q_norm.weight / k_norm.weight (head_dim,).
+tinygpt.moe), attention.q_norm.weight / k_norm.weight (head_dim,). head_dim is taken as given
+(Qwen3-MoE: 128 with hidden_size / num_attention_heads = 64).
 
-head_dim is taken as given (None: hidden_size / num_attention_heads): Qwen3-MoE's heads are
-128 wide with hidden_size / num_attention_heads = 64 (ModelConfig.head_dim).
-
-Refused with a ValueError naming the reason: attention or MLP biases, an activation other
-than SiLU, RoPE scalings other than TinyGPT's ROPE_TYPES (longrope, partial rotary
-factors), an odd head_dim (RoPE rotates pairs), Qwen2-MoE's gated
-shared expert (shared_expert_gate). DeepSeek-V3 (model_type "deepseek_v3": multi-head latent
-attention and DeepSeek's router, day 21) is converted by tinygpt.hf_deepseek.
+Refused with a ValueError naming the reason: biases, an activation other than SiLU, RoPE
+scalings outside ROPE_TYPES (longrope, partial rotary factors), an odd head_dim, Qwen2-MoE's
+gated shared expert. DeepSeek-V3 ("deepseek_v3", day 21) is converted by tinygpt.hf_deepseek.
 """
 
 from __future__ import annotations
@@ -64,8 +60,7 @@ MODEL_TYPES = ("llama", "mistral", "qwen3_moe", "mixtral", "deepseek_v3")
 # families a user may meet, and why they are not loaded (yet)
 REFUSED = {
     "qwen2_moe": "Qwen2-MoE gates its shared expert with a sigmoid (shared_expert_gate) and "
-                 "has q/k/v biases, neither of which TinyGPT implements",
-}
+                 "has q/k/v biases, neither of which TinyGPT implements"}
 
 # model types loaded as day 05's Llama (Mistral: a Llama with a sliding window, day 21)
 LLAMA_LIKE = ("llama", "mistral")
@@ -500,13 +495,19 @@ def from_hf_moe(state_dict: Mapping[str, torch.Tensor] | nn.Module, hf_config: A
         if experts is not None:
             for name, tensor in zip(("w1", "w3", "w2"), experts, strict=True):
                 new_state[ours + name], names[ours + name] = tensor, f"{prefix}experts ({name})"
+    return assemble(cfg, new_state, names, keys, family, dtype)
+
+
+def assemble(cfg: ModelConfig, new_state: dict[str, torch.Tensor], names: dict[str, str],
+             keys: _Keys, family: str, dtype: torch.dtype | None) -> TinyGPT:
+    """The TinyGPT holding `new_state` (ours -> tensor; `names`: ours -> the checkpoint's), once
+    `keys` are all taken; ValueError for missing, unexpected or misshapen weights."""
     missing, unexpected = keys.missing, sorted(keys.left)
     if missing or unexpected:
         raise ValueError(f"state_dict does not match a {family} model with this config: "
                          f"missing keys {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
                          f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
-    if dtype is None:
-        dtype = new_state["tok_embeddings.weight"].dtype
+    dtype = new_state["tok_embeddings.weight"].dtype if dtype is None else dtype
     with torch.device("meta"):                    # shapes only: the weights are assigned below
         model = TinyGPT(cfg, seed=None)
     ours = model.state_dict()
