@@ -170,7 +170,14 @@ def rope_cos_sin(
     tables cast to `dtype`.
     """
     angle_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    inv_freq = rope_inv_freq(head_dim, base, dtype=angle_dtype)
+    emb = _angles(positions, rope_inv_freq(head_dim, base, dtype=angle_dtype), angle_dtype)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _angles(positions: int | torch.Tensor, inv_freq: torch.Tensor, angle_dtype: torch.dtype
+            ) -> torch.Tensor:
+    """Each position times each frequency, the half repeated: (..., head_dim), for cos / sin.
+    positions: a length (0 .. n - 1) or an integer tensor of positions >= 0."""
     if isinstance(positions, torch.Tensor):
         if positions.dtype.is_floating_point or positions.dtype == torch.bool:
             raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
@@ -184,8 +191,7 @@ def rope_cos_sin(
     else:
         raise TypeError(f"positions must be an int or an integer tensor, got {positions!r}")
     angles = pos[..., None] * inv_freq                   # (..., head_dim/2)
-    emb = torch.cat((angles, angles), dim=-1)           # (..., head_dim)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    return torch.cat((angles, angles), dim=-1)          # (..., head_dim)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -453,20 +459,7 @@ def scaled_rope_cos_sin(head_dim: int, positions: int | torch.Tensor, base: floa
     rope_scaled_inv_freq). Plain RoPE (scaling None) gives rope_cos_sin's tables exactly."""
     angle_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     inv_freq, attention = rope_scaled_inv_freq(head_dim, base, scaling, seq_len, angle_dtype)
-    if isinstance(positions, torch.Tensor):
-        if positions.dtype.is_floating_point or positions.dtype == torch.bool:
-            raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
-        if positions.numel() and int(positions.min()) < 0:
-            raise ValueError(f"positions must be >= 0, got minimum {int(positions.min())}")
-        pos = positions.to(angle_dtype)
-        inv_freq = inv_freq.to(positions.device)
-    elif isinstance(positions, int) and not isinstance(positions, bool):
-        _check_positive_int(positions, "positions (sequence length)")
-        pos = torch.arange(positions, dtype=angle_dtype)
-    else:
-        raise TypeError(f"positions must be an int or an integer tensor, got {positions!r}")
-    angles = pos[..., None] * inv_freq
-    emb = torch.cat((angles, angles), dim=-1)
+    emb = _angles(positions, inv_freq, angle_dtype)
     cos, sin = emb.cos(), emb.sin()
     if attention != 1.0:
         cos, sin = cos * attention, sin * attention
