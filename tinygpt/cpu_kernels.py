@@ -334,6 +334,22 @@ class TiledLinear:
         return (y,) if len(self.sizes) == 1 else y.split(self.sizes, -1)
 
 
+def _rotation_pointers(layers, x: torch.Tensor, pos: int, consecutive: bool) -> tuple[int, int]:
+    """Check a step's input for DecodeLayers / MoEDecodeLayers (contiguous float32 (B, D),
+    B <= MAX_ROWS, positions inside the cache and the tables) and return the addresses of the
+    cos and signed-sin rows at `pos`."""
+    rows = x.shape[0]
+    if x.dtype != torch.float32 or not x.is_contiguous() or not 0 < rows <= MAX_ROWS:
+        raise ValueError(f"x must be contiguous float32 (B, D), B <= {MAX_ROWS}, got "
+                         f"{x.dtype} {tuple(x.shape)}")
+    last = pos + rows - 1 if consecutive else pos
+    limit = min(layers.max_len, layers.cos.shape[0])
+    if not 0 <= pos <= last < limit:
+        raise ValueError(f"positions must be in [0, {limit}), got {pos}..{last}")
+    offset = pos * layers.head_dim * 4
+    return layers.cos.data_ptr() + offset, layers.sin_signed.data_ptr() + offset
+
+
 class DecodeLayers:
     """A decode step's layers, each one C call (tg_layer in cpu_gemv.c): the four tiled
     products on the pool and everything between them (the RMS norms, RoPE, the cache write,
@@ -405,23 +421,14 @@ class DecodeLayers:
 
     def __call__(self, x: torch.Tensor, pos: int, consecutive: bool = False) -> None:
         rows, d = x.shape
-        if x.dtype != torch.float32 or not x.is_contiguous() or not 0 < rows <= MAX_ROWS:
-            raise ValueError(f"x must be contiguous float32 (B, D), B <= {MAX_ROWS}, got "
-                             f"{x.dtype} {tuple(x.shape)}")
-        last = pos + rows - 1 if consecutive else pos
-        if not 0 <= pos <= last < min(self.max_len, self.cos.shape[0]):
-            raise ValueError(f"positions must be in [0, {min(self.max_len, self.cos.shape[0])})"
-                             f", got {pos}..{last}")
-        hd = self.head_dim
-        cos = self.cos.data_ptr() + pos * hd * 4
-        sin = self.sin_signed.data_ptr() + pos * hd * 4
+        cos, sin = _rotation_pointers(self, x, pos, consecutive)
         xp, layer = x.data_ptr(), self.lib.tg_layer
         with _library.lock:
             for (code, n1, n2, eps, wqkv, nqkv, wo, no, wgu, ngu, w2, n2_, kc, vc) \
                     in self.calls:
                 if layer(code, xp, rows, d, n1, n2, eps, wqkv, nqkv, wo, no, wgu, ngu, w2, n2_,
                          kc, vc, self.cache_bf16, self.max_len, cos, sin, pos, self.heads,
-                         self.kv_heads, hd, self.d_ff, int(consecutive)):
+                         self.kv_heads, self.head_dim, self.d_ff, int(consecutive)):
                     raise MemoryError("the kernel could not allocate its buffers")
 
 
@@ -522,16 +529,7 @@ class MoEDecodeLayers:
 
     def __call__(self, x: torch.Tensor, pos: int, consecutive: bool = False) -> None:
         rows, d = x.shape
-        if x.dtype != torch.float32 or not x.is_contiguous() or not 0 < rows <= MAX_ROWS:
-            raise ValueError(f"x must be contiguous float32 (B, D), B <= {MAX_ROWS}, got "
-                             f"{x.dtype} {tuple(x.shape)}")
-        last = pos + rows - 1 if consecutive else pos
-        if not 0 <= pos <= last < min(self.max_len, self.cos.shape[0]):
-            raise ValueError(f"positions must be in [0, {min(self.max_len, self.cos.shape[0])})"
-                             f", got {pos}..{last}")
-        hd = self.head_dim
-        cos = self.cos.data_ptr() + pos * hd * 4
-        sin = self.sin_signed.data_ptr() + pos * hd * 4
+        cos, sin = _rotation_pointers(self, x, pos, consecutive)
         h = torch.empty_like(x)
         xp, hp, lib, code = x.data_ptr(), h.data_ptr(), self.lib, self.code
         one = (1, (ctypes.c_long * 1)(0), (ctypes.c_long * 1)(rows),
@@ -540,7 +538,7 @@ class MoEDecodeLayers:
             with _library.lock:
                 status = lib.tg_attention(code, xp, hp, rows, d, n1, n2, self.eps, wqkv, nqkv,
                                           wo, no, kc, vc, self.cache_bf16, self.max_len, cos,
-                                          sin, pos, self.heads, self.kv_heads, hd,
+                                          sin, pos, self.heads, self.kv_heads, self.head_dim,
                                           int(consecutive))
             if status:
                 raise MemoryError("the kernel could not allocate its buffers")
