@@ -49,7 +49,7 @@ LOGIT_TOLERANCE = 1e-4          # largest |absorbed - naive| over the largest |l
 PREFILL_CHUNK = 512
 
 # 32 heads over a 512-wide latent (DeepSeek-V3's kv_lora_rank and RoPE key; nope and v 128),
-# 2 layers with a dense feed-forward at D = 1024: 58.6M parameters.
+# 2 layers with a dense feed-forward at D = 1024: 64.6M parameters.
 MLA_DECODE_CONFIG = ModelConfig(vocab_size=8192, d_model=1024, n_layers=2, n_heads=32,
                                 n_kv_heads=32, d_ff=2816, max_seq_len=MLA_CONTEXT + 16,
                                 attention="mla", kv_lora_rank=512, qk_rope_head_dim=64,
