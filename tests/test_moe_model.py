@@ -318,24 +318,12 @@ def test_tensor_parallelism_refuses_moe_up_front():
 
 
 def test_tensor_parallel_ranks_apply_q_and_k_norms():
-    from tinygpt.parallel import tp_check
-
     model = make(QK_ONLY)
     with torch.no_grad():            # norms that are not all ones, so a lost one shows
         for layer in model.layers:
             layer.attention.q_norm.weight.copy_(torch.linspace(0.5, 2.0, 8))
             layer.attention.k_norm.weight.copy_(torch.linspace(2.0, 0.5, 8))
-    prompts = [[3, 14, 15, 9, 2, 6], [5, 3, 5]]
-    out = tp_check((QK_ONLY, model.state_dict()), 2, prompts, max_new_tokens=5)
-    assert out["ranks_agree"]
-    params = SamplingParams(temperature=0, max_new_tokens=5)
-    assert out["tokens"] == [generate(model, p, params).token_ids for p in prompts]
-    for prompt, got in zip(prompts, out["logits"], strict=True):
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            check_float32_error("the tensor-parallel logits", got, model(ids)[0],
-                                float64_twin(model)(ids)[0], factor=LOGITS_FACTOR,
-                                floor=LOGITS_FLOOR)
+    tensor_parallel_matches_one_process(QK_ONLY, model, "the tensor-parallel logits")
 
 
 def test_gguf_files_refuse_moe(tmp_path):
@@ -454,21 +442,9 @@ def test_wide_heads_run_the_engine_and_the_quantized_step():
 
 
 def test_wide_heads_split_over_tensor_parallel_ranks():
-    from tinygpt.parallel import tp_check
-
     cfg = dataclasses.replace(WIDE, qk_norm=True)
     model = make(cfg)
-    prompts = [[3, 14, 15, 9, 2, 6], [5, 3, 5]]
-    out = tp_check((cfg, model.state_dict()), 2, prompts, max_new_tokens=5)
-    assert out["ranks_agree"]
-    params = SamplingParams(temperature=0, max_new_tokens=5)
-    assert out["tokens"] == [generate(model, p, params).token_ids for p in prompts]
-    for prompt, got in zip(prompts, out["logits"], strict=True):
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            check_float32_error("the tensor-parallel logits, head_dim 16", got, model(ids)[0],
-                                float64_twin(model)(ids)[0], factor=LOGITS_FACTOR,
-                                floor=LOGITS_FLOOR)
+    tensor_parallel_matches_one_process(cfg, model, "the tensor-parallel logits, head_dim 16")
 
 
 def test_wide_heads_write_and_read_a_gguf_file(tmp_path):
@@ -486,3 +462,20 @@ def test_wide_heads_write_and_read_a_gguf_file(tmp_path):
     ids = torch.randint(0, 300, (2, 11), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(back(ids), model(ids))
+
+
+def tensor_parallel_matches_one_process(cfg, model, what: str) -> None:
+    """Greedy decode over 2 tensor-parallel ranks: the ranks agree, the tokens are batch-1
+    generate()'s and the logits as close to float64 as the one-process model's."""
+    from tinygpt.parallel import tp_check
+
+    prompts = [[3, 14, 15, 9, 2, 6], [5, 3, 5]]
+    out = tp_check((cfg, model.state_dict()), 2, prompts, max_new_tokens=5)
+    assert out["ranks_agree"]
+    params = SamplingParams(temperature=0, max_new_tokens=5)
+    assert out["tokens"] == [generate(model, p, params).token_ids for p in prompts]
+    for prompt, got in zip(prompts, out["logits"], strict=True):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            check_float32_error(what, got, model(ids)[0], float64_twin(model)(ids)[0],
+                                factor=LOGITS_FACTOR, floor=LOGITS_FLOOR)
