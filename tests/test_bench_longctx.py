@@ -72,3 +72,31 @@ def test_the_groups_skip_other_devices(group):
     ctx = quick_ctx()
     ctx.device = torch.device("meta")
     assert R.row_groups([group])[0].run(ctx) == []
+
+
+def test_the_sink_rows_compare_past_the_window_with_inside_it():
+    class Chars:
+        def encode(self, text):
+            return [ord(c) % 64 for c in text]
+
+    model = TinyGPT(ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                d_ff=48, max_seq_len=64), seed=3).eval()
+    sinks, alone = row.sink_rows(quick_ctx(), model, Chars(), window=12, tokens=96, start=40,
+                                 targeted=False)
+    assert (sinks.name, alone.name) == ("sinks_ppl", "window_only_ppl")
+    d = sinks.details
+    assert d is not alone.details or d["ppl_sinks"] == alone.details["ppl_sinks"]
+    assert sinks.value == pytest.approx(d["ppl_sinks"] / d["ppl_inside_window"])
+    assert alone.value == pytest.approx(d["ppl_window_only"] / d["ppl_inside_window"])
+    assert sinks.met == (sinks.value <= row.SINK_TARGET)
+    assert alone.met == (alone.value >= row.WINDOW_ONLY_TARGET)
+    assert (sinks.reason is None) == sinks.met and (alone.reason is None) == alone.met
+    assert not sinks.targeted and set(d["seconds"]) == {"sinks", "window_only"}
+    # a random model has no sinks to lose: the two perplexities differ, neither explodes
+    assert d["ppl_sinks"] != d["ppl_window_only"]
+
+
+def test_the_sink_plan_is_the_targets():
+    assert (row.SINKS, row.SINK_WINDOW, row.SINK_TOKENS, row.SINK_FROM) == (4, 1020, 32768,
+                                                                          8192)
+    assert R.row_groups(["sinks"])[0].day == 21

@@ -22,6 +22,15 @@
                       at the window's end: up to W + block positions, the first span that
                       straddles a block boundary), and its first tokens identical to the windowed
                       generate()'s (the reference, over a shorter prefix)
+    sinks_ppl         SmolLM2-135M-Instruct (the real weights) teacher-forced over 32,768
+                      tokens of the course's synthetic stories (tinygpt.long_context.
+                      long_text) under StreamingLLM's cache: 4 sinks + a 1,020-token window;
+                      its perplexity over positions 8,192 to 32,767 against its perplexity
+                      inside the window (positions 1 to 1,023, where the cache still holds
+                      every token): within 10%
+    window_only_ppl   the same text with the window only (1,024 tokens, the same memory):
+                      perplexity over positions 8,192 to 32,767 against inside the window:
+                      at least 2x worse (StreamingLLM's finding on Llama-2 and others)
 
 The quick plan (CI's smoke run) runs every row on small shapes, for information only, except
 the bytes per token and the window's tokens.
@@ -68,6 +77,11 @@ WINDOW_CONFIG = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n
                             d_ff=128, max_seq_len=WINDOW_TOKENS + 64, sliding_window=WINDOW)
 WINDOW_QUICK = dict(window=16, block=4, tokens=160, reference=48)
 WINDOW_PROMPT = 8
+
+SINKS, SINK_WINDOW = 4, 1020          # StreamingLLM's 4 sinks; 1,024 cached tokens in all
+SINK_TOKENS, SINK_FROM = 32768, 8192  # perplexity over positions 8,192 .. 32,767
+SINK_QUICK = dict(window=252, tokens=1024, start=512)
+SINK_TARGET, WINDOW_ONLY_TARGET = 1.10, 2.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,6 +296,54 @@ def window_row(ctx: BenchContext, model: TinyGPT, *, window: int, block: int, to
 
 
 # --------------------------------------------------------------------------------------------
+# attention sinks
+
+
+def sink_rows(ctx: BenchContext, model: TinyGPT, tokenizer, *, window: int, tokens: int,
+              start: int, targeted: bool) -> list[Comparison]:
+    """Perplexity past the window with sinks + window and with the window only, each against
+    the perplexity inside the window (the same for both: the cache holds every token there)."""
+    from tinygpt import long_context as LC
+
+    ids = LC.long_text(tokenizer, tokens, seed=ctx.seed)
+    chunk = min(256, model.cfg.max_seq_len - window - SINKS + 1)    # RoPE rows a chunk uses
+    runs = {}
+    for name, (w, s) in {"sinks": (window, SINKS), "window_only": (window + SINKS, 0)}.items():
+        began = time.perf_counter()
+        nll = LC.streaming_nll(model, ids, window=w, sinks=s, chunk=chunk)
+        runs[name] = (nll, time.perf_counter() - began)
+    inside = LC.perplexity(runs["sinks"][0], 0, window + SINKS - 1)
+    past = {name: LC.perplexity(nll, start - 1) for name, (nll, _) in runs.items()}
+    common = {"tokens": tokens, "from_position": start, "window": window, "sinks": SINKS,
+              "ppl_inside_window": inside, "ppl_sinks": past["sinks"],
+              "ppl_window_only": past["window_only"],
+              "seconds": {name: sec for name, (_, sec) in runs.items()}}
+    where = f"positions {start:,} to {tokens - 1:,}"
+    ratio = past["sinks"] / inside
+    met = ratio <= SINK_TARGET
+    sinks = Comparison(
+        "sinks_ppl", f"SmolLM2 perplexity over {where} with {SINKS} sinks + a {window}-token "
+        f"window, over its perplexity inside the window (positions 1 to "
+        f"{window + SINKS - 1:,})", ratio, SINK_TARGET, "<=", "x", met,
+        None if met else f"{past['sinks']:.3f} past the window against {inside:.3f} inside",
+        {**common, "summary": f"perplexity {past['sinks']:.3f} over {where} with sinks, "
+                              f"{inside:.3f} inside the window"}, targeted=targeted)
+    ratio = past["window_only"] / inside
+    met = ratio >= WINDOW_ONLY_TARGET
+    alone = Comparison(
+        "window_only_ppl", f"SmolLM2 perplexity over {where} with the window only "
+        f"({window + SINKS} tokens, the same memory), over its perplexity inside the window",
+        ratio, WINDOW_ONLY_TARGET, ">=", "x", met,
+        None if met else (f"this model loses less without its first tokens than the target "
+                          f"assumes: {past['window_only']:.3f} past the window against "
+                          f"{inside:.3f} inside, {past['sinks']:.3f} with the sinks kept"),
+        {**common, "summary": f"perplexity {past['window_only']:.3f} over {where} with the "
+                              f"window only, {past['sinks']:.3f} with sinks, {inside:.3f} "
+                              f"inside the window"}, targeted=targeted)
+    return [sinks, alone]
+
+
+# --------------------------------------------------------------------------------------------
 # the row groups
 
 
@@ -319,3 +381,28 @@ def window_kv_rows(ctx: BenchContext) -> list[Comparison]:
     ctx.log(f"window_kv: {q['tokens']} tokens through the engine (W {q['window']}) ...")
     return [window_row(ctx, model, window=q["window"], block=q["block"], tokens=q["tokens"],
                        reference=q["reference"], targeted=True)]
+
+
+@register("sinks", day=21)
+def sinks_rows(ctx: BenchContext) -> list[Comparison]:
+    """SmolLM2 past its window: perplexity with 4 sinks + the window and with the window only."""
+    if not ctx.on_cpu:
+        ctx.log(f"sinks: skipped: these rows are for the CPU, not {ctx.device}")
+        return []
+    from tinygpt.gguf import smollm2_path
+    from tinygpt.loading import load_model
+
+    try:
+        smollm2_path()
+    except FileNotFoundError as err:
+        ctx.log(f"sinks: skipped: {err}")
+        return []
+    model, tokenizer, _ = load_model("smollm2")
+    if ctx.quick:
+        q = SINK_QUICK
+    else:
+        q = dict(window=SINK_WINDOW, tokens=SINK_TOKENS, start=SINK_FROM)
+    ctx.log(f"sinks: SmolLM2 over {q['tokens']} tokens, {SINKS} sinks + window {q['window']}"
+            f" and the window only ...")
+    return sink_rows(ctx, model, tokenizer, window=q["window"], tokens=q["tokens"],
+                     start=q["start"], targeted=not ctx.quick)

@@ -1,0 +1,402 @@
+"""Day 21: KV memory for long context: bytes per token by layout, attention sinks, fp8 KV.
+
+At long context the KV cache, not the weights, decides how many requests fit. This module
+holds the day's pieces that are not a new kind of attention (those are tinygpt.mla, the
+sliding-window layers of tinygpt.model with tinygpt.rolling and the paged cache's
+drop_out_of_window, and the RoPE scaling types of tinygpt.positions):
+
+    KVLayout, LAYOUTS      a model's cache shape (layers, KV heads x head_dim or an MLA
+                           latent, windowed layers) and four published ones
+    kv_bytes(layout, n)    one sequence's cache at n tokens: a full layer holds n tokens, a
+                           windowed one min(n, window)
+    long_text(tok, n)      n tokens of the course's synthetic stories (a text as long as wanted)
+    streaming_nll(model, ids, window, sinks)
+                           teacher-forced next-token losses under StreamingLLM's cache: the
+                           first `sinks` tokens plus the last `window`, positions assigned
+                           inside the cache; chunked (many queries per pass)
+    streaming_nll_loop     the same one token at a time with an explicit cache: the oracle
+    quantize_kv_fp8, dequantize_kv_fp8
+                           keys or values in float8 e4m3 with one float32 scale per head
+
+Bytes per token and layer, dtype_bytes each (bf16: 2):
+
+    MHA / GQA / MQA    2 x n_kv_heads x head_dim     (MHA: as many KV heads as query heads,
+                                                      MQA: one; GQA: a few)
+    MLA                kv_lora_rank + qk_rope_head_dim (one latent and one RoPE key per token,
+                                                      whatever the number of heads)
+
+Llama-3-8B (32 layers, 8 KV heads of 128): 131,072 B per token in bf16; DeepSeek-V3 (61
+layers, 512 + 64): 70,272 B; Gemma 3 27B (62 layers, 16 KV heads of 128, five local layers of
+window 1,024 per global one) needs 507,904 B per token for its 10 global layers, while its 52
+local layers stop growing at 1,024 tokens.
+
+Attention sinks (StreamingLLM, Xiao et al. 2023). Evicting the oldest tokens of a cache (a
+window) breaks a model trained on full attention once its first tokens leave: softmax must put
+its weight somewhere, trained models park most of it on the first tokens (whatever they are),
+and without them the weight spreads over tokens it was never meant for. Keeping the first few
+(4) tokens beside the window restores the behaviour. StreamingLLM numbers positions inside the
+cache, not in the text: with S sinks and a window of W, the query at text position t sees
+
+    the sinks 0 .. S-1            at RoPE distance min(t, S + W - 1) - s from the query
+    the window max(S, t-W+1) .. t at distance t - j (its text distance)
+
+(RoPE scores depend only on the distance, so the window keeps its text distances; the sinks sit
+right before the window's oldest key once the cache is full). window=None is full attention.
+`streaming_nll` computes each chunk of queries against two blocks of keys, the sinks (query
+rotated at its cache position) and the window (query and keys rotated at their text positions
+minus a common offset), and takes one softmax over both: exactly the per-token cache of
+`streaming_nll_loop`, many times faster.
+
+fp8 KV. float8 e4m3 (torch.float8_e4m3fn) keeps 3 mantissa bits and a range of +-448, so values
+are divided by a scale first: here one float32 scale per (batch, head), the head's largest
+|value| over its tokens and channels / 448. Its error is relative to each value (about 2^-4 at
+worst, like any 3-bit mantissa) where day 15's int8 (one scale per token, tinygpt.quant.
+quantize_kv) has an absolute error step of amax / 127 per token. torch's cast saturates at 448
+on the CPU, so a value beyond the scale's range would be clamped silently; the scale here always
+covers the data it was computed from, and `quantize_kv_fp8` with a given (calibrated) scale
+raises when the data exceed it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as nnf
+
+from tinygpt.attention import merge_heads, split_heads
+from tinygpt.positions import apply_rope
+
+FP8_MAX = 448.0                          # torch.finfo(torch.float8_e4m3fn).max
+
+
+# --------------------------------------------------------------------------------------------
+# bytes per token by layout
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """A model's KV cache shape.
+
+    n_layers; n_kv_heads and head_dim for MHA / GQA / MQA layers (2 x n_kv_heads x head_dim
+    numbers per token and layer); latent > 0 for MLA (kv_lora_rank + qk_rope_head_dim numbers
+    per token and layer, n_kv_heads and head_dim unused); local_layers of the n_layers hold only
+    the last `window` tokens (hybrid local/global; 0 with window None: every layer is global).
+    """
+
+    name: str
+    n_layers: int
+    n_kv_heads: int = 0
+    head_dim: int = 0
+    latent: int = 0
+    window: int | None = None
+    local_layers: int = 0
+
+    def __post_init__(self) -> None:
+        for field in ("n_layers", "n_kv_heads", "head_dim", "latent", "local_layers"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{field} must be an integer >= 0, got {value!r}")
+        if self.n_layers < 1:
+            raise ValueError(f"n_layers must be at least 1, got {self.n_layers}")
+        if (self.latent > 0) == (self.n_kv_heads > 0 and self.head_dim > 0):
+            raise ValueError("give either latent > 0 (MLA) or n_kv_heads and head_dim > 0, "
+                             f"not both or neither: {self}")
+        if self.local_layers > self.n_layers:
+            raise ValueError(f"local_layers ({self.local_layers}) cannot exceed n_layers "
+                             f"({self.n_layers})")
+        if self.window is None:
+            if self.local_layers:
+                raise ValueError("local_layers > 0 needs a window")
+        elif isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"window must be None or an integer >= 1, got {self.window!r}")
+
+    @property
+    def numbers_per_layer(self) -> int:
+        """Cached numbers per token in one layer."""
+        return self.latent if self.latent else 2 * self.n_kv_heads * self.head_dim
+
+
+# Published shapes (each model's config.json); the MHA and MQA rows are Llama-3-8B's shape with
+# 32 KV heads (one per query head) or one, to compare layouts on one model.
+LAYOUTS = {
+    "llama-3-8b (GQA)": KVLayout("llama-3-8b (GQA)", 32, n_kv_heads=8, head_dim=128),
+    "llama-3-8b as MHA": KVLayout("llama-3-8b as MHA", 32, n_kv_heads=32, head_dim=128),
+    "llama-3-8b as MQA": KVLayout("llama-3-8b as MQA", 32, n_kv_heads=1, head_dim=128),
+    "llama-2-70b (GQA)": KVLayout("llama-2-70b (GQA)", 80, n_kv_heads=8, head_dim=128),
+    "deepseek-v3 (MLA)": KVLayout("deepseek-v3 (MLA)", 61, latent=512 + 64),
+    "gemma-3-27b (5 local : 1 global)": KVLayout("gemma-3-27b (5 local : 1 global)", 62,
+                                                 n_kv_heads=16, head_dim=128, window=1024,
+                                                 local_layers=52),
+}
+
+
+def kv_bytes(layout: KVLayout, context: int, dtype_bytes: int = 2) -> int:
+    """Bytes of one sequence's KV cache at `context` tokens: global layers hold every token,
+    local layers min(context, window)."""
+    if not isinstance(layout, KVLayout):
+        raise TypeError(f"layout must be a KVLayout, got {type(layout).__name__}")
+    for name, value, low in (("context", context, 0), ("dtype_bytes", dtype_bytes, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    held = (layout.n_layers - layout.local_layers) * context
+    if layout.local_layers:
+        held += layout.local_layers * min(context, layout.window)
+    return held * layout.numbers_per_layer * dtype_bytes
+
+
+# --------------------------------------------------------------------------------------------
+# a long text
+
+
+def long_text(tokenizer, n_tokens: int, seed: int = 0) -> torch.Tensor:
+    """(n_tokens,) int64 ids: the course's synthetic stories (tinygpt.corpus), as many as it
+    takes, tokenized by `tokenizer` (anything with encode(text) -> list of ids) and cut."""
+    from tinygpt.corpus import generate_corpus
+
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 2:
+        raise ValueError(f"n_tokens must be an integer >= 2, got {n_tokens!r}")
+    stories = max(1, n_tokens // 8)
+    while True:
+        ids = tokenizer.encode(generate_corpus(stories, seed))
+        if len(ids) >= n_tokens:
+            return torch.tensor(ids[:n_tokens], dtype=torch.long)
+        stories *= 2
+
+
+# --------------------------------------------------------------------------------------------
+# attention sinks
+
+
+def _check_streaming(model, ids: torch.Tensor, window: int | None, sinks: int,
+                     chunk: int | None = None) -> None:
+    from tinygpt.model import TinyGPT
+
+    if not isinstance(model, TinyGPT):
+        raise TypeError(f"model must be a tinygpt TinyGPT, got {type(model).__name__}")
+    cfg = model.cfg
+    if cfg.attention != "gqa" or cfg.sliding_window:
+        raise ValueError("streaming evaluation runs models of plain grouped-query attention "
+                         "(cfg.attention 'gqa', no sliding_window of their own)")
+    if cfg.rope_scaling is not None and dict(cfg.rope_scaling).get("type") == "dynamic":
+        raise ValueError("dynamic RoPE scaling changes the frequencies with the length: not "
+                         "supported by streaming evaluation")
+    if not isinstance(ids, torch.Tensor) or ids.ndim != 1 or ids.dtype != torch.long:
+        raise ValueError("ids must be a 1-D int64 tensor of token ids")
+    if ids.numel() < 2:
+        raise ValueError(f"ids must hold at least 2 tokens, got {ids.numel()}")
+    if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+        raise ValueError(f"sinks must be an integer >= 0, got {sinks!r}")
+    if window is None:
+        if sinks:
+            raise ValueError("sinks need a window (window=None is full attention)")
+    elif isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be None (full attention) or an integer >= 1, "
+                         f"got {window!r}")
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+        raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
+    span = min(ids.numel(), ids.numel() if window is None else
+               max(sinks + window, window + (chunk or 1) - 1))
+    if span > cfg.max_seq_len:
+        raise ValueError(f"the cache spans {span} positions (the text's length, or less: "
+                         f"max(sinks + window, window + chunk - 1)), past the model's "
+                         f"max_seq_len {cfg.max_seq_len}")
+
+
+def _visible(t: torch.Tensor, lo: torch.Tensor, n_keys: int, first: int) -> torch.Tensor:
+    """(T_q, n_keys) bool: key index first + j is visible to query t when lo <= it <= t."""
+    keys = first + torch.arange(n_keys, device=t.device)
+    return (keys[None, :] >= lo[:, None]) & (keys[None, :] <= t[:, None])
+
+
+def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
+def _attend(q_parts, k_parts, v_parts, masks, n_rep: int) -> torch.Tensor:
+    """One softmax over several key blocks, each scored with its own rotation of the queries.
+    q_parts[i] (1, H, T, d); k_parts[i], v_parts[i] (1, H_kv, n_i, d); masks[i] (T, n_i)."""
+    scale = 1.0 / math.sqrt(q_parts[0].shape[-1])
+    scores = [torch.matmul(q, k.repeat_interleave(n_rep, 1).transpose(-1, -2)) * scale
+              for q, k in zip(q_parts, k_parts, strict=True)]
+    scores = torch.cat([s.masked_fill(~m, float("-inf"))
+                        for s, m in zip(scores, masks, strict=True)], -1)
+    probs = torch.softmax(scores, dim=-1)
+    values = torch.cat([v.repeat_interleave(n_rep, 1) for v in v_parts], 2)
+    return torch.matmul(probs, values)
+
+
+@torch.no_grad()
+def streaming_nll(model, ids: torch.Tensor, *, window: int | None, sinks: int = 0,
+                  chunk: int = 256) -> torch.Tensor:
+    """Teacher-forced next-token losses of `ids` (T,) under a StreamingLLM cache.
+
+    Returns (T - 1,) float32 (float64 for a float64 model): entry t is -log p(ids[t+1] | what
+    the cache holds at t), natural log. The cache holds the first `sinks` tokens and the last
+    `window` ones (window=None: every token, plain causal attention; sinks=0: window only);
+    positions are numbered inside the cache (module docstring). Queries go `chunk` at a time;
+    the result does not depend on `chunk` beyond float rounding. The model runs in its own
+    dtype (float32 for SmolLM2). Memory: the sinks and the last window + chunk keys of each
+    layer, however long `ids` is.
+    """
+    _check_streaming(model, ids, window, sinks, chunk)
+    cfg, n = model.cfg, ids.numel()
+    device = model.tok_embeddings.weight.device
+    ids = ids.to(device)
+    horizon = n if window is None else window
+    cos_table, sin_table = model.rope_cos, model.rope_sin
+    n_rep = cfg.n_heads // cfg.n_kv_heads
+    empty = torch.empty(1, cfg.n_kv_heads, 0, cfg.head_dim, device=device,
+                        dtype=model.tok_embeddings.weight.dtype)
+    sink_k = [empty] * len(model.layers)        # per layer: the sinks' un-rotated keys
+    sink_v = [empty] * len(model.layers)
+    keep_k = [empty] * len(model.layers)        # window keys kept_from .. a - 1, un-rotated
+    keep_v = [empty] * len(model.layers)
+    kept_from, losses = sinks, []
+    for a in range(0, n - 1, chunk):
+        b = min(a + chunk, n - 1)
+        t = torch.arange(a, b, device=device)
+        lo = torch.clamp(t - horizon + 1, min=sinks)        # the window's oldest visible key
+        first = min(max(sinks, a - horizon + 1), b)         # oldest window key read here
+        offset = min(first, a)                              # rotate at position - offset >= 0
+        sink_pos = torch.clamp(t, max=sinks + horizon - 1)  # a query's position for the sinks
+        wpos = torch.arange(first, b, device=device) - offset
+        keep_from = max(sinks, b - horizon + 1, first)      # the next chunk's oldest window key
+        x = model.tok_embeddings(ids[a:b])[None]
+        for layer, block in enumerate(model.layers):
+            att = block.attention
+            h = block.attention_norm(x)
+            q = split_heads(att.wq(h), att.n_heads)
+            k = split_heads(att.wk(h), att.n_kv_heads)
+            v = split_heads(att.wv(h), att.n_kv_heads)
+            if att.q_norm is not None:
+                q, k = att.q_norm(q), att.k_norm(k)
+            past_sinks = max(sinks - a, 0)                  # this chunk's rows that are sinks
+            if past_sinks:
+                sink_k[layer] = torch.cat([sink_k[layer], k[:, :, :past_sinks]], 2)
+                sink_v[layer] = torch.cat([sink_v[layer], v[:, :, :past_sinks]], 2)
+            k_win = torch.cat([keep_k[layer], k[:, :, past_sinks:]], 2)[:, :, first - kept_from:]
+            v_win = torch.cat([keep_v[layer], v[:, :, past_sinks:]], 2)[:, :, first - kept_from:]
+            q_parts = [apply_rope(q, cos_table[t - offset], sin_table[t - offset])]
+            k_parts = [apply_rope(k_win, cos_table[wpos], sin_table[wpos])]
+            v_parts, masks = [v_win], [_visible(t, lo, b - first, first)]
+            n_s = sink_k[layer].shape[2]
+            if n_s:
+                spos = torch.arange(n_s, device=device)
+                q_parts.append(apply_rope(q, cos_table[sink_pos], sin_table[sink_pos]))
+                k_parts.append(apply_rope(sink_k[layer], cos_table[spos], sin_table[spos]))
+                v_parts.append(sink_v[layer])
+                masks.append(spos[None, :] <= t[:, None])
+            y = _attend(q_parts, k_parts, v_parts, masks, n_rep)
+            h = x + att.wo(merge_heads(y))
+            x = h + block.feed_forward(block.ffn_norm(h))
+            keep_k[layer] = k_win[:, :, keep_from - first:]
+            keep_v[layer] = v_win[:, :, keep_from - first:]
+        kept_from = keep_from
+        logits = _at_least_float32(model.output(model.norm(x))[0])
+        losses.append(nnf.cross_entropy(logits, ids[a + 1:b + 1], reduction="none"))
+    return torch.cat(losses).cpu()
+
+
+@torch.no_grad()
+def streaming_nll_loop(model, ids: torch.Tensor, *, window: int | None,
+                       sinks: int = 0) -> torch.Tensor:
+    """streaming_nll one token at a time, the plain way: an explicit cache of un-rotated keys
+    (the sinks, then the window; the oldest non-sink key evicted when it is full), every key
+    and the query rotated at their index in the cache on every step. The oracle, O(T x cache)."""
+    _check_streaming(model, ids, window, sinks)
+    cfg, n = model.cfg, ids.numel()
+    capacity = n if window is None else sinks + window
+    n_rep = cfg.n_heads // cfg.n_kv_heads
+    cos_table, sin_table = model.rope_cos, model.rope_sin
+    cache_k = [[] for _ in model.layers]           # per layer: (H_kv, d) un-rotated, in order
+    cache_v = [[] for _ in model.layers]
+    losses = []
+    for t in range(n - 1):
+        x = model.tok_embeddings(ids[t:t + 1])[None]
+        for layer, block in enumerate(model.layers):
+            att = block.attention
+            h = block.attention_norm(x)
+            q = split_heads(att.wq(h), att.n_heads)
+            k = split_heads(att.wk(h), att.n_kv_heads)
+            v = split_heads(att.wv(h), att.n_kv_heads)
+            if att.q_norm is not None:
+                q, k = att.q_norm(q), att.k_norm(k)
+            if len(cache_k[layer]) == capacity:            # evict the oldest non-sink token
+                del cache_k[layer][sinks], cache_v[layer][sinks]
+            cache_k[layer].append(k[0, :, 0])
+            cache_v[layer].append(v[0, :, 0])
+            size = len(cache_k[layer])
+            pos = torch.arange(size)
+            k_all = apply_rope(torch.stack(cache_k[layer], 1)[None], cos_table[pos], sin_table[pos])
+            q_rot = apply_rope(q, cos_table[size - 1:size], sin_table[size - 1:size])
+            y = _attend([q_rot], [k_all], [torch.stack(cache_v[layer], 1)[None]],
+                        [torch.ones(1, size, dtype=torch.bool)], n_rep)
+            h = x + att.wo(merge_heads(y))
+            x = h + block.feed_forward(block.ffn_norm(h))
+        logits = _at_least_float32(model.output(model.norm(x))[0])
+        losses.append(nnf.cross_entropy(logits, ids[t + 1:t + 2], reduction="none"))
+    return torch.cat(losses)
+
+
+def perplexity(nll: torch.Tensor, start: int = 0, stop: int | None = None) -> float:
+    """exp of the mean of nll[start:stop] (losses from streaming_nll: entry t predicts t+1)."""
+    part = nll[start:stop]
+    if part.numel() == 0:
+        raise ValueError(f"no losses in [{start}, {stop}) of {nll.numel()}")
+    return math.exp(part.double().mean().item())
+
+
+# --------------------------------------------------------------------------------------------
+# fp8 (e4m3) KV with one scale per head
+
+
+def quantize_kv_fp8(x: torch.Tensor, scale: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (B, H, T, d) float -> (x_q float8_e4m3fn (B, H, T, d), scale float32 (B, H, 1, 1)).
+
+    scale None: each head's max |x| over its tokens and channels / 448 (a head of zeros gets
+    scale 1). A given scale (B, H, 1, 1), e.g. calibrated on earlier tokens, must cover x:
+    ValueError when some |x| / scale exceeds 448 (torch's cast would saturate it silently)."""
+    if not isinstance(x, torch.Tensor) or x.ndim != 4 or not x.is_floating_point():
+        raise ValueError("x must be a floating (B, H, T, head_dim) tensor")
+    if scale is None:
+        amax = x.detach().abs().amax(dim=(2, 3), keepdim=True).float()
+        scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    else:
+        if scale.shape != (x.shape[0], x.shape[1], 1, 1):
+            raise ValueError(f"scale must have shape {(x.shape[0], x.shape[1], 1, 1)}, got "
+                             f"{tuple(scale.shape)}")
+        worst = (x.float().abs() / scale).amax().item()
+        if not worst <= FP8_MAX:
+            raise ValueError(f"x exceeds the scale's range: max |x| / scale = {worst:.4g} > "
+                             f"{FP8_MAX:g} (calibrate the scale on data at least this large)")
+    x_q = (x.float() / scale).to(torch.float8_e4m3fn)
+    return x_q, scale.float()
+
+
+def dequantize_kv_fp8(x_q: torch.Tensor, scale: torch.Tensor,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The inverse of quantize_kv_fp8, up to its rounding: x_q * scale in `dtype`."""
+    if x_q.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"x_q must be float8_e4m3fn, got {x_q.dtype}")
+    return (x_q.float() * scale).to(dtype)
+
+
+def kv_bytes_per_token_quantized(n_layers: int, n_kv_heads: int, head_dim: int, kind: str,
+                                 context: int) -> float:
+    """Bytes per token of a GQA cache at `context` tokens, scales included: "bf16" (2 B per
+    number), "int8" (1 B plus a float32 scale per token and head, day 15) or "fp8" (1 B plus a
+    float32 scale per head, paid once per sequence and spread over its tokens)."""
+    kinds = ("bf16", "int8", "fp8")
+    if kind not in kinds:
+        raise ValueError(f"kind must be one of {kinds}, got {kind!r}")
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise ValueError(f"context must be an integer >= 1, got {context!r}")
+    numbers = 2 * n_layers * n_kv_heads * head_dim           # keys and values
+    if kind == "bf16":
+        return 2.0 * numbers
+    if kind == "int8":
+        return numbers + 2 * n_layers * n_kv_heads * 4
+    return numbers + 2 * n_layers * n_kv_heads * 4 / context
