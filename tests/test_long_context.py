@@ -271,3 +271,64 @@ def test_quantized_bytes_per_token():
         LC.kv_bytes_per_token_quantized(*args, "fp4", 100)
     with pytest.raises(ValueError, match="context"):
         LC.kv_bytes_per_token_quantized(*args, "fp8", 0)
+
+
+# --------------------------------------------------------------------------------------------
+# generating with sinks
+
+
+def test_streaming_generate_past_the_context_follows_the_oracle(model):
+    from tinygpt.sampling import SamplingParams
+
+    prompt = IDS[:20]
+    window, sinks = 10, 4
+    params = SamplingParams(temperature=0.0, max_new_tokens=150)    # 170 > CFG's 128 positions
+    new = LC.streaming_generate(model, prompt, params, window=window, sinks=sinks, chunk=8)
+    assert len(new) == 150
+    logits = LC.streaming_logits_loop(model, torch.cat([prompt, torch.tensor(new[:-1])]),
+                                      window=window, sinks=sinks)[prompt.numel() - 1:]
+    top2 = logits.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 1e-4          # near ties may go either way in float32
+    assert clear.float().mean() > 0.9
+    assert (logits.argmax(-1) == torch.tensor(new))[clear].all()
+
+
+def test_streaming_generate_with_a_long_window_is_generate(model):
+    from tinygpt.generate import generate
+    from tinygpt.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=30)
+    want = generate(model, IDS[:17].tolist(), params).token_ids
+    assert LC.streaming_generate(model, IDS[:17].tolist(), params, window=64, sinks=4,
+                                 chunk=5) == want
+    sampled = SamplingParams(temperature=0.8, max_new_tokens=12, seed=3)
+    first = LC.streaming_generate(model, IDS[:9], sampled, window=6, sinks=2)
+    assert first == LC.streaming_generate(model, IDS[:9], sampled, window=6, sinks=2)
+    stop = LC.streaming_generate(model, IDS[:17].tolist(), params, window=64, eos_id=want[5])
+    assert stop == want[:want.index(want[5]) + 1]
+
+
+def test_streaming_lm_holds_sinks_plus_window_keys(model):
+    lm = LC.StreamingLM(model, window=6, sinks=2)
+    for a in range(0, 48, 5):
+        lm.forward(IDS[a:a + 5])
+        held = lm.keep_k[0].shape[2] + lm.sink_k[0].shape[2]
+        assert held <= 2 + 6 - 1 and lm.length == min(a + 5, 50)
+    full = LC.StreamingLM(model, window=None)
+    full.forward(IDS.repeat(3)[:120])
+    with pytest.raises(ValueError, match="max_seq_len 128"):
+        full.forward(IDS[:9])                      # 129 positions: no window to stream with
+
+
+def test_streaming_generate_refuses_bad_arguments(model):
+    from tinygpt.sampling import SamplingParams
+
+    params = SamplingParams(max_new_tokens=3)
+    with pytest.raises(ValueError, match="needs a window"):
+        LC.streaming_generate(model, IDS[:4], params, window=None)
+    with pytest.raises(TypeError, match="SamplingParams"):
+        LC.streaming_generate(model, IDS[:4], {"max_new_tokens": 3}, window=8)
+    with pytest.raises(ValueError, match="at least 1"):
+        LC.streaming_generate(model, [], params, window=8)
+    with pytest.raises(ValueError, match="non-empty"):
+        LC.StreamingLM(model, window=8).forward(torch.tensor([], dtype=torch.long))

@@ -14,7 +14,10 @@ drop_out_of_window, and the RoPE scaling types of tinygpt.positions):
                            teacher-forced next-token losses under StreamingLLM's cache: the
                            first `sinks` tokens plus the last `window`, positions assigned
                            inside the cache; chunked (many queries per pass)
-    streaming_nll_loop     the same one token at a time with an explicit cache: the oracle
+    StreamingLM            the model under that cache, a chunk of tokens per forward call
+    streaming_generate     generation past the context with sinks + window
+    streaming_logits_loop, streaming_nll_loop
+                           one token at a time with an explicit cache: the oracle
     quantize_kv_fp8, dequantize_kv_fp8
                            keys or values in float8 e4m3 with one float32 scale per head
 
@@ -169,8 +172,14 @@ def long_text(tokenizer, n_tokens: int, seed: int = 0) -> torch.Tensor:
 # attention sinks
 
 
-def _check_streaming(model, ids: torch.Tensor, window: int | None, sinks: int,
-                     chunk: int | None = None) -> None:
+def _check_ids(ids: torch.Tensor, minimum: int = 2) -> None:
+    if not isinstance(ids, torch.Tensor) or ids.ndim != 1 or ids.dtype != torch.long:
+        raise ValueError("ids must be a 1-D int64 tensor of token ids")
+    if ids.numel() < minimum:
+        raise ValueError(f"ids must hold at least {minimum} tokens, got {ids.numel()}")
+
+
+def _check_streaming(model, window: int | None, sinks: int) -> None:
     from tinygpt.model import TinyGPT
 
     if not isinstance(model, TinyGPT):
@@ -182,10 +191,6 @@ def _check_streaming(model, ids: torch.Tensor, window: int | None, sinks: int,
     if cfg.rope_scaling is not None and dict(cfg.rope_scaling).get("type") == "dynamic":
         raise ValueError("dynamic RoPE scaling changes the frequencies with the length: not "
                          "supported by streaming evaluation")
-    if not isinstance(ids, torch.Tensor) or ids.ndim != 1 or ids.dtype != torch.long:
-        raise ValueError("ids must be a 1-D int64 tensor of token ids")
-    if ids.numel() < 2:
-        raise ValueError(f"ids must hold at least 2 tokens, got {ids.numel()}")
     if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
         raise ValueError(f"sinks must be an integer >= 0, got {sinks!r}")
     if window is None:
@@ -194,14 +199,6 @@ def _check_streaming(model, ids: torch.Tensor, window: int | None, sinks: int,
     elif isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be None (full attention) or an integer >= 1, "
                          f"got {window!r}")
-    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
-        raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
-    span = min(ids.numel(), ids.numel() if window is None else
-               max(sinks + window, window + (chunk or 1) - 1))
-    if span > cfg.max_seq_len:
-        raise ValueError(f"the cache spans {span} positions (the text's length, or less: "
-                         f"max(sinks + window, window + chunk - 1)), past the model's "
-                         f"max_seq_len {cfg.max_seq_len}")
 
 
 def _visible(t: torch.Tensor, lo: torch.Tensor, n_keys: int, first: int) -> torch.Tensor:
@@ -227,43 +224,62 @@ def _attend(q_parts, k_parts, v_parts, masks, n_rep: int) -> torch.Tensor:
     return torch.matmul(probs, values)
 
 
-@torch.no_grad()
-def streaming_nll(model, ids: torch.Tensor, *, window: int | None, sinks: int = 0,
-                  chunk: int = 256) -> torch.Tensor:
-    """Teacher-forced next-token losses of `ids` (T,) under a StreamingLLM cache.
+class StreamingLM:
+    """A TinyGPT run under StreamingLLM's cache, a chunk of tokens at a time.
 
-    Returns (T - 1,) float32 (float64 for a float64 model): entry t is -log p(ids[t+1] | what
-    the cache holds at t), natural log. The cache holds the first `sinks` tokens and the last
-    `window` ones (window=None: every token, plain causal attention; sinks=0: window only);
-    positions are numbered inside the cache (module docstring). Queries go `chunk` at a time;
-    the result does not depend on `chunk` beyond float rounding. The model runs in its own
-    dtype (float32 for SmolLM2). Memory: the sinks and the last window + chunk keys of each
-    layer, however long `ids` is.
+    StreamingLM(model, window=W, sinks=S) keeps, per layer, the first S tokens' keys and
+    values and the last W ones' (window=None: every token), un-rotated; `forward(ids)` runs the
+    next T tokens (positions length .. length + T - 1 of the stream) and returns their logits
+    (T, vocab), each query seeing the sinks at their cache distance and the window at its text
+    distance (module docstring). Memory: S + W + T keys per layer, however long the stream.
+    `streaming_nll` and `streaming_generate` are built on it; `streaming_nll_loop` is its
+    oracle.
     """
-    _check_streaming(model, ids, window, sinks, chunk)
-    cfg, n = model.cfg, ids.numel()
-    device = model.tok_embeddings.weight.device
-    ids = ids.to(device)
-    horizon = n if window is None else window
-    cos_table, sin_table = model.rope_cos, model.rope_sin
-    n_rep = cfg.n_heads // cfg.n_kv_heads
-    empty = torch.empty(1, cfg.n_kv_heads, 0, cfg.head_dim, device=device,
-                        dtype=model.tok_embeddings.weight.dtype)
-    sink_k = [empty] * len(model.layers)        # per layer: the sinks' un-rotated keys
-    sink_v = [empty] * len(model.layers)
-    keep_k = [empty] * len(model.layers)        # window keys kept_from .. a - 1, un-rotated
-    keep_v = [empty] * len(model.layers)
-    kept_from, losses = sinks, []
-    for a in range(0, n - 1, chunk):
-        b = min(a + chunk, n - 1)
-        t = torch.arange(a, b, device=device)
+
+    def __init__(self, model, *, window: int | None, sinks: int = 0) -> None:
+        _check_streaming(model, window, sinks)
+        self.model, self.window, self.sinks = model, window, sinks
+        cfg = model.cfg
+        self.device = model.tok_embeddings.weight.device
+        empty = torch.empty(1, cfg.n_kv_heads, 0, cfg.head_dim, device=self.device,
+                            dtype=model.tok_embeddings.weight.dtype)
+        n = len(model.layers)
+        self.sink_k, self.sink_v = [empty] * n, [empty] * n     # the sinks, un-rotated
+        self.keep_k, self.keep_v = [empty] * n, [empty] * n     # window keys kept_from ..
+        self.kept_from, self.length = sinks, 0
+
+    def positions_needed(self, n_new: int) -> int:
+        """RoPE table rows a forward of n_new tokens uses (at most)."""
+        if self.window is None:
+            return self.length + n_new
+        return max(self.sinks + self.window, self.window + n_new - 1)
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (T,) int64, the stream's next tokens -> logits (T, vocab), in the model's dtype
+        promoted to at least float32."""
+        if not isinstance(ids, torch.Tensor) or ids.ndim != 1 or ids.dtype != torch.long \
+                or ids.numel() == 0:
+            raise ValueError("ids must be a non-empty 1-D int64 tensor of token ids")
+        model, sinks = self.model, self.sinks
+        if self.positions_needed(ids.numel()) > model.cfg.max_seq_len:
+            raise ValueError(f"a forward of {ids.numel()} tokens here uses "
+                             f"{self.positions_needed(ids.numel())} RoPE positions, past the "
+                             f"model's max_seq_len {model.cfg.max_seq_len} (full attention "
+                             f"cannot stream past it: give a window, or fewer tokens per call)")
+        a, b = self.length, self.length + ids.numel()
+        horizon = b + 1 if self.window is None else self.window      # None: every key
+        cos_table, sin_table = model.rope_cos, model.rope_sin
+        n_rep = model.cfg.n_heads // model.cfg.n_kv_heads
+        t = torch.arange(a, b, device=self.device)
         lo = torch.clamp(t - horizon + 1, min=sinks)        # the window's oldest visible key
         first = min(max(sinks, a - horizon + 1), b)         # oldest window key read here
         offset = min(first, a)                              # rotate at position - offset >= 0
         sink_pos = torch.clamp(t, max=sinks + horizon - 1)  # a query's position for the sinks
-        wpos = torch.arange(first, b, device=device) - offset
-        keep_from = max(sinks, b - horizon + 1, first)      # the next chunk's oldest window key
-        x = model.tok_embeddings(ids[a:b])[None]
+        wpos = torch.arange(first, b, device=self.device) - offset
+        keep_from = max(sinks, b - horizon + 1, first)      # the next call's oldest window key
+        past_sinks = max(sinks - a, 0)                      # this call's rows that are sinks
+        x = model.tok_embeddings(ids.to(self.device))[None]
         for layer, block in enumerate(model.layers):
             att = block.attention
             h = block.attention_norm(x)
@@ -272,48 +288,111 @@ def streaming_nll(model, ids: torch.Tensor, *, window: int | None, sinks: int = 
             v = split_heads(att.wv(h), att.n_kv_heads)
             if att.q_norm is not None:
                 q, k = att.q_norm(q), att.k_norm(k)
-            past_sinks = max(sinks - a, 0)                  # this chunk's rows that are sinks
             if past_sinks:
-                sink_k[layer] = torch.cat([sink_k[layer], k[:, :, :past_sinks]], 2)
-                sink_v[layer] = torch.cat([sink_v[layer], v[:, :, :past_sinks]], 2)
-            k_win = torch.cat([keep_k[layer], k[:, :, past_sinks:]], 2)[:, :, first - kept_from:]
-            v_win = torch.cat([keep_v[layer], v[:, :, past_sinks:]], 2)[:, :, first - kept_from:]
+                self.sink_k[layer] = torch.cat([self.sink_k[layer], k[:, :, :past_sinks]], 2)
+                self.sink_v[layer] = torch.cat([self.sink_v[layer], v[:, :, :past_sinks]], 2)
+            k_win = torch.cat([self.keep_k[layer], k[:, :, past_sinks:]], 2)
+            v_win = torch.cat([self.keep_v[layer], v[:, :, past_sinks:]], 2)
+            drop = first - self.kept_from                   # keys no query here reads
+            k_win, v_win = k_win[:, :, drop:], v_win[:, :, drop:]
             q_parts = [apply_rope(q, cos_table[t - offset], sin_table[t - offset])]
             k_parts = [apply_rope(k_win, cos_table[wpos], sin_table[wpos])]
             v_parts, masks = [v_win], [_visible(t, lo, b - first, first)]
-            n_s = sink_k[layer].shape[2]
+            n_s = self.sink_k[layer].shape[2]
             if n_s:
-                spos = torch.arange(n_s, device=device)
+                spos = torch.arange(n_s, device=self.device)
                 q_parts.append(apply_rope(q, cos_table[sink_pos], sin_table[sink_pos]))
-                k_parts.append(apply_rope(sink_k[layer], cos_table[spos], sin_table[spos]))
-                v_parts.append(sink_v[layer])
+                k_parts.append(apply_rope(self.sink_k[layer], cos_table[spos], sin_table[spos]))
+                v_parts.append(self.sink_v[layer])
                 masks.append(spos[None, :] <= t[:, None])
             y = _attend(q_parts, k_parts, v_parts, masks, n_rep)
             h = x + att.wo(merge_heads(y))
             x = h + block.feed_forward(block.ffn_norm(h))
-            keep_k[layer] = k_win[:, :, keep_from - first:]
-            keep_v[layer] = v_win[:, :, keep_from - first:]
-        kept_from = keep_from
-        logits = _at_least_float32(model.output(model.norm(x))[0])
-        losses.append(nnf.cross_entropy(logits, ids[a + 1:b + 1], reduction="none"))
+            self.keep_k[layer] = k_win[:, :, keep_from - first:]
+            self.keep_v[layer] = v_win[:, :, keep_from - first:]
+        self.kept_from, self.length = keep_from, b
+        return _at_least_float32(model.output(model.norm(x))[0])
+
+
+def streaming_nll(model, ids: torch.Tensor, *, window: int | None, sinks: int = 0,
+                  chunk: int = 256) -> torch.Tensor:
+    """Teacher-forced next-token losses of `ids` (T,) under a StreamingLLM cache.
+
+    Returns (T - 1,) float32 (float64 for a float64 model): entry t is -log p(ids[t+1] | what
+    the cache holds at t), natural log. The cache holds the first `sinks` tokens and the last
+    `window` ones (window=None: every token, plain causal attention; sinks=0: window only);
+    positions are numbered inside the cache (module docstring). Queries go `chunk` at a time
+    through StreamingLM.forward; the result does not depend on `chunk` beyond float rounding.
+    The model runs in its own dtype (float32 for SmolLM2).
+    """
+    _check_ids(ids)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
+    lm = StreamingLM(model, window=window, sinks=sinks)
+    n = ids.numel()
+    need = n - 1 if window is None else lm.positions_needed(min(chunk, n - 1))
+    if need > model.cfg.max_seq_len:
+        raise ValueError(f"the cache spans {need} positions (the text's length, or less: "
+                         f"max(sinks + window, window + chunk - 1)), past the model's "
+                         f"max_seq_len {model.cfg.max_seq_len}")
+    losses = []
+    for a in range(0, n - 1, chunk):
+        b = min(a + chunk, n - 1)
+        logits = lm.forward(ids[a:b])
+        losses.append(nnf.cross_entropy(logits, ids[a + 1:b + 1].to(logits.device),
+                                        reduction="none"))
     return torch.cat(losses).cpu()
 
 
+def streaming_generate(model, prompt_ids, params, *, window: int, sinks: int = 4,
+                       eos_id: int | None = None, chunk: int = 256,
+                       generator: torch.Generator | None = None) -> list[int]:
+    """Generate past the model's context with StreamingLLM's cache (sinks + window): the
+    prompt in chunks, then one token per step, sampled with tinygpt.sampling (params: a
+    SamplingParams; penalties are not applied). Returns the new ids (a final EOS included).
+    Memory stays at sinks + window keys per layer however many tokens it generates; with a
+    window at least the prompt plus the new tokens it is generate()'s greedy output."""
+    from tinygpt.sampling import SamplingParams, sample_next_token
+
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+    if window is None:
+        raise ValueError("streaming_generate needs a window (an integer >= 1)")
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1)
+    _check_ids(prompt, minimum=1)
+    lm = StreamingLM(model, window=window, sinks=sinks)
+    step = max(1, min(chunk, model.cfg.max_seq_len - window + 1))
+    for a in range(0, prompt.numel(), step):
+        logits = lm.forward(prompt[a:a + step])
+    new: list[int] = []
+    while len(new) < params.max_new_tokens:
+        token = int(sample_next_token(logits[-1:], params, generator)[0])
+        new.append(token)
+        if token == eos_id:
+            break
+        logits = lm.forward(torch.tensor([token]))
+    return new
+
+
 @torch.no_grad()
-def streaming_nll_loop(model, ids: torch.Tensor, *, window: int | None,
-                       sinks: int = 0) -> torch.Tensor:
-    """streaming_nll one token at a time, the plain way: an explicit cache of un-rotated keys
-    (the sinks, then the window; the oldest non-sink key evicted when it is full), every key
-    and the query rotated at their index in the cache on every step. The oracle, O(T x cache)."""
-    _check_streaming(model, ids, window, sinks)
+def streaming_logits_loop(model, ids: torch.Tensor, *, window: int | None,
+                          sinks: int = 0) -> torch.Tensor:
+    """Logits (T, vocab) of every position of `ids` under StreamingLLM's cache, one token at a
+    time, the plain way: an explicit cache of un-rotated keys (the sinks, then the window; the
+    oldest non-sink key evicted when it is full), every key and the query rotated at their
+    index in the cache on every step. The oracle of StreamingLM, O(T x cache)."""
+    _check_ids(ids)
+    _check_streaming(model, window, sinks)
     cfg, n = model.cfg, ids.numel()
+    if (n if window is None else sinks + window) > cfg.max_seq_len:
+        raise ValueError(f"the cache spans more than the model's max_seq_len {cfg.max_seq_len}")
     capacity = n if window is None else sinks + window
     n_rep = cfg.n_heads // cfg.n_kv_heads
     cos_table, sin_table = model.rope_cos, model.rope_sin
     cache_k = [[] for _ in model.layers]           # per layer: (H_kv, d) un-rotated, in order
     cache_v = [[] for _ in model.layers]
-    losses = []
-    for t in range(n - 1):
+    rows = []
+    for t in range(n):
         x = model.tok_embeddings(ids[t:t + 1])[None]
         for layer, block in enumerate(model.layers):
             att = block.attention
@@ -335,9 +414,15 @@ def streaming_nll_loop(model, ids: torch.Tensor, *, window: int | None,
                         [torch.ones(1, size, dtype=torch.bool)], n_rep)
             h = x + att.wo(merge_heads(y))
             x = h + block.feed_forward(block.ffn_norm(h))
-        logits = _at_least_float32(model.output(model.norm(x))[0])
-        losses.append(nnf.cross_entropy(logits, ids[t + 1:t + 2], reduction="none"))
-    return torch.cat(losses)
+        rows.append(_at_least_float32(model.output(model.norm(x))[0]))
+    return torch.cat(rows)
+
+
+def streaming_nll_loop(model, ids: torch.Tensor, *, window: int | None,
+                       sinks: int = 0) -> torch.Tensor:
+    """streaming_nll from streaming_logits_loop: the oracle of the chunked evaluation."""
+    logits = streaming_logits_loop(model, ids, window=window, sinks=sinks)
+    return nnf.cross_entropy(logits[:-1], ids[1:], reduction="none")
 
 
 def perplexity(nll: torch.Tensor, start: int = 0, stop: int | None = None) -> float:
