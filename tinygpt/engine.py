@@ -39,6 +39,16 @@ blocks outlive their requests, and a new request that begins with the same token
 them; the outputs are the same as without (tests/test_engine.py runs both against batch-1
 `generate`).
 
+Forced tokens (day 19, Engine(fast_forward=True), the default): when a request's constraint
+has forced() (tinygpt.structured's grammars: the tokens the grammar allows and no other), the
+step that samples its token also appends the run the grammar then forces, without sampling,
+exactly as batch-1 `stream` does; the next step feeds the whole run to the model in one pass,
+a short chunk among the decodes (tinygpt.scheduler, step 1), so a run of k forced tokens costs
+one forward pass instead of k. The tokens are the same as without it (greedy; and a seeded
+sampler draws only for sampled tokens, as `stream` does): tests/test_engine_forced.py runs both
+and batch-1 `generate` under random arrivals, budgets and preemptions. A request that asks for
+logprobs does not fast-forward (each token's log-probability needs the model at its position).
+
 Threads: the model runs on the worker thread; events reach the request's asyncio queue through
 the event loop's call_soon_threadsafe, so `async for` never blocks the server.
 """
@@ -197,7 +207,9 @@ class StepRecord:
 
     prefill: request id -> tokens it fed as a prompt chunk (or a recompute after preemption);
     decode: ids that fed one token; waiting: ids still queued after the step; preempted: ids
-    taken out before it; finished: ids that ended with it; seconds: the step's wall time.
+    taken out before it; finished: ids that ended with it; seconds: the step's wall time;
+    forced: request id -> tokens appended without sampling after its sampled one (day 19; the
+    next step feeds them, in `prefill` since they are several).
     """
 
     index: int
@@ -207,6 +219,7 @@ class StepRecord:
     preempted: tuple
     finished: tuple
     seconds: float
+    forced: dict = field(default_factory=dict)   # request id -> tokens its grammar forced
 
 
 @dataclass(eq=False)
@@ -225,6 +238,28 @@ class _Active:
     prompt_logprobs: int | None = None
     token_logprobs: list = field(default_factory=list)     # (logprob, top) per output
     prompt_entries: dict = field(default_factory=dict)     # position -> (logprob, top)
+    forcing: _Forcing | None = None       # its constraint, when it fast-forwards
+
+
+class _Forcing:
+    """A constraint with forced() (day 19's fast-forward), its answer kept until the next
+    advance: the engine asks first (does the request need the model before its next token?),
+    then the token loop asks the same question and gets the same list, computed once."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self._forced = inner, None
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.inner.mask(logits)
+
+    def advance(self, token_id: int) -> None:
+        self._forced = None
+        self.inner.advance(token_id)
+
+    def forced(self) -> list[int]:
+        if self._forced is None:
+            self._forced = list(self.inner.forced())
+        return self._forced
 
 
 def logprob_entries(logits: torch.Tensor, targets: Sequence[int], k: int
@@ -257,14 +292,16 @@ class Engine:
     step in `log` (the timeline widget draws it). prefix_caching: reuse the full KV blocks
     of earlier requests' prefixes (see the module docstring). batched: run a float32 CPU
     model's products through tinygpt.cpu_gemm (the default; False: the model's own modules,
-    the oracle; see tinygpt.runner.ModelRunner).
+    the oracle; see tinygpt.runner.ModelRunner). fast_forward: append the tokens a request's
+    constraint forces without sampling and feed them in one pass (the default; False: one
+    decode step per token, the oracle; see the module docstring).
     """
 
     def __init__(self, model: TinyGPT, tokenizer=None, *, block_size: int = 16,
                  num_blocks: int | None = None, max_running: int = 32,
                  token_budget: int = 256, order: Sequence[str] = DEFAULT_ORDER,
                  record: bool = False, prefix_caching: bool = False,
-                 batched: bool = True) -> None:
+                 batched: bool = True, fast_forward: bool = True) -> None:
         if not isinstance(model, TinyGPT):
             raise TypeError(f"model must be a TinyGPT, got {type(model).__name__}")
         if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
@@ -278,10 +315,13 @@ class Engine:
         self.scheduler = Scheduler(self.cache, max_running=max_running,
                                    token_budget=token_budget)
         self.runner = ModelRunner(model, self.cache, batched=batched)
-        self.record = record
+        if not isinstance(fast_forward, bool):
+            raise TypeError(f"fast_forward must be True or False, got {fast_forward!r}")
+        self.record, self.fast_forward = record, fast_forward
         self.log: list[StepRecord] = []
         self.steps = 0
         self.tokens_generated = 0
+        self.tokens_forced = 0            # of them appended without sampling (fast-forward)
         self._active: dict[Hashable, _Active] = {}
         self._results: dict[Hashable, _Active] = {}     # finished, until release()
         self._failed: dict[Hashable, str] = {}          # failed alone, until failures()
@@ -335,15 +375,21 @@ class Engine:
             generator = torch.Generator(device=device).manual_seed(params.seed)
         holder: dict = {}
         eos_ids = tuple(eos_ids)
+        forcing = None
+        if (self.fast_forward and logprobs is None
+                and callable(getattr(constraint, "forced", None))):
+            constraint = forcing = _Forcing(constraint)
         loop = token_events(lambda ids: holder.pop("logits"),
                             torch.tensor([prompt], device=device), params,
                             eos_ids[0] if eos_ids else None, self.tokenizer, generator,
-                            self.order, self.model.cfg.max_seq_len, constraint)
+                            self.order, self.model.cfg.max_seq_len, constraint,
+                            fast_forward=forcing is not None)
         seq = Seq(request_id, prompt, params.max_new_tokens, arrival=self.steps,
                   cache_prefix=prompt_logprobs is None)
         self.scheduler.add(seq)
         self._active[request_id] = _Active(seq, loop, holder, eos_ids, time.perf_counter(),
-                                           logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+                                           logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                                           forcing=forcing)
         return request_id
 
     def abort(self, request_id: Hashable) -> None:
@@ -391,6 +437,7 @@ class Engine:
         self.scheduler.complete(plan.scheduled)
         now = time.perf_counter()
         finished = []
+        forced: dict = {}
         for row, (item, samples) in enumerate(zip(plan.scheduled, sampling, strict=True)):
             if not samples:
                 continue
@@ -398,24 +445,26 @@ class Engine:
             active.holder["logits"] = logits[row:row + 1]
             try:
                 event = next(active.loop)
+                if active.logprobs is not None:
+                    active.token_logprobs.extend(logprob_entries(
+                        logits[row:row + 1], [event.token_id], active.logprobs))
+                done = self._emit(active, event, now, out)
+                # day 19: the tokens its grammar now forces, appended without sampling; the
+                # next step feeds them in one pass (the scheduler's decodes, a short chunk)
+                while not done and active.forcing is not None and active.forcing.forced():
+                    for _ in range(len(active.forcing.forced())):
+                        done = self._emit(active, next(active.loop), now, out)
+                        forced[item.seq.id] = forced.get(item.seq.id, 0) + 1
+                        self.tokens_forced += 1
+                        if done:
+                            break
             except Exception as err:  # noqa: BLE001 - its own loop (a constraint) failed: it alone
                 self.scheduler.finish(item.seq)
                 del self._active[item.seq.id]
                 self._failed[item.seq.id] = f"{type(err).__name__}: {err}"
                 finished.append(item.seq.id)
                 continue
-            if active.logprobs is not None:
-                active.token_logprobs.extend(logprob_entries(logits[row:row + 1],
-                                                             [event.token_id], active.logprobs))
-            if event.finish_reason is None and event.token_id in active.eos_ids:
-                event = TokenEvent(event.token_id, event.index, "" if event.text is not None
-                                   else None, "eos")
-            item.seq.output_ids.append(event.token_id)
-            active.token_times.append(now)
-            active.events.append(event)
-            self.tokens_generated += 1
-            out.append((item.seq.id, event))
-            if event.finish_reason is not None:
+            if done:
                 self.scheduler.finish(item.seq)
                 self._results[item.seq.id] = self._active.pop(item.seq.id)
                 finished.append(item.seq.id)
@@ -427,8 +476,22 @@ class Engine:
                 tuple(i.seq.id for i, d in zip(plan.scheduled, decode, strict=True) if d),
                 tuple(s.id for s in self.scheduler.waiting),
                 tuple(s.id for s in plan.preempted), tuple(finished),
-                time.perf_counter() - t0))
+                time.perf_counter() - t0, forced))
         return out
+
+    def _emit(self, active: _Active, event: TokenEvent, now: float,
+              out: list[tuple[Hashable, TokenEvent]]) -> bool:
+        """A request's new token: into its sequence, its events and `out`; True when it
+        ends the request."""
+        if event.finish_reason is None and event.token_id in active.eos_ids:
+            event = TokenEvent(event.token_id, event.index, "" if event.text is not None
+                               else None, "eos")
+        active.seq.output_ids.append(event.token_id)
+        active.token_times.append(now)
+        active.events.append(event)
+        self.tokens_generated += 1
+        out.append((active.seq.id, event))
+        return event.finish_reason is not None
 
     def _record_prompt_logprobs(self, item, rows: torch.Tensor) -> None:
         """Prompt log-probabilities from a chunk's every-position logits: the logits at

@@ -356,7 +356,7 @@ def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, orde
     history, stop conditions, held-back text), so day 17's engine drives one of these per
     request with logits it computed for a whole batch, and gets batch-1 behaviour by design.
     fast_forward: append the constraint's forced() tokens unsampled, so next_logits gets them
-    at once (stream's can; the engine's, one token per step, cannot).
+    at once (stream's can; so does day 19's Engine, which asks forced() first: tinygpt.engine).
     """
     device = prompt.device
     prompt_len = prompt.shape[1]

@@ -19,6 +19,9 @@ Each step, in this order (SYLLABUS.md, day 17):
    position may need a new block; when the pool has none, the NEWEST running sequence is
    preempted (its blocks freed, its progress recomputed later) until there is room. The newest
    has the least work to lose, and the oldest requests keep moving, so none starves.
+   Day 19: a constrained request whose grammar forced a run of tokens after its sampled one
+   has several pending tokens past its prompt; it is fed them here, in one pass, as a short
+   chunk (as many as the budget leaves after one token for each decode behind it).
 2. prefill chunks: running sequences still in their prompt get up to the rest of the step's
    token budget, oldest first. Decodes go first so that a long prompt never stalls the
    sequences already streaming: that is chunked prefill.
@@ -194,6 +197,13 @@ class Scheduler:
         arrivals, the one admitted last)."""
         return sorted(self.running, key=lambda s: s.arrival)[-1]
 
+    @staticmethod
+    def decodes(seq: Seq) -> bool:
+        """A running sequence past its prompt with tokens to feed: one it sampled (a decode),
+        or a run its grammar forced after it (day 19: fed in one pass, like a short prefill
+        chunk). A sequence recomputing after preemption counts once its prompt is in."""
+        return seq.num_pending >= 1 and seq.num_computed >= len(seq.prompt_ids)
+
     def cached_prefix(self, seq: Seq) -> list[int]:
         """The cached blocks `seq` can start on: full blocks of its tokens, leaving at least
         its last token to compute (empty without prefix caching)."""
@@ -215,11 +225,16 @@ class Scheduler:
         """Decide the next step (see the module docstring); reserves the blocks it needs."""
         plan = StepPlan([], [], [])
         budget = self.token_budget
-        # 1. decodes, oldest first; make room by preempting the newest
-        for seq in sorted(self.running, key=lambda s: s.arrival):
-            if seq.status != "running" or seq.num_pending != 1 or budget == 0:
+        # 1. decodes (and forced runs), oldest first; make room by preempting the newest
+        decoding = [seq for seq in sorted(self.running, key=lambda s: s.arrival)
+                    if self.decodes(seq)]
+        for index, seq in enumerate(decoding):
+            if seq.status != "running" or budget == 0:
                 continue
-            while self.cache.blocks_needed(seq.id, 1) > self.cache.allocator.num_free:
+            # a forced run takes what the decodes after it leave (each keeps its one token)
+            later = sum(s.status == "running" for s in decoding[index + 1:])
+            n = max(1, min(seq.num_pending, budget - later))
+            while self.cache.blocks_needed(seq.id, n) > self.cache.allocator.num_free:
                 victim = self.choose_victim()
                 self.preempt(victim)
                 plan.preempted.append(victim)
@@ -227,12 +242,12 @@ class Scheduler:
                     break
             if seq.status != "running":
                 continue
-            self.cache.reserve(seq.id, 1)
-            plan.scheduled.append(Scheduled(seq, seq.num_computed, 1))
-            budget -= 1
+            self.cache.reserve(seq.id, n)
+            plan.scheduled.append(Scheduled(seq, seq.num_computed, n))
+            budget -= n
         # 2. prefill chunks of running sequences (their blocks were reserved on admission)
         for seq in sorted(self.running, key=lambda s: s.arrival):
-            if seq.num_pending > 1 and budget > 0:
+            if seq.num_pending >= 1 and budget > 0 and not self.decodes(seq):
                 n = min(seq.num_pending, budget)
                 plan.scheduled.append(Scheduled(seq, seq.num_computed, n))
                 budget -= n
