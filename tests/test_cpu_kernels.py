@@ -44,10 +44,13 @@ def test_tiled_float32_product_equals_f_linear(threads, n, k, rows):
 
 
 def test_tiled_bfloat16_product_is_f_linear_on_rounded_weights(threads):
+    """(x itself where the weights are widened, x rounded to bfloat16 where the build runs
+    avx512_bf16 dot products: tests/test_cpu_bf16.py checks both paths)"""
     w, x = weights(1024, 320), weights(2, 320, seed=1)
     tiled = ck.TiledLinear(w, fmt="bf16")
     (got,) = tiled(x)
-    check_product("the bfloat16 tiles' product", got, x, w.bfloat16().float())
+    check_product(f"the bfloat16 tiles' product ({ck.bf16_path()})", got,
+                  ck.kernel_input(x, "bf16"), w.bfloat16().float())
     assert tiled.nbytes == w.nbytes // 2
 
 

@@ -15,16 +15,20 @@ The kernels here (C, in tinygpt/csrc/cpu_gemv.c, compiled on first use) fix both
                    take chunks of tiles from an atomic counter and spin between products; the
                    calling thread takes chunks too and never waits for a helper that took none
     weights        float32 (exact products up to summation order) or bfloat16 (half the
-                   bytes; each weight rounded once to 8 significant bits, the sums in float32)
-                   or llama.cpp's Q8_0 / Q4_1 blocks (8.5 / 5 bits per weight), whose kernels
-                   round x to 8 bits per block of 32 (quantize_activation) and sum in
-                   integers with AVX-512 VNNI (a portable C loop elsewhere): the only error
-                   beyond the weights' own is x's rounding, at most half a step per value
+                   bytes; each weight rounded once to 8 significant bits, the sums in float32;
+                   on a CPU with avx512_bf16 x is rounded to bfloat16 too and the products run
+                   on VDPBF16PS: bf16_path() says which) or llama.cpp's Q8_0 / Q4_1 blocks
+                   (8.5 / 5 bits per weight), whose kernels round x to 8 bits per block of
+                   32 (quantize_activation) and sum in integers with AVX-512 VNNI (a portable
+                   C loop elsewhere): the only error beyond the weights' own is x's rounding,
+                   at most half a step per value
 
     TiledLinear        the products of one or more weights that share their input (q, k, v;
                        gate and up), stacked and tiled: x (M, K) -> a tuple of (M, N_i)
     available()        None when the kernels can run here, else the reason they cannot
+    bf16_path()        how this machine's build multiplies bfloat16 weights (BF16_PATHS)
     load()             the compiled library (compiles it once per machine and source)
+    build(*flags)      another build of the kernels, with extra compiler flags
     kernel_input()     x as the kernel for a format multiplies it (the oracle's input)
     DecodeLayers       a float32 decode step's layers, one C call each (the small operations
                        between the products in C, on the calling thread)
@@ -55,6 +59,9 @@ Q_BLOCK = 32            # Q8_0: one scale per row and block of 32 columns
 MAX_ROWS = 4            # x rows (sequences) per product; larger batches are compute-bound
 FORMATS = {"fp32": 0, "bf16": 1, "q8_0": 2, "q4_1": 3}    # the kernels' weight formats
 WEIGHT_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+# how a build multiplies bfloat16 weights, by tg_bf16_path()'s code: the CPU's flags decide,
+# since the library is compiled on first use with -march=native on the machine that runs it
+BF16_PATHS = {0: "widened to float32", 1: "avx512_bf16 dot products"}
 
 def _declare(lib: ctypes.CDLL) -> None:
     lib.tg_gemv.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
@@ -62,6 +69,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tg_use_portable.argtypes = [ctypes.c_int]
     lib.tg_use_portable.restype = ctypes.c_int
     lib.tg_has_vnni.restype = ctypes.c_int
+    lib.tg_bf16_path.restype = ctypes.c_int
     P, L, F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
     lib.tg_layer.argtypes = [ctypes.c_int, P, L, L, P, P, F, P, L, P, L, P, L, P, L, P, P,
                              ctypes.c_int, L, P, P, L, L, L, L, L, ctypes.c_int]
@@ -73,8 +81,15 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tg_experts.restype = ctypes.c_int
 
 
-_library = NativeLibrary(SOURCE, "the CPU kernels", _declare, start="tg_start", stop="tg_stop",
-                         after_fork="tg_after_fork", flags=FLAGS)
+def build(*extra_flags: str) -> NativeLibrary:
+    """The kernels built with `extra_flags` after FLAGS (a shared object and a pool of their
+    own; load() compiles it). The package uses build(); the tests also build the kernels with
+    -mno-avx512bf16, to check the widened bfloat16 path on a CPU that has the instruction."""
+    return NativeLibrary(SOURCE, "the CPU kernels", _declare, start="tg_start", stop="tg_stop",
+                         after_fork="tg_after_fork", flags=FLAGS + extra_flags)
+
+
+_library = build()
 load = _library.load                # the kernel library, compiled and started on first use
 available = _library.available      # None when the kernels can run here, else the reason
 set_threads = _library.set_threads  # split every product over n threads from now on
@@ -207,12 +222,16 @@ def dequantize_activation(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 
 
 def kernel_input(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    """What the kernel for weights in `fmt` multiplies x (..., K) by: x itself for fp32 and
-    bf16, x rounded to 8 bits per block of 32 (quantize_activation) for q8_0 and q4_1. The
-    kernel's output equals F.linear(kernel_input(x, fmt), dequantized weights) up to float
-    summation order; this is the oracle the tests and DecodeStep's probe use."""
+    """What the kernel for weights in `fmt` multiplies x (..., K) by: x itself for fp32, and
+    for bf16 where the build widens the weights; x rounded to bfloat16 (to nearest, ties to
+    even) for bf16 where it runs avx512_bf16 dot products (bf16_path()); x rounded to 8 bits
+    per block of 32 (quantize_activation) for q8_0 and q4_1. The kernel's output equals
+    F.linear(kernel_input(x, fmt), dequantized weights) up to float summation order; this is
+    the oracle the tests and DecodeStep's probe use."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt!r}")
+    if fmt == "bf16" and bf16_path() == BF16_PATHS[1]:
+        return x.bfloat16().to(x.dtype)
     if fmt in ("fp32", "bf16"):
         return x
     rows = x.reshape(-1, x.shape[-1])
@@ -238,15 +257,32 @@ def has_vnni() -> bool:
     return lib is not None and bool(lib.tg_has_vnni())
 
 
+def bf16_path(lib: ctypes.CDLL | None = None) -> str:
+    """How the kernels (or `lib`, another build of them) multiply bfloat16 weights:
+    "avx512_bf16 dot products" where the build targets a CPU with avx512_bf16 (x rounded to
+    bfloat16, VDPBF16PS), "widened to float32" elsewhere (exact products of the bfloat16
+    weights with float32 x), or "unavailable" without the kernels. Sums are float32 either
+    way."""
+    lib = lib or load()
+    return "unavailable" if lib is None else BF16_PATHS[lib.tg_bf16_path()]
+
+
 def tile(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """W (N, K) -> the tiled layout (ceil(N / 16), K, 16) in `dtype` (a copy); a last partial
-    tile is padded with zero rows."""
+    """W (N, K) -> the tiled layout in `dtype` (a copy); a last partial tile is padded with
+    zero rows. float32: (ceil(N / 16), K, 16), a tile column by column. bfloat16: by pairs of
+    columns, (ceil(N / 16), ceil(K / 2), 16, 2), each row's weights of columns 2p and 2p + 1
+    side by side (one 32-bit lane: what VDPBF16PS multiplies; an odd K padded with a zero
+    column)."""
     n, k = weight.shape
     if dtype not in WEIGHT_DTYPES:
         raise ValueError(f"dtype must be one of {list(WEIGHT_DTYPES)}, got {dtype}")
     pad = -n % TILE
     w = torch.cat([weight.detach(), weight.new_zeros(pad, k)]) if pad else weight.detach()
-    return w.to(dtype).reshape(-1, TILE, k).transpose(1, 2).contiguous()
+    if dtype == torch.float32:
+        return w.to(dtype).reshape(-1, TILE, k).transpose(1, 2).contiguous()
+    if k % 2:
+        w = torch.cat([w, w.new_zeros(w.shape[0], 1)], 1)
+    return w.to(dtype).reshape(-1, TILE, (k + 1) // 2, 2).transpose(1, 2).contiguous()
 
 
 class TiledLinear:
@@ -258,7 +294,8 @@ class TiledLinear:
     tiles them and keeps the copy (later changes to the weights do not reach it). Call it
     with x (M, K) or (B, 1, K) float32, M <= MAX_ROWS: it returns one float32 output per
     weight, shapes (..., N_i), equal to F.linear(kernel_input(x, fmt), W_i dequantized) up to
-    summation order. The stacked rows are padded to a multiple of 16 with zeros, whose
+    summation order (bf16: x as it is, or rounded to bfloat16 where bf16_path() is the
+    avx512_bf16 dot products). The stacked rows are padded to a multiple of 16 with zeros, whose
     outputs are dropped.
     """
 
@@ -328,7 +365,7 @@ class TiledLinear:
             status = self.lib.tg_gemv(self.code, self.tiled.data_ptr(), x.data_ptr(),
                                       y.data_ptr(), rows, self.n_pad, self.k)
         if status:
-            raise MemoryError("the kernel could not allocate the quantized activation")
+            raise MemoryError("the kernel could not allocate the rounded activation")
         if self.n_pad != self.n:
             y = y[..., :self.n]                # the padding rows' outputs
         return (y,) if len(self.sizes) == 1 else y.split(self.sizes, -1)
@@ -355,7 +392,9 @@ class DecodeLayers:
     products on the pool and everything between them (the RMS norms, RoPE, the cache write,
     attention over the cached positions, SiLU(gate) * up, the residual adds) on the calling
     thread, computed as the model's forward computes them, in float32 (bfloat16 weights are
-    widened by the kernels; a bfloat16 cache is read and written in bfloat16).
+    widened by the kernels, or multiplied with each product's input rounded to bfloat16 where
+    bf16_path() is the avx512_bf16 dot products; a bfloat16 cache is read and written in
+    bfloat16).
 
     layers: per layer (attention_norm weight (D,), qkv, wo, ffn_norm weight (D,), gate_up,
     w2), the products TiledLinear of one format (q, k, v stacked in that order; gate then up);

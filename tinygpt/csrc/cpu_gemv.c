@@ -8,7 +8,8 @@
  *                weights W[16t .. 16t+15, k] next to each other ((N/16, K, 16) in memory).
  *                A tile is one sequential stream; each step of k is one 16-wide fused
  *                multiply-add of 16 weights by the broadcast x[k] into 16 running sums, and
- *                no horizontal sums are needed at the end.
+ *                no horizontal sums are needed at the end. (bfloat16 tiles hold two
+ *                columns per step: see "bfloat16 weights" below.)
  *   the threads  every product is split across the cores by tiles. The split must cost far
  *                less than a product (40-120 us here), so the helper threads are started once
  *                and spin between products (briefly: then they sleep). The thread that calls
@@ -21,10 +22,12 @@
  * Weights come as float32, bfloat16 (16-bit: the top half of a float32, widened by a shift),
  * llama.cpp's Q8_0 blocks (8-bit integers, one float16 scale per row and block of 32 columns)
  * or its Q4_1 blocks (4-bit integers with a float16 scale and minimum per block). x and y are
- * float32. fp32 and bf16 sum in float32 (the compiler vectorizes the 16-wide loops with
- * -O3 -march=native); Q8_0 and Q4_1 quantize x to 8 bits per block of 32 and sum in integers
- * (AVX-512 VNNI where the CPU has it; see "integer dot products" below). Built and loaded by
- * tinygpt/cpu_kernels.py.
+ * float32. fp32 sums in float32 (the compiler vectorizes the 16-wide loops with
+ * -O3 -march=native); bf16 widens the weights to float32, or, built for a CPU with
+ * avx512_bf16, rounds x to bfloat16 and multiplies with VDPBF16PS (see "bfloat16 weights"
+ * below), float32 sums either way; Q8_0 and Q4_1 quantize x to 8 bits per block of 32 and sum
+ * in integers (AVX-512 VNNI where the CPU has it; see "integer dot products" below). Built and
+ * loaded by tinygpt/cpu_kernels.py.
  */
 #define _GNU_SOURCE             /* pthread_setname_np */
 #include <math.h>
@@ -34,6 +37,16 @@
 #include "pool.h"                /* the helper threads (POOL_* are its tuning knobs) */
 
 #define TILE 16
+#define MAX_ROWS 4      /* rows of x per product */
+
+/* fn(..., rows) with rows a constant 1 .. MAX_ROWS, so each case compiles its own loop */
+#define ROWS_SWITCH(fn, ...)                                                                  \
+    switch (m_rows) {                                                                         \
+        case 1: fn(__VA_ARGS__, 1); break;                                                    \
+        case 2: fn(__VA_ARGS__, 2); break;                                                    \
+        case 3: fn(__VA_ARGS__, 3); break;                                                    \
+        default: fn(__VA_ARGS__, 4); break;                                                   \
+    }
 
 static inline float bf16_to_float(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;
@@ -73,28 +86,62 @@ static void tiles_f32(const float *w, const float *x, float *y, long m_rows, lon
     }
 }
 
-static void tiles_bf16(const uint16_t *w, const float *x, float *y, long m_rows, long n,
-                       long k, long t0, long t1) {
+/* ---------------------------------------------------------------------------------------- */
+/* bfloat16 weights: widened to float32, or multiplied as bfloat16 by VDPBF16PS              */
+/*
+ * A bfloat16 tile stores its weights by pairs of columns: for columns (2p, 2p+1) the 16 rows'
+ * two weights side by side, row i's pair in 32-bit lane i (W[i][2p] in the low half, W[i][2p+1]
+ * in the high half; an odd K is padded with a zero column). One 64-byte load then holds two
+ * columns of the tile, in the shape both paths below want:
+ *
+ *   widened      (any CPU) the low halves shifted up 16 bits are column 2p as float32, the
+ *                lanes with their low halves cleared are column 2p+1: one shift, one and, two
+ *                float32 multiply-adds by x[2p] and x[2p+1]. The products are exact (bfloat16
+ *                weight times float32 x), the sums float32: even columns into one set of
+ *                running sums, odd into another, added at the end (the float32 tiles' order).
+ *   dot          (compiled where the compiler targets avx512_bf16: -march=native on a CPU with
+ *                the flag) VDPBF16PS multiplies 32 bfloat16 pairs by 32 and adds each lane's two
+ *                products into its float32 sum: one instruction per pair of columns. Its
+ *                operands are both bfloat16, so x is rounded to bfloat16 first (to nearest,
+ *                ties to even, as torch's x.bfloat16() does), once per product by the calling
+ *                thread, and (x[2p], x[2p+1]) is broadcast to every lane. The products of two
+ *                bfloat16 values are exact in float32; the sums float32 (even pairs and odd
+ *                pairs in two sets of running sums, added at the end); the instruction treats
+ *                subnormal inputs and results as zero (below 1.2e-38: nothing a model's sums
+ *                can see). So the result is F.linear(x.bfloat16().float(), W) up to the order of
+ *                the float32 sums: a bfloat16 model's own forward rounds x the same way.
+ *
+ * tg_bf16_path() says which one the library was built with (0 widened, 1 dot).
+ */
+static inline float bits_to_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static __attribute__((unused)) void tiles_bf16_widened(
+        const uint32_t *w, const float *x, float *y, long m_rows, long n, long k, long t0,
+        long t1) {
+    long pairs = (k + 1) / 2;
     for (long t = t0; t < t1; t++) {
-        const uint16_t *wt = w + t * k * TILE;
+        const uint32_t *wt = w + t * pairs * TILE;
         for (long m = 0; m < m_rows; m++) {
             const float *xm = x + m * k;
             float a0[TILE] = {0}, a1[TILE] = {0};
-            long j = 0;
-            for (; j + 2 <= k; j += 2) {
-                const uint16_t *w0 = wt + j * TILE, *w1 = w0 + TILE;
-                float x0 = xm[j], x1 = xm[j + 1];
+            for (long p = 0; p < k / 2; p++) {
+                const uint32_t *wp = wt + p * TILE;
+                float x0 = xm[2 * p], x1 = xm[2 * p + 1];
 #pragma omp simd
                 for (int i = 0; i < TILE; i++) {
-                    a0[i] += bf16_to_float(w0[i]) * x0;
-                    a1[i] += bf16_to_float(w1[i]) * x1;
+                    a0[i] += bits_to_float(wp[i] << 16) * x0;
+                    a1[i] += bits_to_float(wp[i] & 0xffff0000u) * x1;
                 }
             }
-            for (; j < k; j++) {
-                const uint16_t *w0 = wt + j * TILE;
-                float x0 = xm[j];
+            if (k & 1) {
+                const uint32_t *wp = wt + (pairs - 1) * TILE;
+                float x0 = xm[k - 1];
 #pragma omp simd
-                for (int i = 0; i < TILE; i++) a0[i] += bf16_to_float(w0[i]) * x0;
+                for (int i = 0; i < TILE; i++) a0[i] += bits_to_float(wp[i] << 16) * x0;
             }
             float *ym = y + m * n + t * TILE;
 #pragma omp simd
@@ -102,6 +149,87 @@ static void tiles_bf16(const uint16_t *w, const float *x, float *y, long m_rows,
         }
     }
 }
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define HAVE_BF16_DOT 1
+
+/* x rounded to bfloat16, (m, pairs) 32-bit pairs (an odd K's last pair padded with zero),
+ * written by the calling thread before the helpers start */
+static uint32_t *xbf_buf;
+static long xbf_capacity;
+
+/* float32 -> bfloat16 bits, to nearest with ties to even (torch's rounding; NaN -> 0x7fc0) */
+static inline uint32_t float_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+/* 0 on success, -1 when the buffer could not grow */
+static int round_x_bf16(const float *x, long m, long k) {
+    long pairs = (k + 1) / 2;
+    if (m * pairs > xbf_capacity) {
+        uint32_t *grown = realloc(xbf_buf, m * pairs * sizeof(uint32_t));
+        if (grown == NULL) return -1;
+        xbf_buf = grown;
+        xbf_capacity = m * pairs;
+    }
+    for (long r = 0; r < m; r++) {
+        const float *xr = x + r * k;
+        uint32_t *out = xbf_buf + r * pairs;
+        for (long p = 0; p < k / 2; p++)
+            out[p] = float_to_bf16(xr[2 * p]) | float_to_bf16(xr[2 * p + 1]) << 16;
+        if (k & 1) out[pairs - 1] = float_to_bf16(xr[k - 1]);
+    }
+    return 0;
+}
+
+/* rows is a constant in each caller (always inlined), so the sums stay in registers */
+static inline __attribute__((always_inline)) void bf16_dot(
+        const uint32_t *w, float *y, long n, long k, long t0, long t1, const int rows) {
+    long pairs = (k + 1) / 2;
+    for (long t = t0; t < t1; t++) {
+        const uint32_t *wt = w + t * pairs * TILE;
+        __m512 a0[MAX_ROWS], a1[MAX_ROWS];
+        for (int r = 0; r < rows; r++) a0[r] = a1[r] = _mm512_setzero_ps();
+        long p = 0;
+        for (; p + 2 <= pairs; p += 2) {
+            __m512bh w0 = (__m512bh)_mm512_loadu_si512(wt + p * TILE);
+            __m512bh w1 = (__m512bh)_mm512_loadu_si512(wt + (p + 1) * TILE);
+            for (int r = 0; r < rows; r++) {
+                const uint32_t *xr = xbf_buf + r * pairs + p;
+                a0[r] = _mm512_dpbf16_ps(a0[r], w0, (__m512bh)_mm512_set1_epi32((int)xr[0]));
+                a1[r] = _mm512_dpbf16_ps(a1[r], w1, (__m512bh)_mm512_set1_epi32((int)xr[1]));
+            }
+        }
+        if (p < pairs) {
+            __m512bh w0 = (__m512bh)_mm512_loadu_si512(wt + p * TILE);
+            for (int r = 0; r < rows; r++)
+                a0[r] = _mm512_dpbf16_ps(a0[r], w0,
+                                         (__m512bh)_mm512_set1_epi32((int)xbf_buf[r * pairs + p]));
+        }
+        for (int r = 0; r < rows; r++)
+            _mm512_storeu_ps(y + r * n + t * TILE, _mm512_add_ps(a0[r], a1[r]));
+    }
+}
+#else
+#define HAVE_BF16_DOT 0
+#endif
+
+static void tiles_bf16(const uint32_t *w, const float *x, float *y, long m_rows, long n,
+                       long k, long t0, long t1) {
+#if HAVE_BF16_DOT
+    (void)x;
+    ROWS_SWITCH(bf16_dot, w, y, n, k, t0, t1)
+#else
+    tiles_bf16_widened(w, x, y, m_rows, n, k, t0, t1);
+#endif
+}
+
+/* 1 when the bfloat16 products use VDPBF16PS (x rounded to bfloat16), 0 when they widen */
+int tg_bf16_path(void) { return HAVE_BF16_DOT; }
 
 /* ---------------------------------------------------------------------------------------- */
 /* 8-bit and 4-bit weights: integer dot products                                             */
@@ -134,7 +262,6 @@ static void tiles_bf16(const uint16_t *w, const float *x, float *y, long m_rows,
 #define QBLOCK 32
 #define Q8_BLOCK_BYTES (TILE * 2 + QBLOCK * TILE)
 #define Q4_BLOCK_BYTES (TILE * 4 + QBLOCK / 2 * TILE)
-#define MAX_ROWS 4
 
 static inline void halves_to_floats(const uint8_t *src, float *dst) {
     _Float16 h[TILE];
@@ -324,13 +451,6 @@ static inline __attribute__((always_inline)) void q4_vnni(
     }
 }
 
-#define ROWS_SWITCH(fn, ...)                                                                  \
-    switch (m_rows) {                                                                         \
-        case 1: fn(__VA_ARGS__, 1); break;                                                    \
-        case 2: fn(__VA_ARGS__, 2); break;                                                    \
-        case 3: fn(__VA_ARGS__, 3); break;                                                    \
-        default: fn(__VA_ARGS__, 4); break;                                                   \
-    }
 #else
 #define HAVE_VNNI 0
 #endif
@@ -378,7 +498,7 @@ static void run_chunk(long c) {
     if (job.dtype == 0)
         tiles_f32((const float *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
     else if (job.dtype == 1)
-        tiles_bf16((const uint16_t *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
+        tiles_bf16((const uint32_t *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
     else if (job.dtype == 2)
         tiles_q8((const uint8_t *)job.w, job.y, job.m, job.n, job.k, t0, t1);
     else
@@ -395,16 +515,20 @@ void tg_stop(void) { pool_stop(); }
 
 /* y (m, n) = x (m, k) @ W^T with W tiled (n / 16 tiles); n must be a multiple of 16 (and k of
  * 32 for dtypes 2 and 3, whose x is quantized to 8 bits first), 1 <= m <= MAX_ROWS.
- * Returns 0, -1 when memory for the quantized x ran out, -2 for m out of range.
+ * Returns 0, -1 when memory for the quantized (or bfloat16-rounded) x ran out, -2 for m out
+ * of range.
  * Not reentrant: one product at a time (the Python side holds a lock). */
 int tg_gemv(int dtype, const void *w, const float *x, float *y, long m, long n, long k) {
     long tiles = n / TILE;
     if (m < 1 || m > MAX_ROWS) return -2;
     if (dtype >= 2 && quantize_x(x, m, k) != 0) return -1;
+#if HAVE_BF16_DOT
+    if (dtype == 1 && round_x_bf16(x, m, k) != 0) return -1;
+#endif
     /* chunks of about 64 KB of weights, so that a free helper always finds some */
     long bytes_per_tile = dtype == 3 ? k / QBLOCK * Q4_BLOCK_BYTES
                           : dtype == 2 ? k / QBLOCK * Q8_BLOCK_BYTES
-                          : k * TILE * (dtype == 0 ? 4 : 2);
+                          : dtype == 1 ? (k + 1) / 2 * TILE * 4 : k * TILE * 4;
     long chunk = (65536 + bytes_per_tile - 1) / bytes_per_tile;
     if (chunk < 1) chunk = 1;
     if ((tiles + chunk - 1) / chunk > POOL_MAX_CHUNKS)
