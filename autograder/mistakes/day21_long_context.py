@@ -117,7 +117,7 @@ MISTAKES = [
     Mistake("kv_bytes", "leaves MLA's RoPE key out", _kv(mla='group["latent"]'),
             says="decoupled RoPE key"),
     Mistake("kv_bytes", "treats MLA like heads: 2 x latent", _kv(mla='2 * group["latent"]'),
-            says=""),
+            says="ONE latent"),
     Mistake("kv_bytes", "ignores the window: every layer holds the whole context",
             _kv(tokens="context"), says="at most `window` tokens"),
     Mistake("kv_bytes", "a windowed layer always holds the whole window, even for a short "
@@ -158,7 +158,7 @@ def kv_bytes(layout, context, dtype_bytes=2):
     Mistake("absorbed_decode", "projects the weighted latents with W_uk instead of W_uv",
             _absorbed(out='torch.einsum("hr,hnr->hn", weights @ c, w_uk)'), says=""),
     Mistake("absorbed_decode", "adds the RoPE score after the scale",
-            _absorbed(scores="(q_abs @ c.T) * scale + q_pe @ k_pe.T"), says=""),
+            _absorbed(scores="(q_abs @ c.T) * scale + q_pe @ k_pe.T"), says="WHOLE score"),
     Mistake("absorbed_decode", "one head's weights for all heads", '''
 def absorbed_decode(q_nope, q_pe, c, k_pe, w_uk, w_uv, scale):
     q_abs = q_nope @ w_uk[0]
