@@ -17,6 +17,15 @@ take.
                                 excluded), batch 1; <= 1.0x: the tokens the grammar forces
                                 go through the model together, without a mask or a sample
                                 of their own, and pay for the masks of the others
+    structured_hostile_stall    the in-process server (uvicorn on a local port, real HTTP)
+                                streams N ordinary greedy completions while rounds of hostile
+                                structured requests arrive (nesting past the limits, a
+                                10,000-value enum, a catastrophic regex, a grammar of 5,000
+                                alternatives, a schema of 2,000 patterned properties, each
+                                round's text new, so each compiles): the largest gap between
+                                consecutive tokens of the ordinary streams; <= 100 ms, every
+                                hostile request answered 4xx or 200, never 5xx, every stream
+                                whole; the same streams alone are the baseline it prints
 
 The quick plan (CI's smoke run) measures a few schemas with fewer tokens and shows every row
 except the cache check for information only: timings there run beside other tests, and a
@@ -25,9 +34,14 @@ greedy reply can change with a CPU's float rounding.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import statistics
+import threading
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib.resources import files
 
 from tinygpt.bench.harness import Comparison
@@ -215,3 +229,192 @@ def structured_outputs(ctx: BenchContext) -> list[Comparison]:
                             "forced_share": forced_share}, targeted=targeted),
     ]
     return rows
+
+
+# -- hostile requests beside ordinary streams -----------------------------------------------------
+
+STALL_TARGET_S = 0.100
+
+
+@dataclass(frozen=True)
+class StallPlan:
+    """streams ordinary greedy streams of `tokens` tokens each (completions, ignore_eos), run
+    once alone (the baseline) and once while `rounds` rounds of hostile requests arrive, one
+    round every `every_s` seconds once every stream has its first token."""
+
+    streams: int = 4
+    tokens: int = 96
+    rounds: int = 4
+    every_s: float = 0.5
+
+
+QUICK_STALL, FULL_STALL = StallPlan(2, 24, 1), StallPlan()
+
+
+def hostile_bodies(round_index: int) -> list[tuple[str, dict | bytes]]:
+    """(name, body) of one round of hostile requests, each on /v1/completions with a one-token
+    prompt (so its own prefill is not what is measured). Each round's schemas differ (the
+    round number is in them), so every round compiles afresh instead of hitting the cache."""
+    tag = f"r{round_index}"
+
+    def asking(kind: str, value) -> dict:
+        return {"model": "tinygpt", "prompt": "x", "max_tokens": 4,
+                "structured_outputs": {kind: value}}
+
+    deep = '{"type": "array", "items": ' * 300 + '{"type": "integer"}' + "}" * 300
+    deeper = '{"type": "array", "items": ' * 5000 + '{"type": "integer"}' + "}" * 5000
+    nested = ('{"model": "tinygpt", "prompt": "x", "max_tokens": 4, "structured_outputs": '
+              '{"json": %s}}')
+    huge = {"type": "object", "properties": {
+        f"{tag}_field_{i}": {"type": "string", "pattern": f"^[a-z]{{1,{1 + i % 7}}}[0-9]+$"}
+        for i in range(2_000)}, "required": [f"{tag}_field_{i}" for i in range(0, 2_000, 50)]}
+    return [
+        ("nesting 300 deep (our limit 200)", (nested % deep).encode()),
+        ("nesting 5,000 deep (the JSON parser's limit)", (nested % deeper).encode()),
+        ("a 10,000-value enum", asking("json", {"enum": [f"{tag}v{i}" for i in range(10_000)]})),
+        ("a catastrophic regex", asking("regex", f"({tag}a+)+$" * 50)),
+        ("a grammar of 5,000 alternatives", asking(
+            "grammar", "start: " + " | ".join(f'"{tag}{i}"' for i in range(5_000)))),
+        ("a schema of 2,000 patterned properties", asking("json", huge)),
+    ]
+
+
+def largest_gap(streams: list[list[float]], hostile: list[tuple[str, float, float]]
+                ) -> tuple[float, str | None]:
+    """The largest gap between consecutive tokens of any stream (token times in seconds; a
+    stream's first token is its prefill, not a gap), and the hostile requests (name, sent,
+    answered) in flight during it, joined, or None when none was."""
+    worst, at = 0.0, None
+    for times in streams:
+        for before, after in zip(times, times[1:], strict=False):
+            if after - before > worst:
+                worst, at = after - before, (before, after)
+    if at is None:
+        return 0.0, None
+    during = [name for name, sent, answered in hostile if sent < at[1] and answered > at[0]]
+    return worst, "; ".join(dict.fromkeys(during)) or None
+
+
+@contextmanager
+def serving(model, tokenizer, **engine_options):
+    """The app over an AsyncEngine, served by uvicorn on a free local port in a thread of its
+    own (real HTTP: chunks reach the client as they are sent); yields the base URL."""
+    import uvicorn
+
+    from tinygpt.bench.load import free_port
+    from tinygpt.engine import AsyncEngine
+    from tinygpt.server import create_app
+
+    engine = AsyncEngine(model, tokenizer, **engine_options)
+    app = create_app(engine, tokenizer, model.cfg.max_seq_len, grace_s=1.0)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name="tinygpt-bench-server", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the in-process server did not start")
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+async def _streams_and_hostile(url: str, plan: StallPlan, hostile: bool) -> dict:
+    import httpx
+
+    streams: list[list[float]] = [[] for _ in range(plan.streams)]
+    answers: list[tuple[str, float, float, int, str]] = []
+    first = asyncio.Event()
+
+    async def one(client, index: int) -> None:
+        body = {"model": "tinygpt", "prompt": f"Once upon a time, story {index}:",
+                "max_tokens": plan.tokens, "temperature": 0, "ignore_eos": True,
+                "stream": True}
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    streams[index].append(time.perf_counter())
+                    if all(streams):
+                        first.set()
+
+    async def attack(client, name: str, body) -> None:
+        sent = time.perf_counter()
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        response = await client.post(f"{url}/v1/completions", content=content,
+                                     headers={"content-type": "application/json"})
+        param = response.json().get("error", {}).get("param") if response.status_code >= 400 \
+            else None
+        answers.append((name, sent, time.perf_counter(), response.status_code, param))
+
+    async def rounds(client) -> None:
+        await first.wait()
+        attacks = []
+        for index in range(plan.rounds):
+            attacks += [asyncio.create_task(attack(client, name, body))
+                        for name, body in hostile_bodies(index)]
+            await asyncio.sleep(plan.every_s)
+        await asyncio.gather(*attacks)
+
+    limits = httpx.Limits(max_connections=plan.streams + 8 * plan.rounds)
+    async with httpx.AsyncClient(limits=limits, timeout=300) as client:
+        await asyncio.gather(*(one(client, i) for i in range(plan.streams)),
+                             *([rounds(client)] if hostile else []))
+    return {"streams": streams, "answers": answers}
+
+
+def hostile_stall(model, tokenizer, plan: StallPlan) -> Comparison:
+    """The largest gap between tokens of plan.streams ordinary streams while hostile
+    structured requests arrive at the server, against STALL_TARGET_S; also the same streams
+    alone (the baseline), and every hostile request's answer (a 5xx fails the row)."""
+    with serving(model, tokenizer, max_running=8, num_blocks=8 * 32) as url:
+        alone = asyncio.run(_streams_and_hostile(url, plan, hostile=False))
+        attacked = asyncio.run(_streams_and_hostile(url, plan, hostile=True))
+    base, _ = largest_gap(alone["streams"], [])
+    intervals = [(name, sent, answered) for name, sent, answered, _, _ in attacked["answers"]]
+    worst, during = largest_gap(attacked["streams"], intervals)
+    crashed = [(name, status) for name, _, _, status, _ in attacked["answers"] if status >= 500]
+    short = [len(times) for times in attacked["streams"] if len(times) != plan.tokens]
+    met = worst <= STALL_TARGET_S and not crashed and not short
+    reasons = []
+    if worst > STALL_TARGET_S:
+        reasons.append(f"a {worst * 1e3:.0f} ms gap (the streams alone: {base * 1e3:.0f} ms); "
+                       f"in flight then: {during or 'no hostile request'}")
+    if crashed:
+        reasons.append(f"5xx answers: {crashed}")
+    if short:
+        reasons.append(f"streams cut short: {short} of {plan.tokens} tokens")
+    return Comparison(
+        "structured_hostile_stall", f"largest gap between tokens of {plan.streams} streams "
+        f"while hostile structured requests arrive ({plan.rounds} rounds)", worst * 1e3,
+        STALL_TARGET_S * 1e3, "<=", "ms", met=met, reason="; ".join(reasons) or None,
+        details={"baseline_gap_ms": base * 1e3, "in_flight_at_worst": during,
+                 "answers": [{"name": n, "status": s, "param": p, "seconds": a - t}
+                             for n, t, a, s, p in attacked["answers"]],
+                 "tokens_per_stream": [len(t) for t in attacked["streams"]],
+                 "plan": dataclasses.asdict(plan)})
+
+
+@register("structured_hostile", day=19)
+def structured_hostile(ctx: BenchContext) -> list[Comparison]:
+    """Hostile structured requests beside ordinary streams: no stream stalls > 100 ms
+    (SmolLM2; the quick plan runs the course's model, for information only)."""
+    if ctx.quick:     # the smoke run: the course's own model (SmolLM2 loads in seconds)
+        from tinygpt import load_pretrained
+
+        model, tokenizer = load_pretrained()
+    else:
+        from tinygpt.loading import load_model
+
+        model, tokenizer, _ = load_model("smollm2")
+    plan = QUICK_STALL if ctx.quick else FULL_STALL
+    ctx.log(f"structured_hostile: {plan.streams} streams of {plan.tokens} tokens, "
+            f"{plan.rounds} rounds of hostile requests ...")
+    row = hostile_stall(model.to(ctx.device), tokenizer, plan)
+    if ctx.quick:          # timings beside other tests: shown, not judged
+        row = dataclasses.replace(row, targeted=False, met=True)
+    return [row]
