@@ -105,8 +105,8 @@ static void tiles_f32(const float *w, const float *x, float *y, long m_rows, lon
  *                operands are both bfloat16, so x is rounded to bfloat16 first (to nearest,
  *                ties to even, as torch's x.bfloat16() does), once per product by the calling
  *                thread, and (x[2p], x[2p+1]) is broadcast to every lane. The products of two
- *                bfloat16 values are exact in float32; the sums float32 (even pairs and odd
- *                pairs in two sets of running sums, added at the end); the instruction treats
+ *                bfloat16 values are exact in float32; the sums float32 (pairs 0, 1, 2, 3
+ *                mod 4 in four sets of running sums, added at the end); the instruction treats
  *                subnormal inputs and results as zero (below 1.2e-38: nothing a model's sums
  *                can see). So the result is F.linear(x.bfloat16().float(), W) up to the order of
  *                the float32 sums: a bfloat16 model's own forward rounds x the same way.
@@ -186,32 +186,38 @@ static int round_x_bf16(const float *x, long m, long k) {
     return 0;
 }
 
-/* rows is a constant in each caller (always inlined), so the sums stay in registers */
+/* rows is a constant in each caller (always inlined), so the sums stay in registers: four
+ * sets per row (pairs p = 0, 1, 2, 3 mod 4), so that four VDPBF16PS per row are in flight
+ * (one chain of sums would wait out the instruction's latency at every step) */
+#define DOT_SETS 4
 static inline __attribute__((always_inline)) void bf16_dot(
         const uint32_t *w, float *y, long n, long k, long t0, long t1, const int rows) {
     long pairs = (k + 1) / 2;
     for (long t = t0; t < t1; t++) {
         const uint32_t *wt = w + t * pairs * TILE;
-        __m512 a0[MAX_ROWS], a1[MAX_ROWS];
-        for (int r = 0; r < rows; r++) a0[r] = a1[r] = _mm512_setzero_ps();
+        __m512 acc[DOT_SETS][MAX_ROWS];
+        for (int s = 0; s < DOT_SETS; s++)
+            for (int r = 0; r < rows; r++) acc[s][r] = _mm512_setzero_ps();
         long p = 0;
-        for (; p + 2 <= pairs; p += 2) {
-            __m512bh w0 = (__m512bh)_mm512_loadu_si512(wt + p * TILE);
-            __m512bh w1 = (__m512bh)_mm512_loadu_si512(wt + (p + 1) * TILE);
+        for (; p + DOT_SETS <= pairs; p += DOT_SETS)
+            for (int s = 0; s < DOT_SETS; s++) {
+                __m512bh wv = (__m512bh)_mm512_loadu_si512(wt + (p + s) * TILE);
+                for (int r = 0; r < rows; r++) {
+                    int xp = (int)xbf_buf[r * pairs + p + s];
+                    acc[s][r] = _mm512_dpbf16_ps(acc[s][r], wv, (__m512bh)_mm512_set1_epi32(xp));
+                }
+            }
+        for (int s = 0; p < pairs; p++, s++) {
+            __m512bh wv = (__m512bh)_mm512_loadu_si512(wt + p * TILE);
             for (int r = 0; r < rows; r++) {
-                const uint32_t *xr = xbf_buf + r * pairs + p;
-                a0[r] = _mm512_dpbf16_ps(a0[r], w0, (__m512bh)_mm512_set1_epi32((int)xr[0]));
-                a1[r] = _mm512_dpbf16_ps(a1[r], w1, (__m512bh)_mm512_set1_epi32((int)xr[1]));
+                int xp = (int)xbf_buf[r * pairs + p];
+                acc[s][r] = _mm512_dpbf16_ps(acc[s][r], wv, (__m512bh)_mm512_set1_epi32(xp));
             }
         }
-        if (p < pairs) {
-            __m512bh w0 = (__m512bh)_mm512_loadu_si512(wt + p * TILE);
-            for (int r = 0; r < rows; r++)
-                a0[r] = _mm512_dpbf16_ps(a0[r], w0,
-                                         (__m512bh)_mm512_set1_epi32((int)xbf_buf[r * pairs + p]));
-        }
         for (int r = 0; r < rows; r++)
-            _mm512_storeu_ps(y + r * n + t * TILE, _mm512_add_ps(a0[r], a1[r]));
+            _mm512_storeu_ps(y + r * n + t * TILE,
+                             _mm512_add_ps(_mm512_add_ps(acc[0][r], acc[1][r]),
+                                           _mm512_add_ps(acc[2][r], acc[3][r])));
     }
 }
 #else
