@@ -73,5 +73,7 @@ def test_the_row_runs_the_server_on_the_course_model():
     deep = answers["nesting 300 deep (our limit 200)"]
     assert deep["status"] == 400 and deep["param"] == "structured_outputs.json"
     assert answers["a 10,000-value enum"]["status"] == 200          # bounded, and served
+    for name, answer in answers.items():       # a 400 names the field, but for broken JSON
+        assert answer["status"] == 200 or answer["param"] is not None or "5,000 deep" in name
     assert row.met == (row.value <= 100 and row.reason is None)
     assert row.details["baseline_gap_ms"] > 0

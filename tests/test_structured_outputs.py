@@ -176,11 +176,6 @@ def test_a_conversation_with_calls_and_results_is_rendered(real, monkeypatch):
     assert '<tool_response>\n{"tool_call_id": "call_1", "content": "18 C and sunny"}' in text
 
 
-def test_auto_leaves_the_model_free_and_text_stays_text(real):
-    reply = chat(real, tools=[WEATHER], tool_choice="auto", max_tokens=20)["choices"][0]
-    assert reply["message"]["content"] is not None and "tool_calls" not in reply["message"]
-
-
 def test_hostile_schemas_are_bounded(real):
     for depth, param in ((300, "response_format.json_schema.schema"),    # our limit, 200
                          (5000, None)):                           # the JSON parser's own

@@ -50,7 +50,9 @@ class Job:
     continuous_usage: bool            # usage so far in every chunk (vLLM's extension)
     score_only: bool = False          # max_tokens 0 with echo: the prompt and its logprobs only
     grammar: object = None            # tinygpt.structured.Grammar the reply is held to, if any
-    reads: str = "text"               # "tools": the reply is read for tool calls
+    reads: str = "text"               # "tools": text or calls ("auto"); "calls": calls only
+    call_name: str | None = None      # the function every call names, when only one can be
+    grammar_param: str | None = None  # the field that asked for the grammar
 
 
 def max_token_chars(tokenizer, vocab_size: int) -> int:
@@ -229,7 +231,7 @@ class Prompts:
         return Job(chat, prompts, texts, params, prompt_of, [] if body.ignore_eos else stop_ids,
                    logprobs, echo, bool(body.stream), bool(options.get("include_usage")),
                    bool(options.get("include_usage") and options.get("continuous_usage_stats")),
-                   score_only, shape.grammar, shape.reads)
+                   score_only, shape.grammar, shape.reads, shape.call_name, shape.param)
 
     # -- the tokenizer endpoints (vLLM's shapes) -----------------------------------------------
 

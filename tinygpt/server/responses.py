@@ -6,7 +6,10 @@ response with an OpenAI error body (before the 200 when it is not streamed, as t
 last event when it is). A chat reply read for tool calls (tinygpt.server.tools) that turns
 out to be calls becomes a message with tool_calls and finish_reason "tool_calls"; streamed,
 it is held back while it may still become calls, then sent as each call's id and name and
-then its arguments."""
+then its arguments. One that max_tokens cut while it was writing calls (always, for a reply
+held to calls; for "auto", once it began with the tag) is a message with content null, the
+calls begun in tool_calls (the last with its arguments so far, tools.cut_tool_calls) and
+finish_reason "length", whole or streamed alike, as OpenAI's."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import json
 
 from tinygpt.server.prompts import Job, Prompts
 from tinygpt.server.protocol import APIError
-from tinygpt.server.tools import may_be_calls, parse_tool_calls
+from tinygpt.server.tools import CALL_OPEN, cut_tool_calls, may_be_calls, parse_tool_calls
 
 
 class Choice:
@@ -28,7 +31,7 @@ class Choice:
         self.count, self.finish = 0, None
         self.tokens: list[tuple[int, float, tuple]] = []     # not yet sent (logprobs)
         self.started = False
-        self.holding, self.held = job.reads == "tools", ""    # text that may be tool calls
+        self.holding, self.held = job.reads != "text", ""     # text that may be tool calls
         self.offset = 0          # text_offset: characters before the next token
         if job.logprobs is not None and not job.chat and not job.echo:
             self.offset = len(self.text_prompt if self.text_prompt is not None
@@ -92,11 +95,25 @@ class Choice:
         self.finish = event.finish_reason
 
 
-def failure(event) -> APIError | None:
-    """The error an event ends its request with, if it does."""
+def calls_of(job: Job, text: str, finish: str | None) -> list[dict] | None:
+    """The calls a chat reply read for calls holds, or None when it is text: the calls in the
+    format; or, cut by max_tokens while writing calls, the calls begun."""
+    if job.reads == "text":
+        return None
+    calls = parse_tool_calls(text)
+    if calls is None and finish == "length" and (
+            job.reads == "calls" or text.lstrip().startswith(CALL_OPEN)):
+        calls = cut_tool_calls(text, job.call_name)
+    return calls
+
+
+def failure(event, job: Job | None = None) -> APIError | None:
+    """The error an event ends its request with, if it does (a grammar's, past the engine's
+    limits while it generates, names the field that asked for the grammar)."""
     if event.finish_reason == "error":
         if (event.error or "").startswith("GrammarError"):   # the request's grammar, past limits
-            return APIError(400, event.error[:1000], code="grammar_error")
+            return APIError(400, event.error[:1000], code="grammar_error",
+                            param=None if job is None else job.grammar_param)
         return APIError(500, event.error or "generation failed", kind="server_error")
     if event.finish_reason == "cancelled":
         return APIError(503, "the request was cancelled: the server is shutting down",
@@ -119,7 +136,7 @@ async def whole(job: Job, requests: list, ident: str, stamp: int, prompts: Promp
         for choice in choices:
             pieces = []
             async for event in choice.request:
-                problem = failure(event)
+                problem = failure(event, job)
                 if problem is not None:
                     raise problem
                 choice.add(event)
@@ -128,7 +145,7 @@ async def whole(job: Job, requests: list, ident: str, stamp: int, prompts: Promp
             text = "".join(pieces)
             if job.chat:
                 message, finish = {"role": "assistant", "content": text}, choice.finish
-                calls = parse_tool_calls(text) if job.reads == "tools" else None
+                calls = calls_of(job, text, finish)
                 if calls is not None:
                     message = {"role": "assistant", "content": None, "tool_calls": calls}
                     finish = "tool_calls" if finish == "stop" else finish
@@ -207,7 +224,7 @@ async def events(job: Job, requests: list, ident: str, stamp: int, prompts: Prom
             if event is None:
                 open_choices -= 1
                 continue
-            problem = failure(event)
+            problem = failure(event, job)
             if problem is not None:
                 yield f"data: {json.dumps(problem.body())}\n\n"
                 return
@@ -227,7 +244,7 @@ async def events(job: Job, requests: list, ident: str, stamp: int, prompts: Prom
                 elif finish is None:
                     continue
                 else:
-                    calls = parse_tool_calls(choice.held)
+                    calls = calls_of(job, choice.held, finish)
                     if calls is not None:
                         for body in call_deltas(choice, calls):
                             yield frame(body)

@@ -7,9 +7,26 @@ the limits, two ways of constraining one reply.
 
 Tool calls follow tinygpt.server.tools' format. tool_choice "required" constrains the reply to
 one or more calls of the listed functions (one only with parallel_tool_calls false), a named
-function to one call of it; "auto" leaves the model free to answer in text or in calls (the
-reply is read for calls afterwards; nothing constrains a call the model starts by itself);
-"none" leaves the tools out of the prompt."""
+function to one call of it; "none" leaves the tools out of the prompt. "auto" lets the model
+answer in text OR in calls, and holds a call it starts to the tools' schemas, as vLLM and
+SGLang do when they can: its grammar is
+
+    start: calls | TEXT
+    TEXT:  any text that does not begin (after whitespace) with "<tool_call>"
+
+with `calls` the "required" grammar (each call's JSON a %json of the tools' call schema). One
+grammar, not a trigger that switches constraints once the tag shows up: the tag can be split
+over tokens in many ways (SmolLM2 writes "<tool_call>" as 4 tokens, and several of them also
+begin ordinary text), and the grammar engine already masks by bytes, so whatever
+tokenization the model picks, once its reply has begun with the tag it can only go on as a
+valid call. What the grammar does not constrain: text, and a tag the model writes after some
+text (the reply is then text, as parse_tool_calls reads it). Without a grammar engine (a
+tensor-parallel server) "auto" stays free, read for calls afterwards.
+
+A reply held to calls ("required", a named function, or "auto" once it began with the tag)
+that max_tokens cuts comes back as OpenAI's does: finish_reason "length" and the calls begun,
+the last with the arguments written so far (tinygpt.server.tools.cut_tool_calls), never as
+text."""
 
 from __future__ import annotations
 
@@ -30,8 +47,10 @@ class Shape:
     reply is read: "text", or "tools" (calls are parsed out of it)."""
 
     grammar: Grammar | None
-    reads: str = "text"
+    reads: str = "text"              # "tools": text or calls ("auto"); "calls": calls only
     tools: list | None = None        # the tools described in the prompt (None: none)
+    call_name: str | None = None     # the function every call names, when only one can be
+    param: str | None = None         # the field that asked for the grammar (errors name it)
 
 
 def _compile(what: str, param: str, build) -> Grammar:
@@ -170,15 +189,21 @@ def call_schema(tools: list) -> dict:
     return {**schema, "$defs": defs}
 
 
-def tool_grammar(grammars: Grammars, tools: list, many: bool) -> Grammar:
-    """Replies that are calls in tinygpt.server.tools' format: one, or one or more."""
+# text that does not begin, after whitespace, with the opening tag (lark's & and ~ on regexes)
+FREE_TEXT = (f"/(?s:.*)/ & ~/[ \\t\\r\\n]*{re.escape(CALL_OPEN.strip())}(?s:.*)/")
+
+
+def tool_grammar(grammars: Grammars, tools: list, many: bool, text: bool = False) -> Grammar:
+    """Replies that are calls in tinygpt.server.tools' format: one, or one or more; with
+    text=True ("auto"), or else any text that does not begin with a call."""
     schema = call_schema(tools)
     schema["x-guidance"] = JSON_STYLE           # the same JSON style as response_format's
     call = (f"call: {json.dumps(CALL_OPEN)} %json {json.dumps(schema)} "
             f"{json.dumps(CALL_CLOSE)}")
-    start = 'start: call ("\\n" call)*' if many else "start: call"
+    calls = 'calls: call ("\\n" call)*' if many else "calls: call"
+    start = "start: calls | TEXT\nTEXT: " + FREE_TEXT if text else "start: calls"
     return _compile("the tools' parameters cannot be used", "tools",
-                    lambda: grammars.lark(f"{start}\n{call}\n"))
+                    lambda: grammars.lark(f"{start}\n{calls}\n{call}\n"))
 
 
 def check_tools(tools: list) -> None:
@@ -209,7 +234,7 @@ def reply_shape(grammars: Grammars | str, body, chat: bool) -> Shape:
         raise APIError(400, f"{' and '.join(asked)}: one reply can be constrained one way; "
                             f"give one of them", param=asked[1])
     needs = [name for name in asked if name != "tools" or choice not in (None, "auto")]
-    if needs and isinstance(grammars, str):      # ("auto" tools need no grammar)
+    if needs and isinstance(grammars, str):      # ("auto" tools can do without a grammar)
         raise APIError(400, f"{needs[0]}: structured outputs are not available here: "
                             f"{grammars}"[:500], param=needs[0])
     if tools:
@@ -221,12 +246,17 @@ def reply_shape(grammars: Grammars | str, body, chat: bool) -> Shape:
         if not asked:
             return Shape(None)
         return Shape(response_format_grammar(grammars, body.response_format)
-                     or structured_outputs_grammar(grammars, body.structured_outputs))
+                     or structured_outputs_grammar(grammars, body.structured_outputs),
+                     param=asked[0])
     many = body.parallel_tool_calls is not False
+    only = tools[0].function.name if len(tools) == 1 else None
     if choice is None or choice == "auto":
-        return Shape(None, "tools", tools)
+        if isinstance(grammars, str):            # no grammar engine: the reply stays free
+            return Shape(None, "tools", tools)
+        return Shape(tool_grammar(grammars, tools, many, text=True), "tools", tools, only,
+                     "tools")
     if choice == "required":
-        return Shape(tool_grammar(grammars, tools, many), "tools", tools)
+        return Shape(tool_grammar(grammars, tools, many), "calls", tools, only, "tools")
     if isinstance(choice, str):
         raise APIError(400, f"tool_choice must be 'none', 'auto', 'required' or {{\"type\": "
                             f"\"function\", \"function\": {{\"name\"}}}}, got {choice!r}"[:300],
@@ -235,7 +265,8 @@ def reply_shape(grammars: Grammars | str, body, chat: bool) -> Shape:
     if choice.type != "function" or not named:
         raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among "
                             f"the tools"[:300], param="tool_choice")
-    return Shape(tool_grammar(grammars, named, many=False), "tools", tools)
+    return Shape(tool_grammar(grammars, named, many=False), "calls", tools,
+                 named[0].function.name, "tool_choice")
 
 
 def response_format_active(body) -> bool:

@@ -19,13 +19,16 @@ assistant turns, so the server writes tools as text, in one documented format:
   (the id ties it to the call, as OpenAI's tool_call_id does).
 
 The grammar (tinygpt.server.structured) makes the reply follow the format when a call is
-required; parse_tool_calls reads it back. This is the format Hermes-style and Qwen models are
-trained on; a model trained on another one would take a template of its own instead.
+required, and holds a call the model begins under "auto" to it; parse_tool_calls reads it
+back, and cut_tool_calls reads a reply that max_tokens cut in the middle of its calls. This
+is the format Hermes-style and Qwen models are trained on; a model trained on another one
+would take a template of its own instead.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 from tinygpt.server.protocol import APIError
@@ -124,8 +127,42 @@ def parse_tool_calls(text: str) -> list[dict] | None:
         if not rest.startswith(CALL_CLOSE):
             return None
         rest = rest[len(CALL_CLOSE):]
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": call["name"],
-                                   "arguments": json.dumps(call["arguments"],
-                                                           ensure_ascii=False)}})
+        calls.append(_call(call["name"], json.dumps(call["arguments"], ensure_ascii=False)))
     return calls
+
+
+def _call(name: str, arguments: str) -> dict:
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+NAMED = re.compile(r'\{"name": "((?:[^"\\]|\\.)*)"')     # a call's name, written whole
+
+
+def cut_tool_calls(text: str, name: str | None = None) -> list[dict]:
+    """The calls of a reply that max_tokens cut while it was writing calls (the grammar's
+    format: no whitespace inside a call's JSON but one space after ":" and ","), as OpenAI
+    returns such a reply with finish_reason "length": every call begun, the last one with
+    its arguments as far as they were written (a JSON string that may not parse; "" when
+    they had not begun). A call whose name was not written whole is left out unless `name`
+    says which function every call names (a named tool_choice, or a single tool). A JSON
+    string cannot hold a raw newline, so CALL_CLOSE only ever ends a call."""
+    *whole, last = text.lstrip().split(CALL_CLOSE)
+    calls = (parse_tool_calls(CALL_CLOSE.join(whole) + CALL_CLOSE) or []) if whole else []
+    last = last.lstrip()
+    if not last:
+        return calls
+    body = last[len(CALL_OPEN):] if last.startswith(CALL_OPEN) else ""
+    found = NAMED.match(body)
+    if found is not None:
+        name = json.loads(f'"{found.group(1)}"')
+    if name is None:
+        return calls
+    rest = body[found.end():] if found is not None else ""
+    head = ', "arguments":'
+    written = rest[len(head):].lstrip(" ") if rest.startswith(head) else ""
+    try:       # arguments written whole (the call's "}" or its closing tag was cut)
+        arguments = json.dumps(json.JSONDecoder().raw_decode(written)[0], ensure_ascii=False)
+    except ValueError:
+        arguments = written
+    return [*calls, _call(name, arguments)]
