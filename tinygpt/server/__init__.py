@@ -40,7 +40,9 @@ Structured outputs. response_format {"type": "json_object"} or {"type": "json_sc
 grammar, json_object) hold the reply to a grammar (structured.py over tinygpt.structured);
 tools with tool_choice none / auto / required / a named function, calls written and read in
 the format of tools.py, come back as message.tool_calls with finish_reason "tool_calls"
-(streamed: each call's id and name, then its arguments). Fields that change nothing here are
+(streamed: each call's id and name, then its arguments); "auto" answers in text or in calls,
+a call it begins held to the tools' schemas; calls cut by max_tokens come back as the calls
+begun with finish_reason "length". Fields that change nothing here are
 accepted (user, store, metadata, logprobs: false, response_format {"type": "text"}); fields
 that would change the output and are not implemented (logit_bias, suffix, ...) are a 400.
 
