@@ -140,3 +140,22 @@ def test_the_bfloat16_tiles_hold_column_pairs():
     assert tiles[0, 1, 3].tolist() == [w[3, 2].item(), w[3, 3].item()]
     assert tiles[1, 2, 3].tolist() == [w[19, 4].item(), 0.0]       # the padding column
     assert tiles[1, 0, 4].tolist() == [0.0, 0.0]                   # a padding row
+
+
+def test_the_cache_keeps_one_build_per_cpu_kind(tmp_path, monkeypatch):
+    """The path is chosen when the library compiles (-march=native); a cache that another CPU
+    kind filled (a home directory shared by an AMD and an Intel machine) must not hand this one
+    its build: the key holds what the compiler targets."""
+    from tinygpt import native
+
+    flags = cpu_flags()
+    if flags is not None:
+        assert ("__AVX512BF16__" in native.target_macros(ck.FLAGS)) == ("avx512_bf16" in flags)
+    assert "__AVX512BF16__" not in native.target_macros(ck.FLAGS + ("-mno-avx512bf16",))
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path))
+    source = tmp_path / "one.c"
+    source.write_text("int one(void) { return 1; }\n")
+    here = native.compile_source(source)
+    monkeypatch.setattr(native, "target_macros", lambda flags: "#define __ANOTHER_CPU__ 1")
+    there = native.compile_source(source)
+    assert here.is_file() and there.is_file() and here != there

@@ -1,7 +1,9 @@
 """Tests of tinygpt.cpu_kernels (the tiled CPU products) and of DecodeStep using them by
 default. The oracle is F.linear: float32 tiles agree with it to float rounding (summation
 order only: each product as close to the float64 product as F.linear's float32 one),
-bfloat16 tiles with F.linear on the bfloat16-rounded weights; the decode step on tiled
+bfloat16 tiles with F.linear on the bfloat16-rounded weights and kernel_input(x) (x, or x
+rounded to bfloat16 where the build runs avx512_bf16 dot products: tests/test_cpu_bf16.py
+checks both paths); the decode step on tiled
 weights picks the same greedy tokens as the model's own forward, and its float32 logits are
 as close to the float64 model's as the plain step's."""
 

@@ -5,10 +5,12 @@ and tinygpt.cpu_gemm (the engine's many-row products and paged attention). Each 
 source with its own pool of helper threads, started when the library loads.
 
     compile_source(source)   the shared object for a source: built once per source (and the
-                             headers beside it, such as pool.h), compiler, flags and machine,
-                             cached under $TINYGPT_CACHE (default ~/.cache/tinygpt), written
-                             atomically so that two processes building at once never load
-                             half a file
+                             headers beside it, such as pool.h), compiler, flags and the CPU
+                             they target, cached under $TINYGPT_CACHE (default
+                             ~/.cache/tinygpt), written atomically so that two processes
+                             building at once never load half a file
+    target_macros(flags)     what the compiler defines for the CPU `flags` target (-march=native:
+                             this machine's ISA, e.g. __AVX512BF16__), part of the cache key
     NativeLibrary            one source: load() (None when it cannot run here; available()
                              then says why), set_threads(n), and `lock`, which serializes calls
                              into the pool (it runs one job at a time); a forked child starts
@@ -17,7 +19,11 @@ source with its own pool of helper threads, started when the library loads.
                              for the work around the pools' products (see its docstring)
 
 Why compile on first use rather than at install time: `pip install -e .` stays a pure-Python
-install, and -march=native builds for the machine that runs the kernels.
+install, and -march=native builds for the machine that runs the kernels: the kernels' choices
+by instruction set (AVX-512 VNNI for the integer products, avx512_bf16 for the bfloat16 ones)
+are made from the CPU's flags where the library runs. A cache shared by machines of different
+CPU kinds (a home directory that moves between an AMD and an Intel machine) keeps one build
+per kind: the key holds what -march=native means on each.
 """
 
 from __future__ import annotations
@@ -44,19 +50,34 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TINYGPT_CACHE", Path.home() / ".cache" / "tinygpt"))
 
 
+def _compiler() -> str:
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        raise OSError("no C compiler found (set CC, or install gcc)")
+    return compiler
+
+
+def target_macros(flags: tuple[str, ...] = FLAGS) -> str:
+    """The macros the C compiler predefines for the target `flags` select (their -m options:
+    with -march=native the instruction sets of this machine's CPU, such as __AVX512VNNI__ and
+    __AVX512BF16__), one `#define` a line; "" when the compiler cannot say."""
+    target = [f for f in flags if f.startswith("-m")]
+    done = subprocess.run([_compiler(), *target, "-E", "-dM", "-x", "c", os.devnull],
+                          capture_output=True, text=True, check=False)
+    return "\n".join(sorted(done.stdout.splitlines())) if done.returncode == 0 else ""
+
+
 def compile_source(source: Path, flags: tuple[str, ...] = FLAGS) -> Path:
     """The shared object built from `source` with `flags` (built if not cached yet).
 
     OSError when there is no C compiler or the build fails (with the compiler's last words)."""
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None:
-        raise OSError("no C compiler found (set CC, or install gcc)")
+    compiler = _compiler()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              check=False).stdout
     headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
     key = hashlib.sha256(source.read_bytes() + headers + version.encode()
                          + " ".join(flags).encode() + platform.machine().encode()
-                         ).hexdigest()[:16]
+                         + target_macros(flags).encode()).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{key}.so"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
