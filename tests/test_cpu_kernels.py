@@ -3,9 +3,9 @@ default. The oracle is F.linear: float32 tiles agree with it to float rounding (
 order only: each product as close to the float64 product as F.linear's float32 one),
 bfloat16 tiles with F.linear on the bfloat16-rounded weights and kernel_input(x) (x, or x
 rounded to bfloat16 where the build runs avx512_bf16 dot products: tests/test_cpu_bf16.py
-checks both paths); the decode step on tiled
-weights picks the same greedy tokens as the model's own forward, and its float32 logits are
-as close to the float64 model's as the plain step's."""
+checks both paths); the decode step on tiled weights picks the same greedy tokens as the
+model's own forward, and its float32 logits are as close to the float64 model's as the plain
+step's."""
 
 from __future__ import annotations
 
