@@ -30,7 +30,8 @@ from tinygpt import cpu_kernels as ck
 pytestmark = pytest.mark.skipif(ck.available() is not None, reason=str(ck.available()))
 
 DOT, WIDENED = ck.BF16_PATHS[1], ck.BF16_PATHS[0]
-SHAPES = [(16, 1, 1), (48, 33, 3), (1024, 320, 2), (960, 576, 4), (4096, 64, 1), (64, 7, 2)]
+SHAPES = [(16, 1, 1), (48, 33, 3), (1024, 320, 2), (960, 576, 4), (4096, 64, 1), (64, 7, 2),
+          (32, 13, 1), (32, 20, 4)]        # K = 1 .. 576: every count of pairs left over
 
 
 def cpu_flags() -> set[str] | None:
