@@ -22,19 +22,38 @@ What this does not change:
 
 Two kernels of the same worker never see each other: each has its own PID and network
 namespace, binds only its own scratch folder and has a private /tmp.
+
+A sandboxed kernel's HOME is its new scratch folder, so tinygpt.native's build cache
+($HOME/.cache/tinygpt) starts empty in every one: a notebook that decodes with the package's C
+kernels (day 19's constrained_generate, any tinygpt.generate on the CPU) compiled them again in
+every submission, about 2 s of a 2-core machine's graded time. The grader builds them once, in
+a sandbox like the kernels' (`native_builds`), and copies the shared objects into each scratch
+folder's cache: the same files the kernel would have built (their names are the cache key:
+source, compiler and CPU), so nothing the notebook computes changes, only when they were
+compiled.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from autograder.kernel import Kernel, grading_env
-from autograder.sandbox import DEFAULT_MEMORY_BYTES, SandboxKernelManager, SandboxPolicy
+from autograder.sandbox import (
+    DEFAULT_MEMORY_BYTES,
+    SandboxKernelManager,
+    SandboxPolicy,
+    SandboxUnavailable,
+    sandbox_prefix,
+)
 
 WARM_UP_TIMEOUT_S = 120.0   # importing torch on a busy machine: seconds, not minutes
 ALIVE_TIMEOUT_S = 10.0      # an idle kernel answers a no-op at once
@@ -98,6 +117,39 @@ def _preload_expression(statements: tuple[str, ...]) -> str:
     return f"exec({code!r}, {{}})"
 
 
+NATIVE_BUILD = ("from tinygpt import cpu_gemm, cpu_kernels, native\n"
+                "for lib in (cpu_kernels._library, cpu_gemm._library):\n"
+                "    native.compile_source(lib.source, lib.flags)\n")
+
+
+@functools.cache
+def native_builds() -> tuple[Path, ...]:
+    """The package's C libraries (tinygpt.cpu_kernels, tinygpt.cpu_gemm), built once per
+    grading process by a sandboxed Python exactly like the kernels' (the cache key holds the
+    compiler's --version, and the sandbox, without /etc, finds gcc where the host finds cc),
+    in a folder removed with the process's scratch folders; () where they cannot be built
+    (a kernel then builds them, or falls back, as it would have anyway)."""
+    home = Path(tempfile.mkdtemp(prefix=scratch_prefix(os.getpid()) + "native-"))
+    atexit.register(shutil.rmtree, home, True)
+    try:
+        subprocess.run(sandbox_prefix(SandboxPolicy(home)) + [sys.executable, "-c",
+                                                              NATIVE_BUILD],
+                       check=True, capture_output=True, timeout=WARM_UP_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError, SandboxUnavailable):
+        return ()
+    return tuple(sorted((home / ".cache" / "tinygpt").glob("*.so")))
+
+
+def seed_native_cache(home: Path) -> None:
+    """Copy native_builds() into the tinygpt.native cache of a kernel whose HOME is `home`."""
+    builds = native_builds()
+    if builds:
+        cache = home / ".cache" / "tinygpt"
+        cache.mkdir(parents=True, exist_ok=True)
+        for build in builds:
+            shutil.copy(build, cache / build.name)
+
+
 class StudentKernel:
     """A kernel for exactly one student: a new scratch folder (the kernel's working directory
     and only writable folder, holding a copy of the day's files) and a kernel started in it,
@@ -117,6 +169,8 @@ class StudentKernel:
                     if item.suffix != ".ipynb" and item.name != ".ipynb_checkpoints":
                         copy = shutil.copytree if item.is_dir() else shutil.copy
                         copy(item, self.scratch / item.name)
+            if recipe.sandbox:            # its HOME: the C kernels' cache, already built
+                seed_native_cache(self.scratch)
             manager = SandboxKernelManager(SandboxPolicy(self.scratch, recipe.memory_bytes)) \
                 if recipe.sandbox else None
             # Grading mode (tinygpt.testing.grading): the sandbox sets it in its clean
@@ -177,6 +231,8 @@ class KernelSupply:
         self.handed_out = 0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="warm-kernel")
         self._next: Future | None = None
+        if recipe.sandbox:          # once per grading process, before any student's turn
+            native_builds()
 
     def _start_warm(self) -> StudentKernel | None:
         kernel = StudentKernel(self.recipe)
