@@ -245,7 +245,7 @@ class StallPlan:
     streams: int = 4
     tokens: int = 96
     rounds: int = 4
-    every_s: float = 0.5
+    every_s: float = 0.8
 
 
 QUICK_STALL, FULL_STALL = StallPlan(2, 24, 1), StallPlan()
