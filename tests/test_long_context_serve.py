@@ -5,15 +5,12 @@ greedy completion with the tokens transformers' own generate() picks from the sa
 
 from __future__ import annotations
 
-import asyncio
-
-import httpx
 import pytest
 
 pytest.importorskip("transformers")
 
 from tests.test_mla import hf_model as hf_deepseek  # noqa: E402
-from tests.test_moe_hf import hf_greedy  # noqa: E402
+from tests.test_moe_hf import hf_greedy, serve_once  # noqa: E402
 from tests.test_moe_hf import word_tokenizer as deepseek_words  # noqa: E402
 from tests.test_rope_scaling import hf_llama  # noqa: E402
 from tests.test_rope_scaling import word_tokenizer as llama_words  # noqa: E402
@@ -30,31 +27,6 @@ FOLDERS = {
     "deepseek_v3": (lambda: hf_deepseek(seed=5), lambda: deepseek_words(),
                     "the cat sat on the"),
 }
-
-
-def serve_once(folder, prompt: str, max_tokens: int) -> tuple[dict, object]:
-    """POST one greedy /v1/completions to an in-process server of `folder`; (body, tokenizer)."""
-    from tinygpt.engine import AsyncEngine
-    from tinygpt.loading import load_model
-    from tinygpt.server import create_app
-
-    model, tokenizer, info = load_model(folder)
-    loop = asyncio.new_event_loop()
-    engine = AsyncEngine(model, tokenizer, max_waiting=8)
-    app = create_app(engine, tokenizer, info.context_length, model_id=info.model_id,
-                     eos_ids=info.eos_ids, end_of_turn_ids=info.end_of_turn_ids)
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t",
-                               timeout=60)
-    try:
-        response = loop.run_until_complete(client.post("/v1/completions", json={
-            "model": info.model_id, "prompt": prompt, "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True}))
-    finally:
-        loop.run_until_complete(client.aclose())
-        loop.run_until_complete(engine.shutdown(1.0))
-        loop.close()
-    assert response.status_code == 200, response.text
-    return response.json(), tokenizer
 
 
 @pytest.mark.parametrize("name", sorted(FOLDERS))

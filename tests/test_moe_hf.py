@@ -330,31 +330,37 @@ def test_a_folder_loads_and_the_engine_gives_generate_tokens(tmp_path, hf_model,
     assert [r.token_ids for r in again] == want[:2]
 
 
-def test_the_server_serves_a_folder_with_transformers_greedy_text(tmp_path, hf_model):
+def serve_once(folder, prompt: str, max_tokens: int, **engine_options) -> tuple[dict, object]:
+    """POST one greedy /v1/completions (ignore_eos) to an in-process server of the model in
+    `folder` (create_app over an AsyncEngine with engine_options); (the body, the tokenizer)."""
     from tinygpt.engine import AsyncEngine
     from tinygpt.loading import load_model
     from tinygpt.server import create_app
 
-    model, tokenizer, info = load_model(save_folder(tmp_path, hf_model))
-    prompt = "the cat sat on the mat"
-    ids = tokenizer.encode(prompt)
-    theirs = hf_greedy(hf_model, ids, 16)
+    model, tokenizer, info = load_model(folder)
     loop = asyncio.new_event_loop()
-    engine = AsyncEngine(model, tokenizer, max_waiting=8, prefix_caching=True)
+    engine = AsyncEngine(model, tokenizer, max_waiting=8, **engine_options)
     app = create_app(engine, tokenizer, info.context_length, model_id=info.model_id,
                      eos_ids=info.eos_ids, end_of_turn_ids=info.end_of_turn_ids)
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t",
                                timeout=60)
     try:
         response = loop.run_until_complete(client.post("/v1/completions", json={
-            "model": info.model_id, "prompt": prompt, "max_tokens": 16, "temperature": 0,
-            "ignore_eos": True}))
+            "model": info.model_id, "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True}))
     finally:
         loop.run_until_complete(client.aclose())
         loop.run_until_complete(engine.shutdown(1.0))
         loop.close()
     assert response.status_code == 200, response.text
-    body = response.json()
+    return response.json(), tokenizer
+
+
+def test_the_server_serves_a_folder_with_transformers_greedy_text(tmp_path, hf_model):
+    prompt = "the cat sat on the mat"
+    body, tokenizer = serve_once(save_folder(tmp_path, hf_model), prompt, 16,
+                                 prefix_caching=True)
+    theirs = hf_greedy(hf_model, tokenizer.encode(prompt), 16)
     assert body["usage"]["completion_tokens"] == 16
     assert body["choices"][0]["text"] == tokenizer.decode(theirs)
 

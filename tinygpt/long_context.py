@@ -211,6 +211,26 @@ def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
+def _unrotated_qkv(block, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A block's queries (1, H, T, d), keys and values (1, H_kv, T, d) of x (1, T, D), q and k
+    normalized per head when the model does that (Qwen3) but not rotated: the cache rotates
+    them at the positions it gives them."""
+    att = block.attention
+    h = block.attention_norm(x)
+    q = split_heads(att.wq(h), att.n_heads)
+    k = split_heads(att.wk(h), att.n_kv_heads)
+    if att.q_norm is not None:
+        q, k = att.q_norm(q), att.k_norm(k)
+    return q, k, split_heads(att.wv(h), att.n_kv_heads)
+
+
+def _finish_block(block, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The rest of Block.forward once attention gave y (1, H, T, d): output projection,
+    residual, feed-forward, residual."""
+    h = x + block.attention.wo(merge_heads(y))
+    return h + block.feed_forward(block.ffn_norm(h))
+
+
 def _attend(q_parts, k_parts, v_parts, masks, n_rep: int) -> torch.Tensor:
     """One softmax over several key blocks, each scored with its own rotation of the queries.
     q_parts[i] (1, H, T, d); k_parts[i], v_parts[i] (1, H_kv, n_i, d); masks[i] (T, n_i)."""
@@ -281,13 +301,7 @@ class StreamingLM:
         past_sinks = max(sinks - a, 0)                      # this call's rows that are sinks
         x = model.tok_embeddings(ids.to(self.device))[None]
         for layer, block in enumerate(model.layers):
-            att = block.attention
-            h = block.attention_norm(x)
-            q = split_heads(att.wq(h), att.n_heads)
-            k = split_heads(att.wk(h), att.n_kv_heads)
-            v = split_heads(att.wv(h), att.n_kv_heads)
-            if att.q_norm is not None:
-                q, k = att.q_norm(q), att.k_norm(k)
+            q, k, v = _unrotated_qkv(block, x)
             if past_sinks:
                 self.sink_k[layer] = torch.cat([self.sink_k[layer], k[:, :, :past_sinks]], 2)
                 self.sink_v[layer] = torch.cat([self.sink_v[layer], v[:, :, :past_sinks]], 2)
@@ -306,8 +320,7 @@ class StreamingLM:
                 v_parts.append(self.sink_v[layer])
                 masks.append(spos[None, :] <= t[:, None])
             y = _attend(q_parts, k_parts, v_parts, masks, n_rep)
-            h = x + att.wo(merge_heads(y))
-            x = h + block.feed_forward(block.ffn_norm(h))
+            x = _finish_block(block, x, y)
             self.keep_k[layer] = k_win[:, :, keep_from - first:]
             self.keep_v[layer] = v_win[:, :, keep_from - first:]
         self.kept_from, self.length = keep_from, b
@@ -395,13 +408,7 @@ def streaming_logits_loop(model, ids: torch.Tensor, *, window: int | None,
     for t in range(n):
         x = model.tok_embeddings(ids[t:t + 1])[None]
         for layer, block in enumerate(model.layers):
-            att = block.attention
-            h = block.attention_norm(x)
-            q = split_heads(att.wq(h), att.n_heads)
-            k = split_heads(att.wk(h), att.n_kv_heads)
-            v = split_heads(att.wv(h), att.n_kv_heads)
-            if att.q_norm is not None:
-                q, k = att.q_norm(q), att.k_norm(k)
+            q, k, v = _unrotated_qkv(block, x)
             if len(cache_k[layer]) == capacity:            # evict the oldest non-sink token
                 del cache_k[layer][sinks], cache_v[layer][sinks]
             cache_k[layer].append(k[0, :, 0])
@@ -412,8 +419,7 @@ def streaming_logits_loop(model, ids: torch.Tensor, *, window: int | None,
             q_rot = apply_rope(q, cos_table[size - 1:size], sin_table[size - 1:size])
             y = _attend([q_rot], [k_all], [torch.stack(cache_v[layer], 1)[None]],
                         [torch.ones(1, size, dtype=torch.bool)], n_rep)
-            h = x + att.wo(merge_heads(y))
-            x = h + block.feed_forward(block.ffn_norm(h))
+            x = _finish_block(block, x, y)
         rows.append(_at_least_float32(model.output(model.norm(x))[0]))
     return torch.cat(rows)
 
