@@ -531,3 +531,18 @@ def test_tokenize_puts_the_bos_first_only_where_the_tokenizer_adds_one(shipped):
         assert out["usage"]["prompt_tokens"] == len(ids) + 1
     finally:
         served.close()
+
+
+def test_parse_workers_are_half_the_cores_and_create_app_checks_them(monkeypatch):
+    from tinygpt.server import app as server_app
+
+    for cores, want in ((1, 1), (2, 1), (3, 1), (8, 4)):
+        monkeypatch.setattr(server_app.os, "sched_getaffinity", lambda _, n=cores: set(range(n)),
+                            raising=False)
+        assert server_app.parse_workers() == want
+    model = TinyGPT(ModelConfig(vocab_size=64, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
+                                d_ff=32, max_seq_len=32))
+    tokenizer = load_pretrained()[1]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="workers must be"):
+            create_app(Engine(model), tokenizer, 32, workers=bad)

@@ -6,6 +6,7 @@ every error into OpenAI's error body, counts every response, publishes /openapi.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
@@ -22,15 +23,26 @@ from tinygpt.server.routes import Served, router
 from tinygpt.structured import Grammars
 
 
+def parse_workers() -> int:
+    """Threads that parse, tokenize, check schemas and compile grammars: half the usable cores,
+    at least one. The engine's decode step spreads its products over every core, and each of
+    these threads that computes takes a core from it: with two of them on a 2-core machine,
+    hostile structured requests stretched ordinary streams' token gaps to 100-105 ms; with
+    one, 66-72 ms (the bench row structured_hostile_stall, AMD EPYC, 2026-11-27)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 2) // 2)
+
+
 def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
                max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = BODY_TIMEOUT_S,
-               workers: int = 2, model_id: str = MODEL_ID, eos_ids=None, end_of_turn_ids=None):
+               workers: int | None = None, model_id: str = MODEL_ID, eos_ids=None,
+               end_of_turn_ids=None):
     """The FastAPI app over `engine` (AsyncEngine's interface) and `tokenizer` (encode,
     decode, encode_chat, special_tokens); `context`: the model's max_seq_len. Requests bigger
     than max_body_bytes get a 413; bodies slower than body_timeout_s a 408; `workers` threads
-    parse and tokenize. model_id: the name served. eos_ids end a completion, end_of_turn_ids
-    a chat reply (default: the tokenizer's "<|endoftext|>", and "<|end|>" then it; see
-    tinygpt.loading.ModelInfo)."""
+    parse and tokenize (default parse_workers(): half the cores). model_id: the name served.
+    eos_ids end a completion, end_of_turn_ids a chat reply (default: the tokenizer's
+    "<|endoftext|>", and "<|end|>" then it; see tinygpt.loading.ModelInfo)."""
     metrics = Metrics(engine)
     engine.on_finish = metrics.observe
     vocab = getattr(getattr(engine.model, "cfg", None), "vocab_size", 1 << 31)
@@ -43,7 +55,11 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
         except (ValueError, TypeError, AttributeError) as err:
             grammars = f"the grammar engine cannot read this model's tokenizer ({err})"
     prompts = Prompts(tokenizer, context, vocab, model_id, eos_ids, end_of_turn_ids, grammars)
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="tinygpt-parse")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 1):
+        raise ValueError(f"workers must be None (half the cores) or an integer >= 1, "
+                         f"got {workers!r}")
+    pool = ThreadPoolExecutor(workers or parse_workers(), thread_name_prefix="tinygpt-parse")
 
     @asynccontextmanager
     async def lifespan(app):
