@@ -490,3 +490,56 @@ def test_extend_runs_several_positions_of_one_sequence_as_the_forward_does():
         step.extend(ids[:, :0])
     with pytest.raises(ValueError, match="KV cache is full"):
         step.extend(torch.zeros(1, 64, dtype=torch.long))
+
+
+def test_layers_on_a_paged_pool_give_the_plain_cache_bits():
+    """DecodeLayers.paged (the engine's pool: blocks of 4 positions in any order, each row its
+    own sequence and position) computes what the plain cache's step computes, bit for bit: each
+    of 3 sequences at its own position against a batch-1 plain cache holding the same keys and
+    values, x and the written rows equal; and the arguments are checked."""
+    model = small_model()
+    cfg, size = model.cfg, 4
+    gen = torch.Generator().manual_seed(3)
+    step = DecodeStep(model, KVCache.for_model(model, 1, 16))
+    layers = step._layers.keep[0]
+    shape = (cfg.n_kv_heads, size, cfg.head_dim)
+    pools = [KVCache.for_model(model, 1, 16).layers[0] for _ in range(cfg.n_layers)]
+    for layer in pools:                  # 20 blocks of 4 positions in place of (1, Hkv, 16, hd)
+        layer.k, layer.v = (torch.randn(20, *shape, generator=gen) for _ in range(2))
+    paged = ck.DecodeLayers(layers, pools, model.rope_cos, step._sin_signed, cfg.n_heads,
+                            cfg.n_kv_heads, cfg.norm_eps, block_size=size)
+    tables = torch.randperm(20, generator=gen)[:12].view(3, 4).contiguous()
+    positions = torch.tensor([13, 2, 7])
+    x = torch.randn(3, cfg.d_model, generator=gen)
+    want = []
+    for b in range(3):                   # the plain cache: the same keys, in position order
+        plain = KVCache.for_model(model, 1, 16)
+        for layer, pool in zip(plain.layers, pools, strict=True):
+            for name in ("k", "v"):
+                blocks = getattr(pool, name)[tables[b]]                  # (4, Hkv, bs, hd)
+                getattr(layer, name)[0] = blocks.transpose(0, 1).reshape(cfg.n_kv_heads, 16, -1)
+        row = x[b:b + 1].clone()
+        ck.DecodeLayers(layers, plain.layers, model.rope_cos, step._sin_signed, cfg.n_heads,
+                        cfg.n_kv_heads, cfg.norm_eps)(row, int(positions[b]))
+        want.append((row, plain))
+    paged.paged(x, positions, tables)
+    for b, (row, plain) in enumerate(want):
+        assert torch.equal(x[b:b + 1], row), b
+        p = int(positions[b])
+        block, offset = int(tables[b, p // size]), p % size
+        for layer, pool in zip(plain.layers, pools, strict=True):
+            assert torch.equal(pool.k[block, :, offset], layer.k[0, :, p])
+            assert torch.equal(pool.v[block, :, offset], layer.v[0, :, p])
+    with pytest.raises(ValueError, match="positions must be in"):
+        paged.paged(x, torch.tensor([16, 0, 0]), tables)
+    with pytest.raises(ValueError, match="tables must name blocks in"):
+        paged.paged(x, positions, tables + 20)
+    with pytest.raises(ValueError, match="positions must be a contiguous int64"):
+        paged.paged(x, positions[:2], tables)
+    with pytest.raises(ValueError, match="paged pool: call paged"):
+        paged(x, 0)
+    with pytest.raises(ValueError, match="plain cache: call them with"):
+        step._layers.paged(x[:1], positions[:1], tables[:1])
+    with pytest.raises(ValueError, match="block_size must be the pool's block size 4"):
+        ck.DecodeLayers(layers, pools, model.rope_cos, step._sin_signed, cfg.n_heads,
+                        cfg.n_kv_heads, cfg.norm_eps, block_size=8)

@@ -212,6 +212,62 @@ def test_runner_rejects_empty_work():
         runner.forward([])
 
 
+@pytest.mark.skipif(cpu_gemm.available() is not None, reason=str(cpu_gemm.available()))
+@pytest.mark.parametrize("n_kv_heads", [1, 2])
+def test_one_sequence_decodes_run_generates_step_with_its_bits(n_kv_heads):
+    """A step that decodes one sequence runs generate()'s C layers (cpu_kernels.DecodeLayers)
+    on the paged pool: its logits equal, bit for bit, those of the batch-1 tiled DecodeStep on
+    a plain cache holding the same keys and values, and the key and value it writes too; the
+    blocks are scattered (another sequence took every other one); steps of two decodes
+    or a chunk take the batched road."""
+    from tinygpt.kv_cache import DecodeStep, KVCache
+
+    model = tiny_model(n_kv_heads)
+    cache = PagedKVCache.for_model(model, num_blocks=40, block_size=4)
+    runner = ModelRunner(model, cache)
+    assert runner.decode_layers is not None, runner.decode_layers_reason
+    calls = []
+    paged = runner.decode_layers.paged
+    runner.decode_layers.paged = lambda *args: calls.append(1) or paged(*args)
+    rng = random.Random(n_kv_heads)
+    ids = {0: [rng.randrange(61) for _ in range(30)], 1: [rng.randrange(61) for _ in range(30)]}
+    for seq_id in ids:
+        cache.add(seq_id)
+    for start in range(0, 8, 4):                     # interleaved: scattered blocks
+        for seq_id in ids:
+            cache.reserve(seq_id, 4)
+            runner.forward([(seq_id, ids[seq_id][start:start + 4], start)])
+            cache.lengths[seq_id] = start + 4
+    assert calls == []                               # prefill chunks: the batched road
+    cache.reserve(0, 1)
+    cache.reserve(1, 1)
+    runner.forward([(0, [ids[0][8]], 8), (1, [ids[1][8]], 8)])
+    assert calls == []                               # two decodes: the batched road
+    cache.lengths[0] = cache.lengths[1] = 9
+    plain = KVCache.for_model(model, 1, 32)
+    step = DecodeStep(model, plain)
+    assert step._layers is not None
+    table = cache.tables[0]
+    for length in range(9, 20):
+        for layer, pool_k, pool_v in zip(plain.layers, cache.k, cache.v, strict=True):
+            for dst, pool in ((layer.k, pool_k), (layer.v, pool_v)):
+                blocks = pool[torch.tensor(table)].transpose(0, 1)        # (Hkv, W, bs, hd)
+                dst[0, :, :length] = blocks.reshape(n_kv_heads, -1, dst.shape[-1])[:, :length]
+        plain.length = length
+        cache.reserve(0, 1)
+        got = runner.forward([(0, [ids[0][length]], length)])
+        cache.lengths[0] = length + 1
+        with torch.inference_mode():
+            want = step(torch.tensor([[ids[0][length]]]))
+        assert torch.equal(got, want), length
+        table = cache.tables[0]
+        where = table[length // 4], length % 4
+        for layer, pool_k, pool_v in zip(plain.layers, cache.k, cache.v, strict=True):
+            assert torch.equal(pool_k[where[0], :, where[1]], layer.k[0, :, length])
+            assert torch.equal(pool_v[where[0], :, where[1]], layer.v[0, :, length])
+    assert len(calls) == 11
+
+
 # -- the engine against batch-1 generate -------------------------------------------------------
 
 def test_engine_equals_batch1_generate_under_random_arrivals_budgets_and_preemptions(

@@ -72,10 +72,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tg_bf16_path.restype = ctypes.c_int
     P, L, F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
     lib.tg_layer.argtypes = [ctypes.c_int, P, L, L, P, P, F, P, L, P, L, P, L, P, L, P, P,
-                             ctypes.c_int, L, P, P, L, L, L, L, L, ctypes.c_int]
+                             ctypes.c_int, P, P, L, L, P, P, L, L, L, L]
     lib.tg_layer.restype = ctypes.c_int
     lib.tg_attention.argtypes = [ctypes.c_int, P, P, L, L, P, P, F, P, L, P, L, P, P,
-                                 ctypes.c_int, L, P, P, L, L, L, L, ctypes.c_int]
+                                 ctypes.c_int, P, P, L, L, P, P, L, L, L]
     lib.tg_attention.restype = ctypes.c_int
     lib.tg_experts.argtypes = [ctypes.c_int, P, P, L, L, L] + [P] * 8 + [L]
     lib.tg_experts.restype = ctypes.c_int
@@ -330,6 +330,26 @@ class TiledLinear:
             else:
                 self.tiled = tile(stacked, torch.float32 if fmt == "fp32" else torch.bfloat16)
 
+    @classmethod
+    def sharing(cls, tiled: torch.Tensor, sizes: list[int]) -> TiledLinear:
+        """A float32 TiledLinear over tiles that already exist (tile()'s float32 layout, e.g.
+        tinygpt.cpu_gemm's, whose kernel reads the same tiles): no copy; `sizes` the stacked
+        weights' rows. The tiles must stay unchanged while it is used."""
+        n, n_pad = sum(sizes), -(-sum(sizes) // TILE) * TILE
+        if tiled.dtype != torch.float32 or tiled.ndim != 3 or tiled.shape[0] * TILE != n_pad \
+                or tiled.shape[2] != TILE or not tiled.is_contiguous() \
+                or tiled.device.type != "cpu":
+            raise ValueError(f"tiled must be contiguous float32 CPU tiles ({n_pad // TILE}, K, "
+                             f"{TILE}) for sizes {sizes}, got {tiled.dtype} {tuple(tiled.shape)}")
+        lib = load()
+        if lib is None:
+            raise RuntimeError(available())
+        self = cls.__new__(cls)
+        self.lib, self.fmt, self.code = lib, "fp32", FORMATS["fp32"]
+        self.sizes, self.n, self.k, self.n_pad = list(sizes), n, tiled.shape[1], n_pad
+        self.tiled = tiled
+        return self
+
     @staticmethod
     def refusal(*weights: torch.Tensor, fmt: str = "fp32") -> str | None:
         """Why these weights cannot be tiled together in `fmt`, or None when they can."""
@@ -371,23 +391,80 @@ class TiledLinear:
         return (y,) if len(self.sizes) == 1 else y.split(self.sizes, -1)
 
 
-def _rotation_pointers(layers, x: torch.Tensor, pos: int, consecutive: bool) -> tuple[int, int]:
-    """Check a step's input for DecodeLayers / MoEDecodeLayers (contiguous float32 (B, D),
-    B <= MAX_ROWS, positions inside the cache and the tables) and return the addresses of the
-    cos and signed-sin rows at `pos`."""
-    rows = x.shape[0]
-    if x.dtype != torch.float32 or not x.is_contiguous() or not 0 < rows <= MAX_ROWS:
-        raise ValueError(f"x must be contiguous float32 (B, D), B <= {MAX_ROWS}, got "
-                         f"{x.dtype} {tuple(x.shape)}")
-    last = pos + rows - 1 if consecutive else pos
-    limit = min(layers.max_len, layers.cos.shape[0])
-    if not 0 <= pos <= last < limit:
-        raise ValueError(f"positions must be in [0, {limit}), got {pos}..{last}")
-    offset = pos * layers.head_dim * 4
-    return layers.cos.data_ptr() + offset, layers.sin_signed.data_ptr() + offset
+class _CacheRows:
+    """Where a decode step's rows go in the cache, for DecodeLayers and MoEDecodeLayers.
+
+    A plain cache (block_size None): cache_layers' .k and .v are (cache_batch, kv_heads,
+    max_len, head_dim); row b is sequence b at one position, or (consecutive) position pos + b
+    of sequence 0. A paged pool (block_size given: the engine's tinygpt.paged.PagedKVCache,
+    one layer's pool each): .k and .v are (num_blocks, kv_heads, block_size, head_dim) and each
+    row brings its own position and block table (paged()). The C side sees one form: per row a
+    position and a table of blocks, the plain cache being blocks of max_len positions.
+    """
+
+    def _bind(self, cache_layers: list, cos: torch.Tensor, sin_signed: torch.Tensor,
+              block_size: int | None) -> None:
+        k = cache_layers[0].k
+        if block_size is not None and (not isinstance(block_size, int) or block_size < 1
+                                       or k.shape[2] != block_size):
+            raise ValueError(f"block_size must be the pool's block size {k.shape[2]} (or None "
+                             f"for a plain cache), got {block_size!r}")
+        self.cos, self.sin_signed = cos.float().contiguous(), sin_signed.float().contiguous()
+        self.cache_bf16 = int(k.dtype == torch.bfloat16)
+        self.head_dim = cos.shape[-1]
+        self.paged_pool = block_size is not None
+        self.block = k.shape[2]          # max_len of a plain cache
+        self.max_len = self.block        # (the name the plain cache's callers know)
+        self.slots = k.shape[0]          # the plain cache's sequences, or the pool's blocks
+
+    def _check_x(self, x: torch.Tensor) -> int:
+        rows = x.shape[0]
+        if x.dtype != torch.float32 or x.ndim != 2 or not x.is_contiguous() \
+                or not 0 < rows <= MAX_ROWS:
+            raise ValueError(f"x must be contiguous float32 (B, D), B <= {MAX_ROWS}, got "
+                             f"{x.dtype} {tuple(x.shape)}")
+        return rows
+
+    def _plain(self, x: torch.Tensor, pos: int, consecutive: bool) -> tuple:
+        """(row positions, tables, width, block, cos, sin) for the plain cache's call."""
+        if self.paged_pool:
+            raise ValueError("these layers hold a paged pool: call paged(x, positions, tables)")
+        rows = self._check_x(x)
+        last = pos + rows - 1 if consecutive else pos
+        limit = min(self.max_len, self.cos.shape[0])
+        if not 0 <= pos <= last < limit:
+            raise ValueError(f"positions must be in [0, {limit}), got {pos}..{last}")
+        if not consecutive and rows > self.slots:
+            raise ValueError(f"{rows} rows for a cache of {self.slots} sequences")
+        row_pos = (ctypes.c_long * rows)(*(range(pos, pos + rows) if consecutive
+                                          else [pos] * rows))
+        tables = (ctypes.c_long * rows)(*([0] * rows if consecutive else range(rows)))
+        return (ctypes.addressof(row_pos), ctypes.addressof(tables), 1, self.block,
+                self.cos.data_ptr(), self.sin_signed.data_ptr()), (row_pos, tables)
+
+    def _paged(self, x: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor) -> tuple:
+        """The same for a paged pool: positions (B,) and tables (B, W) int64 CPU tensors."""
+        if not self.paged_pool:
+            raise ValueError("these layers hold a plain cache: call them with (x, pos)")
+        rows = self._check_x(x)
+        for name, t, ndim in (("positions", positions, 1), ("tables", tables, 2)):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.long or t.ndim != ndim \
+                    or t.shape[0] != rows or not t.is_contiguous() or t.device.type != "cpu":
+                raise ValueError(f"{name} must be a contiguous int64 CPU tensor with one row "
+                                 f"per row of x ({rows}), got {t!r}")
+        width = tables.shape[1]
+        limit = min(width * self.block, self.cos.shape[0])
+        if width < 1 or int(positions.min()) < 0 or int(positions.max()) >= limit:
+            raise ValueError(f"positions must be in [0, {limit}) (the tables' {width} blocks "
+                             f"of {self.block} and the rotation tables), got "
+                             f"{positions.tolist()}")
+        if int(tables.min()) < 0 or int(tables.max()) >= self.slots:
+            raise ValueError(f"tables must name blocks in [0, {self.slots})")
+        return (positions.data_ptr(), tables.data_ptr(), width, self.block,
+                self.cos.data_ptr(), self.sin_signed.data_ptr()), (positions, tables)
 
 
-class DecodeLayers:
+class DecodeLayers(_CacheRows):
     """A decode step's layers, each one C call (tg_layer in cpu_gemv.c): the four tiled
     products on the pool and everything between them (the RMS norms, RoPE, the cache write,
     attention over the cached positions, SiLU(gate) * up, the residual adds) on the calling
@@ -405,23 +482,24 @@ class DecodeLayers:
     and every layer's cache holds the new keys and values at the position. With
     consecutive=True the B rows are instead positions pos .. pos + B - 1 of sequence 0, each
     attending causally to the positions up to its own (several tokens of one sequence).
-    refusal(...) says why a model's step cannot run this way (None when it can).
+    With block_size, cache_layers hold the engine's paged pools instead (num_blocks, kv_heads,
+    block_size, head_dim) and paged(x, positions, tables) runs the step: row b the token at
+    positions[b] of the sequence whose blocks are tables[b] (_CacheRows). refusal(...) says
+    why a model's step cannot run this way (None when it can).
     """
 
     def __init__(self, layers: list[tuple], cache_layers: list, cos: torch.Tensor,
-                 sin_signed: torch.Tensor, heads: int, kv_heads: int, eps: float) -> None:
+                 sin_signed: torch.Tensor, heads: int, kv_heads: int, eps: float,
+                 block_size: int | None = None) -> None:
         reason = self.refusal(layers, cache_layers, cos, sin_signed)
         if reason is not None:
             raise ValueError(reason)
         self.lib = load()
-        self.cos, self.sin_signed = cos.float().contiguous(), sin_signed.float().contiguous()
-        self.cache_bf16 = int(cache_layers[0].k.dtype == torch.bfloat16)
+        self._bind(cache_layers, cos, sin_signed, block_size)
         layers = [(n1.float().contiguous(), qkv, wo, n2.float().contiguous(), gate_up, w2)
                   for n1, qkv, wo, n2, gate_up, w2 in layers]
-        self.head_dim = cos.shape[-1]
         self.heads, self.kv_heads, self.eps = heads, kv_heads, float(eps)
         self.d_ff = layers[0][4].sizes[0]
-        self.max_len = cache_layers[0].k.shape[2]
         self.keep = (layers, cache_layers)       # what the pointers below point into
         self.calls = [(qkv.code, norm1.data_ptr(), norm2.data_ptr(), self.eps,
                        qkv.tiled.data_ptr(), qkv.n_pad, wo.tiled.data_ptr(), wo.n_pad,
@@ -459,19 +537,26 @@ class DecodeLayers:
         return None
 
     def __call__(self, x: torch.Tensor, pos: int, consecutive: bool = False) -> None:
+        self._run(x, self._plain(x, pos, consecutive))
+
+    def paged(self, x: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor) -> None:
+        """The step on a paged pool: x (B, D) as in __call__, positions (B,) and tables (B, W)
+        int64: row b is position positions[b] of the sequence whose blocks are tables[b]."""
+        self._run(x, self._paged(x, positions, tables))
+
+    def _run(self, x: torch.Tensor, where: tuple) -> None:
         rows, d = x.shape
-        cos, sin = _rotation_pointers(self, x, pos, consecutive)
-        xp, layer = x.data_ptr(), self.lib.tg_layer
+        xp, layer, (cache_rows, _) = x.data_ptr(), self.lib.tg_layer, where
         with _library.lock:
             for (code, n1, n2, eps, wqkv, nqkv, wo, no, wgu, ngu, w2, n2_, kc, vc) \
                     in self.calls:
                 if layer(code, xp, rows, d, n1, n2, eps, wqkv, nqkv, wo, no, wgu, ngu, w2, n2_,
-                         kc, vc, self.cache_bf16, self.max_len, cos, sin, pos, self.heads,
-                         self.kv_heads, self.head_dim, self.d_ff, int(consecutive)):
+                         kc, vc, self.cache_bf16, *cache_rows, self.heads, self.kv_heads,
+                         self.head_dim, self.d_ff):
                     raise MemoryError("the kernel could not allocate its buffers")
 
 
-class MoEDecodeLayers:
+class MoEDecodeLayers(_CacheRows):
     """DecodeLayers for a mixture-of-experts model (day 20), per layer: the attention half in
     C (tg_attention, up to the feed-forward's norm), the router in torch (the MoE module's own
     `route`; its last_experts and last_ran are set), then the chosen experts in one C call
@@ -481,19 +566,18 @@ class MoEDecodeLayers:
     layers: per layer (attention_norm, qkv, wo, ffn_norm, ffn) as DecodeLayers' but ffn
     ("dense", gate_up, w2) or ("moe", moe, gate_ups, downs, shared): the MoE module, its E
     experts' products and None or the shared expert's (gate_up, down); TiledLinear products of
-    one format, fp32 or bf16. The rest and the call as in DecodeLayers.
+    one format, fp32 or bf16. The rest, block_size and the calls as in DecodeLayers.
     """
 
     def __init__(self, layers: list[tuple], cache_layers: list, cos: torch.Tensor,
-                 sin_signed: torch.Tensor, heads: int, kv_heads: int, eps: float) -> None:
+                 sin_signed: torch.Tensor, heads: int, kv_heads: int, eps: float,
+                 block_size: int | None = None) -> None:
         reason = self.refusal(layers, cache_layers, cos, sin_signed)
         if reason is not None:
             raise ValueError(reason)
         self.lib = load()
-        self.cos, self.sin_signed = cos.float().contiguous(), sin_signed.float().contiguous()
-        self.cache_bf16 = int(cache_layers[0].k.dtype == torch.bfloat16)
+        self._bind(cache_layers, cos, sin_signed, block_size)
         self.heads, self.kv_heads, self.eps = heads, kv_heads, float(eps)
-        self.head_dim, self.max_len = cos.shape[-1], cache_layers[0].k.shape[2]
         self.code = layers[0][1].code
         self.layers, self.keep = [], []          # keep: what the pointers point into
         for (n1, qkv, wo, n2, ffn), cache in zip(layers, cache_layers, strict=True):
@@ -567,8 +651,15 @@ class MoEDecodeLayers:
                 (ctypes.c_long * len(rows_of))(*rows_of), (ctypes.c_float * len(flat_w))(*flat_w))
 
     def __call__(self, x: torch.Tensor, pos: int, consecutive: bool = False) -> None:
+        self._run(x, self._plain(x, pos, consecutive))
+
+    def paged(self, x: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor) -> None:
+        """DecodeLayers.paged for these layers."""
+        self._run(x, self._paged(x, positions, tables))
+
+    def _run(self, x: torch.Tensor, where: tuple) -> None:
         rows, d = x.shape
-        cos, sin = _rotation_pointers(self, x, pos, consecutive)
+        cache_rows = where[0]
         h = torch.empty_like(x)
         xp, hp, lib, code = x.data_ptr(), h.data_ptr(), self.lib, self.code
         one = (1, (ctypes.c_long * 1)(0), (ctypes.c_long * 1)(rows),
@@ -576,9 +667,8 @@ class MoEDecodeLayers:
         for (n1, n2, wqkv, nqkv, wo, no, kc, vc, moe, shared, tables, n_down) in self.layers:
             with _library.lock:
                 status = lib.tg_attention(code, xp, hp, rows, d, n1, n2, self.eps, wqkv, nqkv,
-                                          wo, no, kc, vc, self.cache_bf16, self.max_len, cos,
-                                          sin, pos, self.heads, self.kv_heads, self.head_dim,
-                                          int(consecutive))
+                                          wo, no, kc, vc, self.cache_bf16, *cache_rows,
+                                          self.heads, self.kv_heads, self.head_dim)
             if status:
                 raise MemoryError("the kernel could not allocate its buffers")
             plan = one if moe is None else self._route(moe, h, shared)

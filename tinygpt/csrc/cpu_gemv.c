@@ -633,41 +633,59 @@ static inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
-/* rows are sequences 0 .. rows-1 at position pos, or (consecutive) positions pos .. pos+rows-1
- * of sequence 0, each attending to its own position and those before it (the rotation
- * tables then hold one row per position from pos on) */
-static void attend(const float *yqkv, long ystride, void *kc, void *vc, int bf16, long max_len,
-                   const float *cos, const float *sin_signed, long pos, float *out, long rows,
-                   long heads, long kv_heads, long hd, float *scores, int consecutive) {
+/* Where the cache keeps a sequence's keys and values. Its positions are grouped in blocks of
+ * `block`: position t is entry t % block of block number table[t / block], and kv head g of
+ * block n starts at ((n * kv_heads + g) * block) * hd. The plain cache (cache_batch, kv_heads,
+ * max_len, hd) is the case block = max_len, one entry per table (the sequence's index); the
+ * engine's paged pool (blocks, kv_heads, block_size, hd) is the general case. */
+static inline long cache_at(const long *table, long block, long kv_heads, long g, long t,
+                            long hd) {
+    return ((table[t / block] * kv_heads + g) * block + t % block) * hd;
+}
+
+/* Row b is the token at position row_pos[b] of the sequence whose block table is
+ * tables[b * width ..]: its key and value are written there, then it attends to its own
+ * position and every one before it, block by block (the positions in order: a paged cache
+ * gives the bits the plain one gives). cos and sin_signed are the whole rotation tables.
+ * Rows of one sequence (speculative decoding's verify pass) share a table and go in
+ * position order, so each sees the keys the rows before it wrote. */
+static void attend(const float *yqkv, long ystride, void *kc, void *vc, int bf16,
+                   const long *row_pos, const long *tables, long width, long block,
+                   const float *cos, const float *sin_signed, float *out, long rows,
+                   long heads, long kv_heads, long hd, float *scores) {
     long group = heads / kv_heads;
     float scale = 1.0f / sqrtf((float)hd);
     float q[hd], row[hd];
     for (long b = 0; b < rows; b++) {
         const float *yb = yqkv + b * ystride;
-        long seq = consecutive ? 0 : b, at_pos = consecutive ? pos + b : pos;
-        const float *cb = consecutive ? cos + b * hd : cos;
-        const float *sb = consecutive ? sin_signed + b * hd : sin_signed;
+        const long *table = tables + b * width;
+        long at_pos = row_pos[b];
+        const float *cb = cos + at_pos * hd, *sb = sin_signed + at_pos * hd;
         for (long g = 0; g < kv_heads; g++) {
-            long at = ((seq * kv_heads + g) * max_len + at_pos) * hd;
+            long at = cache_at(table, block, kv_heads, g, at_pos, hd);
             rope(yb + (heads + g) * hd, cb, sb, row, hd);
             store_row(kc, at, bf16, row, hd);
             store_row(vc, at, bf16, yb + (heads + kv_heads + g) * hd, hd);
         }
         for (long h = 0; h < heads; h++) {
             rope(yb + h * hd, cb, sb, q, hd);
-            long base = (seq * kv_heads + h / group) * max_len * hd;
+            long g = h / group;
             float top = -INFINITY;
-            for (long t = 0; t <= at_pos; t++) {
-                const float *key = (const float *)kc + base + t * hd;   /* float32: in place */
-                if (bf16) {
-                    cache_row(kc, base + t * hd, bf16, row, hd);
-                    key = row;
-                }
-                float s = 0;
+            for (long t0 = 0; t0 <= at_pos; t0 += block) {
+                long base = cache_at(table, block, kv_heads, g, t0, hd);
+                long n = at_pos + 1 - t0 < block ? at_pos + 1 - t0 : block;
+                for (long i = 0; i < n; i++) {
+                    const float *key = (const float *)kc + base + i * hd;  /* float32: in place */
+                    if (bf16) {
+                        cache_row(kc, base + i * hd, bf16, row, hd);
+                        key = row;
+                    }
+                    float s = 0;
 #pragma omp simd reduction(+ : s)
-                for (long i = 0; i < hd; i++) s += q[i] * key[i];
-                scores[t] = s * scale;
-                top = scores[t] > top ? scores[t] : top;
+                    for (long c = 0; c < hd; c++) s += q[c] * key[c];
+                    scores[t0 + i] = s * scale;
+                    top = scores[t0 + i] > top ? scores[t0 + i] : top;
+                }
             }
             float total = 0;
 #pragma omp simd reduction(+ : total)
@@ -676,17 +694,21 @@ static void attend(const float *yqkv, long ystride, void *kc, void *vc, int bf16
                 total += scores[t];
             }
             float *o = out + (b * heads + h) * hd;
-            for (long i = 0; i < hd; i++) o[i] = 0;
+            for (long c = 0; c < hd; c++) o[c] = 0;
             float inv_total = 1.0f / total;
-            for (long t = 0; t <= at_pos; t++) {
-                float p = scores[t] * inv_total;
-                const float *value = (const float *)vc + base + t * hd;
-                if (bf16) {
-                    cache_row(vc, base + t * hd, bf16, row, hd);
-                    value = row;
-                }
+            for (long t0 = 0; t0 <= at_pos; t0 += block) {
+                long base = cache_at(table, block, kv_heads, g, t0, hd);
+                long n = at_pos + 1 - t0 < block ? at_pos + 1 - t0 : block;
+                for (long i = 0; i < n; i++) {
+                    float p = scores[t0 + i] * inv_total;
+                    const float *value = (const float *)vc + base + i * hd;
+                    if (bf16) {
+                        cache_row(vc, base + i * hd, bf16, row, hd);
+                        value = row;
+                    }
 #pragma omp simd
-                for (long i = 0; i < hd; i++) o[i] += p * value[i];
+                    for (long c = 0; c < hd; c++) o[c] += p * value[c];
+                }
             }
         }
     }
@@ -700,20 +722,19 @@ static void add_rows(float *x, const float *y, long rows, long d, long ystride) 
 }
 
 /* One layer on x (rows, d), in place. The products' weights are tiled in format `dtype`
- * with n_* rows (multiples of 16: q, k, v stacked; gate and up stacked); the cache kc, vc is
- * (cache_batch, kv_heads, max_len, hd), float32 or (cache_bf16) bfloat16, and position `pos`
- * is written; x, the norm weights and the rotation tables are float32 whatever the weights
- * and the cache hold; cos and sin_signed are the rotation tables from `pos`'s row on. Row b
- * of x is sequence b at `pos`, or with `consecutive` position pos + b of sequence 0 (several
- * new tokens of one sequence: speculative decoding's verify pass). Returns 0, or tg_gemv's
- * error. */
+ * with n_* rows (multiples of 16: q, k, v stacked; gate and up stacked); the cache kc, vc
+ * holds float32 or (cache_bf16) bfloat16 rows where cache_at says (blocks of `block`
+ * positions, each row's block table `width` entries of `tables`), and row b of x, the token at
+ * position row_pos[b], is written there; x, the norm weights and the rotation tables (whole,
+ * one row per position) are float32 whatever the weights and the cache hold. Returns 0, or
+ * tg_gemv's error. */
 int tg_layer(int dtype, float *x, long rows, long d, const float *attention_norm,
              const float *ffn_norm, float eps, const void *w_qkv, long n_qkv, const void *w_o,
              long n_o, const void *w_gate_up, long n_gate_up, const void *w_down, long n_down,
-             void *kc, void *vc, int cache_bf16, long max_len, const float *cos,
-             const float *sin_signed,
-             long pos, long heads, long kv_heads, long hd, long d_ff, int consecutive) {
-    long need = rows * (d + n_qkv + heads * hd + n_o + n_gate_up + d_ff + n_down) + max_len;
+             void *kc, void *vc, int cache_bf16, const long *row_pos, const long *tables,
+             long width, long block, const float *cos, const float *sin_signed,
+             long heads, long kv_heads, long hd, long d_ff) {
+    long need = rows * (d + n_qkv + heads * hd + n_o + n_gate_up + d_ff + n_down) + width * block;
     if (need > scratch_capacity) {
         float *grown = realloc(scratch, need * sizeof(float));
         if (grown == NULL) return -1;
@@ -726,8 +747,8 @@ int tg_layer(int dtype, float *x, long rows, long d, const float *attention_norm
     int status;
     rms_norm_rows(x, attention_norm, h, rows, d, eps);
     if ((status = tg_gemv(dtype, w_qkv, h, yqkv, rows, n_qkv, d))) return status;
-    attend(yqkv, n_qkv, kc, vc, cache_bf16, max_len, cos, sin_signed, pos, att, rows, heads,
-           kv_heads, hd, scores, consecutive);
+    attend(yqkv, n_qkv, kc, vc, cache_bf16, row_pos, tables, width, block, cos, sin_signed,
+           att, rows, heads, kv_heads, hd, scores);
     if ((status = tg_gemv(dtype, w_o, att, yo, rows, n_o, heads * hd))) return status;
     add_rows(x, yo, rows, d, n_o);
     rms_norm_rows(x, ffn_norm, h, rows, d, eps);
@@ -758,10 +779,11 @@ int tg_layer(int dtype, float *x, long rows, long d, const float *attention_norm
 /* tg_layer's attention half on x (rows, d), in place, and h (rows, d) = ffn_norm(x) */
 int tg_attention(int dtype, float *x, float *h, long rows, long d, const float *attention_norm,
                  const float *ffn_norm, float eps, const void *w_qkv, long n_qkv,
-                 const void *w_o, long n_o, void *kc, void *vc, int cache_bf16, long max_len,
-                 const float *cos, const float *sin_signed, long pos, long heads,
-                 long kv_heads, long hd, int consecutive) {
-    long need = rows * (d + n_qkv + heads * hd + n_o) + max_len;
+                 const void *w_o, long n_o, void *kc, void *vc, int cache_bf16,
+                 const long *row_pos, const long *tables, long width, long block,
+                 const float *cos, const float *sin_signed, long heads, long kv_heads,
+                 long hd) {
+    long need = rows * (d + n_qkv + heads * hd + n_o) + width * block;
     if (need > scratch_capacity) {
         float *grown = realloc(scratch, need * sizeof(float));
         if (grown == NULL) return -1;
@@ -773,8 +795,8 @@ int tg_attention(int dtype, float *x, float *h, long rows, long d, const float *
     int status;
     rms_norm_rows(x, attention_norm, hn, rows, d, eps);
     if ((status = tg_gemv(dtype, w_qkv, hn, yqkv, rows, n_qkv, d))) return status;
-    attend(yqkv, n_qkv, kc, vc, cache_bf16, max_len, cos, sin_signed, pos, att, rows, heads,
-           kv_heads, hd, scores, consecutive);
+    attend(yqkv, n_qkv, kc, vc, cache_bf16, row_pos, tables, width, block, cos, sin_signed,
+           att, rows, heads, kv_heads, hd, scores);
     if ((status = tg_gemv(dtype, w_o, att, yo, rows, n_o, heads * hd))) return status;
     add_rows(x, yo, rows, d, n_o);
     rms_norm_rows(x, ffn_norm, h, rows, d, eps);
