@@ -4,6 +4,7 @@ its float64 run), the same greedy tokens, the same token ids; then the loader,
 `python -m tinygpt chat` and `python -m tinygpt serve --model smollm2` on it."""
 
 import copy
+import re
 import subprocess
 import sys
 
@@ -261,14 +262,21 @@ def greedy_answer(ours):
     return result.text
 
 
-def test_chat_streams_keeps_and_resets_the_conversation(greedy_answer):
+def test_chat_streams_keeps_and_resets_the_conversation(greedy_answer, ours):
     question = QUESTION[0]["content"]
     stdin = f"{question}\n/reset\n{question}\n"          # then end of input
     out = subprocess.run([sys.executable, "-m", "tinygpt", "chat", "--temperature", "0",
-                          "--max-tokens", "12", "--threads", "1"], input=stdin,
+                          "--max-tokens", "12", "--threads", "1", "--stats"], input=stdin,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count(f"{SMOLLM2_ID}> {greedy_answer}\n") == 2, out.stdout
+    # --stats: the reply's tokens (its end-of-turn token included), then the speeds
+    stats = re.findall(r"\((\d+) tokens, first after \d+\.\d\d s, then \d+\.\d tokens/s\)\n",
+                       out.stdout)
+    model, tok, info = ours
+    tokens = generate(model, tok.encode_chat(QUESTION), SamplingParams(
+        temperature=0, max_new_tokens=12), eos_id=info.end_of_turn_ids[0]).token_ids
+    assert stats == [str(len(tokens))] * 2, out.stdout
     assert "(conversation cleared)" in out.stdout
     transcript = (REPO_ROOT / "README.md").read_text()      # the README shows the same answer
     assert f"you> {question}\n{SMOLLM2_ID}> {greedy_answer}\n" in transcript

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 COMMANDS_HELP = "/reset clears the conversation, /quit or Ctrl-D leaves"
 
@@ -33,7 +34,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling (0.9)")
     parser.add_argument("--seed", type=int, default=None, help="seed for reproducible replies")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--stats", action="store_true",
+                        help="after each reply, print its tokens, the time to its first token "
+                             "and the tokens per second after it")
     return parser
+
+
+def reply_stats(stamps: list[float]) -> str:
+    """`--stats`' line for a reply: stamps[0] when it was asked for, then one per token."""
+    n = len(stamps) - 1
+    line = f"({n} tokens"
+    if n:
+        line += f", first after {stamps[1] - stamps[0]:.2f} s"
+    if n > 1:
+        line += f", then {(n - 1) / (stamps[-1] - stamps[1]):.1f} tokens/s"
+    return line + ")"
 
 
 def fit_history(tokenizer, messages: list[dict], budget: int) -> tuple[list[int], int]:
@@ -125,14 +140,17 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
             print(f"(the {dropped} oldest turns no longer fit the context and were dropped)",
                   file=stdout, flush=True)
         print(f"{info.model_id}> ", end="", file=stdout, flush=True)
-        reply = []
+        reply, stamps = [], [time.perf_counter()]
         eos = info.end_of_turn_ids[0] if info.end_of_turn_ids else None
         for event in stream(model, prompt, params, eos_id=eos, tokenizer=tokenizer):
+            stamps.append(time.perf_counter())
             if event.token_id in stops:        # another end-of-turn id than the first
                 break
             reply.append(event.text)
             print(event.text, end="", file=stdout, flush=True)
         print(file=stdout, flush=True)
+        if args.stats:
+            print(reply_stats(stamps), file=stdout, flush=True)
         messages.append({"role": "assistant", "content": "".join(reply)})
 
 

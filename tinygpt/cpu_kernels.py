@@ -30,8 +30,8 @@ The kernels here (C, in tinygpt/csrc/cpu_gemv.c, compiled on first use) fix both
     load()             the compiled library (compiles it once per machine and source)
     build(*flags)      another build of the kernels, with extra compiler flags
     kernel_input()     x as the kernel for a format multiplies it (the oracle's input)
-    DecodeLayers       a float32 decode step's layers, one C call each (the small operations
-                       between the products in C, on the calling thread)
+    DecodeLayers       a decode step's layers in one C call (the small operations between
+                       the products in C, on the calling thread)
     MoEDecodeLayers    the same for a mixture-of-experts model: per layer the attention half
                        in C, the router in torch, the chosen experts in one C call (day 20)
 
@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from tinygpt.native import NativeLibrary
+from tinygpt.native import NativeLibrary, in_huge_pages
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_gemv.c"
 FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp-simd", "-shared",
@@ -74,6 +74,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tg_layer.argtypes = [ctypes.c_int, P, L, L, P, P, F, P, L, P, L, P, L, P, L, P, P,
                              ctypes.c_int, P, P, L, L, P, P, L, L, L, L]
     lib.tg_layer.restype = ctypes.c_int
+    lib.tg_layers.argtypes = [L, ctypes.c_int, P, L, L, P, P, F, P, L, P, L, P, L, P, L, P, P,
+                              ctypes.c_int, P, P, L, L, P, P, L, L, L, L]
+    lib.tg_layers.restype = ctypes.c_int
     lib.tg_attention.argtypes = [ctypes.c_int, P, P, L, L, P, P, F, P, L, P, L, P, P,
                                  ctypes.c_int, P, P, L, L, P, P, L, L, L]
     lib.tg_attention.restype = ctypes.c_int
@@ -131,8 +134,8 @@ def tile_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     values = q.reshape(tiles, TILE, blocks, Q_BLOCK // 4, 4).permute(0, 2, 3, 1, 4)
     unsigned = (values.to(torch.int16) + 128).to(torch.uint8)             # (t, b, 8, 16, 4)
     scales = d.half().reshape(tiles, TILE, blocks).permute(0, 2, 1)        # (t, b, 16)
-    return torch.cat([scales.contiguous().view(torch.uint8).reshape(tiles, blocks, -1),
-                      unsigned.contiguous().reshape(tiles, blocks, -1)], -1)
+    return in_huge_pages(torch.cat([scales.contiguous().view(torch.uint8).reshape(
+        tiles, blocks, -1), unsigned.contiguous().reshape(tiles, blocks, -1)], -1))
 
 
 def quantize_q4_1(weight: torch.Tensor
@@ -197,8 +200,8 @@ def tile_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor
         return x.half().reshape(tiles, TILE, blocks).permute(0, 2, 1).contiguous() \
             .view(torch.uint8).reshape(tiles, blocks, -1)
 
-    return torch.cat([per_row(d), per_row(m),
-                      packed.contiguous().reshape(tiles, blocks, -1)], -1)
+    return in_huge_pages(torch.cat([per_row(d), per_row(m),
+                                    packed.contiguous().reshape(tiles, blocks, -1)], -1))
 
 
 def quantize_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -268,21 +271,21 @@ def bf16_path(lib: ctypes.CDLL | None = None) -> str:
 
 
 def tile(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """W (N, K) -> the tiled layout in `dtype` (a copy); a last partial tile is padded with
-    zero rows. float32: (ceil(N / 16), K, 16), a tile column by column. bfloat16: by pairs of
-    columns, (ceil(N / 16), ceil(K / 2), 16, 2), each row's weights of columns 2p and 2p + 1
-    side by side (one 32-bit lane: what VDPBF16PS multiplies; an odd K padded with a zero
-    column)."""
+    """W (N, K) -> the tiled layout in `dtype` (a copy, in huge pages where Linux gives them:
+    tinygpt.native.in_huge_pages); a last partial tile is padded with zero rows. float32:
+    (ceil(N / 16), K, 16), a tile column by column. bfloat16: by pairs of columns,
+    (ceil(N / 16), ceil(K / 2), 16, 2), each row's weights of columns 2p and 2p + 1 side by
+    side (one 32-bit lane: what VDPBF16PS multiplies; an odd K padded with a zero column)."""
     n, k = weight.shape
     if dtype not in WEIGHT_DTYPES:
         raise ValueError(f"dtype must be one of {list(WEIGHT_DTYPES)}, got {dtype}")
     pad = -n % TILE
     w = torch.cat([weight.detach(), weight.new_zeros(pad, k)]) if pad else weight.detach()
     if dtype == torch.float32:
-        return w.to(dtype).reshape(-1, TILE, k).transpose(1, 2).contiguous()
+        return in_huge_pages(w.to(dtype).reshape(-1, TILE, k).transpose(1, 2))
     if k % 2:
         w = torch.cat([w, w.new_zeros(w.shape[0], 1)], 1)
-    return w.to(dtype).reshape(-1, TILE, (k + 1) // 2, 2).transpose(1, 2).contiguous()
+    return in_huge_pages(w.to(dtype).reshape(-1, TILE, (k + 1) // 2, 2).transpose(1, 2))
 
 
 class TiledLinear:
@@ -465,7 +468,8 @@ class _CacheRows:
 
 
 class DecodeLayers(_CacheRows):
-    """A decode step's layers, each one C call (tg_layer in cpu_gemv.c): the four tiled
+    """A decode step's layers in one C call (tg_layers: tg_layer in cpu_gemv.c per layer,
+    layer after layer), per layer the four tiled
     products on the pool and everything between them (the RMS norms, RoPE, the cache write,
     attention over the cached positions, SiLU(gate) * up, the residual adds) on the calling
     thread, computed as the model's forward computes them, in float32 (bfloat16 weights are
@@ -501,12 +505,16 @@ class DecodeLayers(_CacheRows):
         self.heads, self.kv_heads, self.eps = heads, kv_heads, float(eps)
         self.d_ff = layers[0][4].sizes[0]
         self.keep = (layers, cache_layers)       # what the pointers below point into
-        self.calls = [(qkv.code, norm1.data_ptr(), norm2.data_ptr(), self.eps,
-                       qkv.tiled.data_ptr(), qkv.n_pad, wo.tiled.data_ptr(), wo.n_pad,
-                       gate_up.tiled.data_ptr(), gate_up.n_pad, w2.tiled.data_ptr(), w2.n_pad,
-                       cache.k.data_ptr(), cache.v.data_ptr())
-                      for (norm1, qkv, wo, norm2, gate_up, w2), cache in zip(
-                          layers, cache_layers, strict=True)]
+
+        def pointers(tensors) -> ctypes.Array:
+            return (ctypes.c_void_p * len(layers))(*(t.data_ptr() for t in tensors))
+
+        first = layers[0]
+        self.code = first[1].code
+        self.sizes = (first[1].n_pad, first[2].n_pad, first[4].n_pad, first[5].n_pad)
+        self.arrays = [pointers(t[i] for t in layers) for i in (0, 3)] + \
+            [pointers(t[i].tiled for t in layers) for i in (1, 2, 4, 5)] + \
+            [pointers(getattr(c, name) for c in cache_layers) for name in ("k", "v")]
 
     @staticmethod
     def refusal(layers: list[tuple], cache_layers: list, cos: torch.Tensor,
@@ -529,6 +537,8 @@ class DecodeLayers(_CacheRows):
                 return "the norm weights must be float32 or bfloat16 vectors"
         if len(fmts) != 1:
             return f"the products must share one format, got {sorted(fmts)}"
+        if len({tuple((p.n_pad, p.k) for p in layer[1:3] + layer[4:]) for layer in layers}) != 1:
+            return "every layer's products must have the same shapes"
         tensors = [cos, sin_signed] + [t for c in cache_layers for t in (c.k, c.v)]
         if any(t.dtype not in WEIGHT_DTYPES or not t.is_contiguous() or t.device.type != "cpu"
                for t in tensors) or len({t.dtype for t in tensors[2:]}) != 1:
@@ -546,14 +556,15 @@ class DecodeLayers(_CacheRows):
 
     def _run(self, x: torch.Tensor, where: tuple) -> None:
         rows, d = x.shape
-        xp, layer, (cache_rows, _) = x.data_ptr(), self.lib.tg_layer, where
+        n1, n2, wqkv, wo, wgu, w2, kc, vc = self.arrays
+        nqkv, no, ngu, ndown = self.sizes
         with _library.lock:
-            for (code, n1, n2, eps, wqkv, nqkv, wo, no, wgu, ngu, w2, n2_, kc, vc) \
-                    in self.calls:
-                if layer(code, xp, rows, d, n1, n2, eps, wqkv, nqkv, wo, no, wgu, ngu, w2, n2_,
-                         kc, vc, self.cache_bf16, *cache_rows, self.heads, self.kv_heads,
-                         self.head_dim, self.d_ff):
-                    raise MemoryError("the kernel could not allocate its buffers")
+            status = self.lib.tg_layers(len(n1), self.code, x.data_ptr(), rows, d, n1, n2,
+                                        self.eps, wqkv, nqkv, wo, no, wgu, ngu, w2, ndown, kc,
+                                        vc, self.cache_bf16, *where[0], self.heads,
+                                        self.kv_heads, self.head_dim, self.d_ff)
+        if status:
+            raise MemoryError("the kernel could not allocate its buffers")
 
 
 class MoEDecodeLayers(_CacheRows):

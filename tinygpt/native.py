@@ -17,6 +17,8 @@ source with its own pool of helper threads, started when the library loads.
                              its own pool (the parent's threads do not exist in the child)
     torch_single_thread()    a context in which torch's own operations run on one thread,
                              for the work around the pools' products (see its docstring)
+    in_huge_pages(t)         a copy of t in memory backed by 2 MiB pages where Linux allows
+                             (the kernels' tiled weights: see its docstring for why)
 
 Why compile on first use rather than at install time: `pip install -e .` stays a pure-Python
 install, and -march=native builds for the machine that runs the kernels: the kernels' choices
@@ -35,8 +37,10 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -179,3 +183,58 @@ def torch_single_thread():
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+HUGE_PAGE = 2 << 20          # x86-64's transparent huge page: 2 MiB
+_MMAP = None                 # libc's mmap, munmap and madvise, once declared
+
+
+def _libc():
+    global _MMAP
+    if _MMAP is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _MMAP = libc
+    return _MMAP
+
+
+def huge_pages_enabled() -> bool:
+    """Whether in_huge_pages copies: Linux, and TINYGPT_HUGE_PAGES is not "0"."""
+    return sys.platform == "linux" and os.environ.get("TINYGPT_HUGE_PAGES", "1") != "0"
+
+
+def in_huge_pages(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of CPU tensor t (any strides) in its own anonymous mapping, aligned
+    to 2 MiB and advised MADV_HUGEPAGE, so that Linux backs every whole 2 MiB of it with one
+    page; t itself (made contiguous) where that cannot be done: not Linux,
+    TINYGPT_HUGE_PAGES=0, under 2 MiB, or a mapping refused. The mapping is released when
+    the last view of the copy is.
+
+    Why: a decode step streams every weight once, and with 4 KiB pages the stream crosses a
+    page every 4 KiB: a TLB miss each time, and the hardware prefetchers stop at each
+    boundary. SmolLM2's 120 layer products (425 MB of float32 tiles) as a chain on the 2-core
+    AMD EPYC, 2026-11-27, six interleaved rounds: 19.4-21.3 ms in 4 KiB pages, 14.6-16.2 ms
+    in huge pages (1.20-1.44x). Only whole 2 MiB extents inside the mapping get huge pages and
+    the mapping ends at the data's last 4 KiB page, so no memory is spent beyond the data."""
+    n = t.numel() * t.element_size()
+    if not huge_pages_enabled() or n < HUGE_PAGE or t.device.type != "cpu":
+        return t.contiguous()
+    libc = _libc()
+    size = -(-n // 4096) * 4096
+    base = libc.mmap(None, size + HUGE_PAGE, 3, 0x22, -1, 0)    # PROT_READ|WRITE, PRIVATE|ANON
+    if base is None or base == ctypes.c_void_p(-1).value:
+        return t.contiguous()
+    start = -(-base // HUGE_PAGE) * HUGE_PAGE
+    if start > base:
+        libc.munmap(base, start - base)
+    if base + HUGE_PAGE > start:
+        libc.munmap(start + size, base + HUGE_PAGE - start)
+    libc.madvise(start, size, 14)            # MADV_HUGEPAGE; an error leaves 4 KiB pages
+    memory = (ctypes.c_char * size).from_address(start)
+    weakref.finalize(memory, libc.munmap, start, size)
+    out = torch.frombuffer(memory, dtype=torch.uint8)[:n].view(t.dtype).view(t.shape)
+    return out.copy_(t)

@@ -31,6 +31,7 @@ ROW_MODULES: tuple[str, ...] = (
     "tinygpt.bench.speculative",    # day 14: speculative greedy decoding
     "tinygpt.bench.quant",          # day 15: int8 / int4 decode steps, torchao side by side
     "tinygpt.bench.engine",         # day 17: the serving engine, HF continuous batching, goodput
+    "tinygpt.bench.serving",        # day 17: the server on SmolLM2 vs generate() and llama.cpp
     "tinygpt.bench.parallel",       # day 18: tensor-parallel decode against one process
     "tinygpt.bench.structured",     # day 19: structured outputs: validity, compile, mask cost
     "tinygpt.bench.moe",            # day 20: MoE dispatch, decode bandwidth, bytes, EP, routing

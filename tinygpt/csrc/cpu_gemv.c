@@ -763,6 +763,27 @@ int tg_layer(int dtype, float *x, long rows, long d, const float *attention_norm
     return 0;
 }
 
+/* tg_layer over `count` layers in turn, layer i's weights, norms and cache at index i of each
+ * array (the shapes shared): a whole step's layers in one call from Python, which then takes
+ * back its interpreter lock once a step instead of once a layer. Stops at the first error. */
+int tg_layers(long count, int dtype, float *x, long rows, long d,
+              const float *const *attention_norm, const float *const *ffn_norm, float eps,
+              const void *const *w_qkv, long n_qkv, const void *const *w_o, long n_o,
+              const void *const *w_gate_up, long n_gate_up, const void *const *w_down,
+              long n_down, void *const *kc, void *const *vc, int cache_bf16,
+              const long *row_pos, const long *tables, long width, long block,
+              const float *cos, const float *sin_signed, long heads, long kv_heads, long hd,
+              long d_ff) {
+    for (long i = 0; i < count; i++) {
+        int status = tg_layer(dtype, x, rows, d, attention_norm[i], ffn_norm[i], eps, w_qkv[i],
+                              n_qkv, w_o[i], n_o, w_gate_up[i], n_gate_up, w_down[i], n_down,
+                              kc[i], vc[i], cache_bf16, row_pos, tables, width, block, cos,
+                              sin_signed, heads, kv_heads, hd, d_ff);
+        if (status) return status;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* a mixture-of-experts layer of a decode step: the attention half, then the chosen experts  */
 /*

@@ -1,0 +1,271 @@
+"""The server on the real model against generate() and llama.cpp: what a user of it gets.
+
+`python -m tinygpt bench --only serve_speed` (full plan, CPU; `make bench-llamacpp` runs it
+after its own table). SmolLM2-135M-Instruct in float32 is served by `python -m tinygpt serve
+--model smollm2` (a subprocess: one server process, real HTTP, streamed `/v1/completions`,
+greedy, ignore_eos, no prefix cache: llama.cpp's side has none); llama.cpp (llama-cpp-python,
+when installed) decodes the same weights written as an F32 GGUF file; `generate()` runs in
+this process. Every figure is a median over rounds that take the contenders in turn.
+
+    serve_stream_1             one stream: its decode rate over generate()'s     >= 0.95x
+    serve_stream_1_llamacpp    the same over llama.cpp F32's                      >= 1.0x
+    serve_streams_4 / _16      4 / 16 concurrent streams: tokens/s over llama.cpp
+                               with as many sequences in each decode              >= 1.0x
+    chat_stream_1              `python -m tinygpt chat --stats`' decode rate over
+                               generate()'s (information: chat runs generate())
+
+Two statistics, each named in its row: a DECODE RATE is (tokens - 1) / (seconds from the
+first token to the last), the prompt excluded (one stream; llama.cpp's timed the same way
+around its llama_eval calls); THROUGHPUT is all tokens over the seconds from the first request
+to the last token, prefill included (several streams; llama.cpp's llama_batched times the same
+span). The served texts are also compared with batch-1 generate()'s: greedy decoding promises
+the same tokens, and a row with a difference is NOT MET.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from tinygpt.bench.harness import Comparison
+from tinygpt.bench.registry import BenchContext, register
+from tinygpt.generate import generate, stream
+from tinygpt.sampling import SamplingParams
+
+STREAM_TARGET = 0.95       # one served stream over generate()
+LLAMA_TARGET = 1.0         # the server over llama.cpp F32, at every concurrency
+STREAMS = (4, 16)
+
+
+def decode_rate(stamps: list[float]) -> float:
+    """(tokens - 1) / (last - first): tokens per second after the first, one stamp a token."""
+    if len(stamps) < 2 or stamps[-1] <= stamps[0]:
+        raise ValueError(f"a decode rate needs two or more increasing stamps, got {stamps}")
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def generate_rate(model, prompt: list[int], tokens: int) -> float:
+    params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
+    return decode_rate([time.perf_counter() for _ in stream(model, prompt, params)])
+
+
+def served_rate(url: str, model_id: str, prompt: list[int], tokens: int) -> tuple[float, str]:
+    """One greedy streamed completion: (its decode rate, its text). A chunk is stamped when it
+    arrives; the server sends one per token (usage's completion_tokens is checked)."""
+    import httpx
+
+    body = {"model": model_id, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    stamps, pieces, usage = [], [], None
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"HTTP {response.status_code}: {response.read()!r}")
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]["completion_tokens"]
+            if chunk["choices"]:
+                stamps.append(time.perf_counter())
+                pieces.append(chunk["choices"][0]["text"])
+    if usage != tokens or len(stamps) != tokens:
+        raise RuntimeError(f"expected {tokens} tokens in as many chunks, got {usage} tokens in "
+                           f"{len(stamps)} chunks")
+    return decode_rate(stamps), "".join(pieces)
+
+
+def llama_rate(llm, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
+    """llama.cpp's greedy decode: (its decode rate, the tokens). A token's stamp is when its
+    logits are ready (after the prompt's eval for the first)."""
+    import numpy as np
+
+    llm.reset()
+    llm.eval(prompt)
+    out, stamps = [], []
+    for _ in range(tokens):
+        stamps.append(time.perf_counter())
+        out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        if len(out) < tokens:
+            llm.eval([out[-1]])
+    return decode_rate(stamps), out
+
+
+def chat_rate(tokens: int, threads: int) -> float:
+    """`python -m tinygpt chat --stats` in this process, one greedy reply: its decode rate as
+    the stats line prints it."""
+    from tinygpt import chat
+
+    stdout = io.StringIO()
+    code = chat.main(["--temperature", "0", "--max-tokens", str(tokens), "--threads",
+                      str(threads), "--stats"],
+                     stdin=io.StringIO("Tell me a long story about a dog and a cat.\n"),
+                     stdout=stdout)
+    found = re.search(r"then (\d+\.\d) tokens/s\)", stdout.getvalue())
+    if code != 0 or found is None:
+        raise RuntimeError(f"the chat did not print its stats (exit {code}): "
+                           f"{stdout.getvalue()[-500:]!r}")
+    return float(found.group(1))
+
+
+@register("serve_speed", day=17)
+def serve_speed(ctx: BenchContext) -> list[Comparison]:
+    """The server on SmolLM2 against generate() and llama.cpp F32: 1, 4 and 16 streams."""
+    from tinygpt.gguf import smollm2_path
+
+    if not ctx.on_cpu:
+        ctx.log(f"serve_speed: skipped: these rows are for the CPU, not {ctx.device}")
+        return []
+    if ctx.quick:
+        ctx.log("serve_speed: skipped in the quick plan (a server start and llama.cpp: the "
+                "full plan only)")
+        return []
+    try:
+        smollm2_path()
+    except FileNotFoundError as err:
+        ctx.log(f"serve_speed: skipped: {err}")
+        return []
+    return serve_speed_rows(ctx, "smollm2", tokens=128, rounds=3, streams=STREAMS)
+
+
+def serve_speed_rows(ctx: BenchContext, name: str, *, tokens: int, rounds: int,
+                     streams: tuple[int, ...]) -> list[Comparison]:
+    """The rows for model `name` (load_model's names): `tokens` new tokens per request."""
+    from tinygpt.bench.engine import serving_requests
+    from tinygpt.bench.load import running_server
+    from tinygpt.loading import load_model
+
+    model, tokenizer, info = load_model(name)
+    prompts = serving_requests(tokenizer, max(streams, default=1), ctx.seed)
+    params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
+    ctx.log(f"serve_speed: {info.model_id}, batch-1 generate() of {len(prompts)} prompts "
+            f"(the texts the server must give) ...")
+    expected = [generate(model, p, params, tokenizer=tokenizer).text for p in prompts]
+    with tempfile.TemporaryDirectory() as tmp:
+        llama, missing = _llama(model, Path(tmp) / "model-F32.gguf", ctx.threads, tokens)
+        if missing:
+            ctx.log(f"serve_speed: llama.cpp not measured ({missing}: the optional "
+                    f"llama-cpp-python extra, see the README)")
+        try:
+            with running_server("--model", name, "--threads", str(ctx.threads),
+                                "--no-prefix-caching", timeout=300.0) as (url, _):
+                served_rate(url, info.model_id, prompts[0], 4)                   # warm-up
+                rows = _one_stream(ctx, model, url, info.model_id, prompts[0], expected[0],
+                                   tokens, 2 * rounds - 1, llama)
+                for n in streams:
+                    rows.append(_streams(ctx, url, info.model_id, prompts[:n], expected[:n],
+                                         tokens, rounds, llama))
+        finally:
+            if llama:
+                llama[0].close()
+    ctx.log("serve_speed: `tinygpt chat --stats`, one reply ...")
+    chat = chat_rate(tokens, ctx.threads)
+    gen = rows[0].details["generate_rate"]
+    rows.append(Comparison(
+        "chat_stream_1", f"`python -m tinygpt chat --stats`, one greedy reply of up to "
+        f"{tokens} tokens: its decode rate over generate()'s ({info.model_id}; chat runs "
+        f"generate(), the reply's own prompt)", chat / gen, STREAM_TARGET, ">=", "x", True, None,
+        {"summary": f"chat {chat:.1f} vs generate() {gen:.1f} decode tokens/s",
+         "chat_rate": chat}, targeted=False))
+    return rows
+
+
+def _llama(model, path: Path, threads: int, tokens: int):
+    """(a llama_cpp.Llama on `model` written as an F32 GGUF at `path`, None) or (None, why)."""
+    try:
+        import gguf  # noqa: F401
+        from llama_cpp import Llama
+    except ImportError as err:
+        return None, f"{err.name} is not installed"
+    from tinygpt.bench.llamacpp import write_gguf
+
+    write_gguf(model, path, "F32")
+    llm = Llama(model_path=str(path), n_ctx=256 + tokens, n_threads=threads, n_batch=128,
+                verbose=False, logits_all=True)
+    return (llm, path), None
+
+
+def _one_stream(ctx, model, url, model_id, prompt, expected, tokens, rounds, llama
+                ) -> list[Comparison]:
+    rates: dict[str, list[float]] = {"served": [], "generate": [], "llama": []}
+    texts = set()
+    ctx.log(f"serve_speed: one stream of {tokens} tokens, {rounds} rounds: generate(), the "
+            f"server{', llama.cpp' if llama else ''} in turn ...")
+    for _ in range(rounds):
+        rates["generate"].append(generate_rate(model, prompt, tokens))
+        rate, text = served_rate(url, model_id, prompt, tokens)
+        rates["served"].append(rate)
+        texts.add(text)
+        if llama:
+            rates["llama"].append(llama_rate(llama[0], prompt, tokens)[0])
+    served, gen = statistics.median(rates["served"]), statistics.median(rates["generate"])
+    same = texts == {expected}
+    reasons = [] if same else ["the served text differs from batch-1 generate()'s"]
+    ratio = served / gen
+    if ratio < STREAM_TARGET:
+        reasons.append(f"{ratio:.2f}x: served {served:.1f} vs generate() {gen:.1f} decode "
+                       f"tokens/s")
+    details = {"summary": f"served {served:.1f}, generate() {gen:.1f} decode tokens/s "
+                          f"(medians of {rounds} rounds)", "served_rate": served,
+               "generate_rate": gen, "rounds": rates, "identical_text": same}
+    rows = [Comparison("serve_stream_1", f"one streamed greedy completion of {tokens} tokens "
+                       f"through the server: its decode rate over generate()'s in process "
+                       f"({model_id}, float32)", ratio, STREAM_TARGET, ">=", "x", not reasons,
+                       "; ".join(reasons) or None, details)]
+    if llama:
+        theirs = statistics.median(rates["llama"])
+        ratio = served / theirs
+        reasons = [] if same else ["the served text differs from batch-1 generate()'s"]
+        if ratio < LLAMA_TARGET:
+            reasons.append(f"{ratio:.2f}x: served {served:.1f} vs llama.cpp {theirs:.1f} "
+                           f"decode tokens/s")
+        rows.append(Comparison(
+            "serve_stream_1_llamacpp", f"the same stream's decode rate over llama.cpp F32's "
+            f"on the same weights ({ctx.threads} threads each)", ratio, LLAMA_TARGET, ">=", "x",
+            not reasons, "; ".join(reasons) or None,
+            {"summary": f"served {served:.1f}, llama.cpp {theirs:.1f} decode tokens/s "
+                        f"(medians of {rounds} rounds)", "llama_rate": theirs}))
+    return rows
+
+
+def _streams(ctx, url, model_id, prompts, expected, tokens, rounds, llama) -> Comparison:
+    from tinygpt.bench.llamacpp import llama_batched
+    from tinygpt.bench.load import run_concurrent_streams
+
+    n = len(prompts)
+    ctx.log(f"serve_speed: {n} concurrent streams of {tokens} tokens, {rounds} rounds ...")
+    ours, theirs, same = [], [], True
+    for _ in range(rounds):
+        if llama:
+            seconds, _ = llama_batched(llama[1], prompts, tokens, ctx.threads)
+            theirs.append(n * tokens / seconds)
+        seconds, texts = run_concurrent_streams(url, prompts, tokens, model=model_id)
+        ours.append(n * tokens / seconds)
+        same = same and texts == expected
+    served = statistics.median(ours)
+    reasons = [] if same else ["a served text differs from batch-1 generate()'s"]
+    details = {"served_tokens_per_s": served, "rounds_served": ours, "identical_text": same}
+    if not llama:
+        return Comparison(
+            f"serve_streams_{n}", f"{n} concurrent streamed greedy completions through the "
+            f"server: throughput, tokens/s (llama.cpp not installed: no ratio)", served, 0.0,
+            ">=", "tokens/s", same, "; ".join(reasons) or None,
+            {**details, "summary": f"served {served:.1f} tokens/s"}, targeted=False)
+    llama_tps = statistics.median(theirs)
+    ratio = served / llama_tps
+    if ratio < LLAMA_TARGET:
+        reasons.append(f"{ratio:.2f}x: served {served:.1f} vs llama.cpp {llama_tps:.1f} "
+                       f"tokens/s")
+    return Comparison(
+        f"serve_streams_{n}", f"{n} concurrent streamed greedy completions of {tokens} tokens "
+        f"through the server over llama.cpp F32 with {n} sequences in each decode: throughput "
+        f"(prefill included), tokens/s", ratio, LLAMA_TARGET, ">=", "x", not reasons,
+        "; ".join(reasons) or None,
+        {**details, "llama_tokens_per_s": llama_tps, "rounds_llama": theirs,
+         "summary": f"served {served:.1f} vs llama.cpp {llama_tps:.1f} tokens/s (medians of "
+                    f"{rounds} rounds)"})
