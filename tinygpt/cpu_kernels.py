@@ -75,7 +75,7 @@ def _declare(lib: ctypes.CDLL) -> None:
                              ctypes.c_int, P, P, L, L, P, P, L, L, L, L]
     lib.tg_layer.restype = ctypes.c_int
     lib.tg_layers.argtypes = [L, ctypes.c_int, P, L, L, P, P, F, P, L, P, L, P, L, P, L, P, P,
-                              ctypes.c_int, P, P, L, L, P, P, L, L, L, L]
+                              ctypes.c_int, P, P, L, L, P, P, L, L, L, L, P, P, L, P]
     lib.tg_layers.restype = ctypes.c_int
     lib.tg_attention.argtypes = [ctypes.c_int, P, P, L, L, P, P, F, P, L, P, L, P, P,
                                  ctypes.c_int, P, P, L, L, P, P, L, L, L]
@@ -486,6 +486,9 @@ class DecodeLayers(_CacheRows):
     and every layer's cache holds the new keys and values at the position. With
     consecutive=True the B rows are instead positions pos .. pos + B - 1 of sequence 0, each
     attending causally to the positions up to its own (several tokens of one sequence).
+    With final_norm (the model's last RMS norm weight) x ends normed by it: the head's input;
+    with head too (the output product, a TiledLinear of the layers' format) the calls return
+    the logits (B, V) float32 (otherwise None).
     With block_size, cache_layers hold the engine's paged pools instead (num_blocks, kv_heads,
     block_size, head_dim) and paged(x, positions, tables) runs the step: row b the token at
     positions[b] of the sequence whose blocks are tables[b] (_CacheRows). refusal(...) says
@@ -494,7 +497,8 @@ class DecodeLayers(_CacheRows):
 
     def __init__(self, layers: list[tuple], cache_layers: list, cos: torch.Tensor,
                  sin_signed: torch.Tensor, heads: int, kv_heads: int, eps: float,
-                 block_size: int | None = None) -> None:
+                 block_size: int | None = None, final_norm: torch.Tensor | None = None,
+                 head: TiledLinear | None = None) -> None:
         reason = self.refusal(layers, cache_layers, cos, sin_signed)
         if reason is not None:
             raise ValueError(reason)
@@ -502,6 +506,17 @@ class DecodeLayers(_CacheRows):
         self._bind(cache_layers, cos, sin_signed, block_size)
         layers = [(n1.float().contiguous(), qkv, wo, n2.float().contiguous(), gate_up, w2)
                   for n1, qkv, wo, n2, gate_up, w2 in layers]
+        if final_norm is not None and (final_norm.shape != layers[0][0].shape
+                                       or final_norm.device.type != "cpu"):
+            raise ValueError(f"final_norm must be a CPU vector like the layers' norms "
+                             f"{tuple(layers[0][0].shape)}, got {tuple(final_norm.shape)}")
+        self.final_norm = None if final_norm is None else final_norm.float().contiguous()
+        if head is not None and (final_norm is None or not isinstance(head, TiledLinear)
+                                 or head.code != layers[0][1].code
+                                 or head.k != layers[0][0].shape[0] or len(head.sizes) != 1):
+            raise ValueError("head must be one TiledLinear of the layers' format on the normed "
+                             "x, and needs final_norm")
+        self.head = head
         self.heads, self.kv_heads, self.eps = heads, kv_heads, float(eps)
         self.d_ff = layers[0][4].sizes[0]
         self.keep = (layers, cache_layers)       # what the pointers below point into
@@ -510,6 +525,7 @@ class DecodeLayers(_CacheRows):
             return (ctypes.c_void_p * len(layers))(*(t.data_ptr() for t in tensors))
 
         first = layers[0]
+        self._final_norm_ptr = None if self.final_norm is None else self.final_norm.data_ptr()
         self.code = first[1].code
         self.sizes = (first[1].n_pad, first[2].n_pad, first[4].n_pad, first[5].n_pad)
         self.arrays = [pointers(t[i] for t in layers) for i in (0, 3)] + \
@@ -546,25 +562,37 @@ class DecodeLayers(_CacheRows):
                     "bfloat16 CPU tensors")
         return None
 
-    def __call__(self, x: torch.Tensor, pos: int, consecutive: bool = False) -> None:
-        self._run(x, self._plain(x, pos, consecutive))
+    def __call__(self, x: torch.Tensor, pos: int, consecutive: bool = False
+                 ) -> torch.Tensor | None:
+        return self._run(x, self._plain(x, pos, consecutive))
 
-    def paged(self, x: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor) -> None:
+    def paged(self, x: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor
+              ) -> torch.Tensor | None:
         """The step on a paged pool: x (B, D) as in __call__, positions (B,) and tables (B, W)
         int64: row b is position positions[b] of the sequence whose blocks are tables[b]."""
-        self._run(x, self._paged(x, positions, tables))
+        return self._run(x, self._paged(x, positions, tables))
 
-    def _run(self, x: torch.Tensor, where: tuple) -> None:
+    def _run(self, x: torch.Tensor, where: tuple) -> torch.Tensor | None:
         rows, d = x.shape
         n1, n2, wqkv, wo, wgu, w2, kc, vc = self.arrays
         nqkv, no, ngu, ndown = self.sizes
+        head, logits = self.head, None
+        if head is not None:
+            logits = torch.empty(rows, head.n_pad)
         with _library.lock:
             status = self.lib.tg_layers(len(n1), self.code, x.data_ptr(), rows, d, n1, n2,
                                         self.eps, wqkv, nqkv, wo, no, wgu, ngu, w2, ndown, kc,
                                         vc, self.cache_bf16, *where[0], self.heads,
-                                        self.kv_heads, self.head_dim, self.d_ff)
+                                        self.kv_heads, self.head_dim, self.d_ff,
+                                        self._final_norm_ptr,
+                                        None if head is None else head.tiled.data_ptr(),
+                                        0 if head is None else head.n_pad,
+                                        None if logits is None else logits.data_ptr())
         if status:
             raise MemoryError("the kernel could not allocate its buffers")
+        if logits is not None and head.n_pad != head.n:
+            logits = logits[:, :head.n]
+        return logits
 
 
 class MoEDecodeLayers(_CacheRows):

@@ -559,10 +559,13 @@ class DecodeStep:
                        getattr(gu, "tiled", None), getattr(w2, "tiled", None))
                       for n1, qkv, wo, n2, gu, w2 in self._weights]
             args = (layers, cache.layers, model.rope_cos, self._sin_signed)
-            if DecodeLayers.refusal(*args) is None:
+            if DecodeLayers.refusal(*args) is None:     # the final norm and head in the call
+                head = getattr(self._head, "tiled", None)
                 self._layers = DecodeLayers(*args, model.cfg.n_heads, model.cfg.n_kv_heads,
-                                            model.cfg.norm_eps)
-                self._final_norm = model.norm.weight.float()
+                                            model.cfg.norm_eps, final_norm=model.norm.weight,
+                                            head=head if head is not None and head.code ==
+                                            layers[0][1].code else None)
+                self._final_norm = None
             elif model.cfg.is_moe:        # day 20: attention halves and chosen experts in C
                 from tinygpt.cpu_kernels import MoEDecodeLayers
 
@@ -679,9 +682,12 @@ class DecodeStep:
         if self._layers is not None and batch <= self._max_rows:
             # the layers in C, one call each (cpu_kernels.DecodeLayers), x in float32
             x = nnf.embedding(token[:, 0], embedding).float()                 # (B, D)
-            self._layers(x, start)
+            logits = self._layers(x, start)                # x ends normed by model.norm
             cache.advance(1)
-            x = nnf.rms_norm(x, dim, self._final_norm, eps)
+            if logits is not None:                         # the head ran in the same call
+                return logits
+            if self._final_norm is not None:
+                x = nnf.rms_norm(x, dim, self._final_norm, eps)
             return self._head(x)[0].float()
         cos, sin = model.rope_cos[start], self._sin_signed[start]             # (head_dim,)
         x = nnf.embedding(token, embedding)                                   # (B, 1, D)
@@ -735,10 +741,13 @@ class DecodeStep:
         model._check_inputs(tokens, None)
         with torch.inference_mode(), self.token_threads():
             x = nnf.embedding(tokens[0], embedding).float()                  # (r, D)
-            for i in range(0, r, self._max_rows):
-                self._layers(x[i:i + self._max_rows], start + i, consecutive=True)
+            logits = [self._layers(x[i:i + self._max_rows], start + i, consecutive=True)
+                      for i in range(0, r, self._max_rows)]
             cache.advance(r)
-            x = nnf.rms_norm(x, (cfg.d_model,), self._final_norm, cfg.norm_eps)
+            if logits[0] is not None:                      # the head ran in the same calls
+                return torch.cat(logits)
+            if self._final_norm is not None:
+                x = nnf.rms_norm(x, (cfg.d_model,), self._final_norm, cfg.norm_eps)
             return self._head(x)[0].float()
 
     def token_threads(self, batch: int = 1):

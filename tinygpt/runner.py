@@ -127,8 +127,9 @@ class ModelRunner:
         if self.decode_layers_reason is None:
             self.decode_layers = DecodeLayers(*args, model.layers[0].attention.n_heads,
                                               cache.n_kv_heads, model.cfg.norm_eps,
-                                              block_size=cache.block_size)
-            self._head_rows = TiledLinear.sharing(head.tiled, head.sizes)
+                                              block_size=cache.block_size,
+                                              final_norm=model.norm.weight,
+                                              head=TiledLinear.sharing(head.tiled, head.sizes))
 
     @torch.inference_mode()
     def forward(self, work: Sequence[tuple[object, list[int], int]],
@@ -294,9 +295,7 @@ class ModelRunner:
         rows = torch.tensor([table[:width] + [0] * (width - min(len(table), width))
                              for table in tables], dtype=torch.long)
         x = model.tok_embeddings.weight[ids].float()                               # (N, D)
-        self.decode_layers.paged(x, positions, rows)
-        x = F.rms_norm(x, (model.cfg.d_model,), model.norm.weight, model.cfg.norm_eps)
-        return self._head_rows(x)[0]
+        return self.decode_layers.paged(x, positions, rows)    # the norm and head in C too
 
     # -- the batched road (tinygpt.cpu_gemm): fused q/k/v and gate/up, its rms_norm --------
 
