@@ -87,6 +87,7 @@ bench-quick: $(STAMP) ## a one-minute smoke run of make bench
 
 bench-llamacpp: $(STAMP) ## llama.cpp beside tinygpt, same weights (needs llama-cpp-python, see README)
 	$(BIN)/python -m tinygpt.bench.llamacpp
+	$(BIN)/python -m tinygpt bench --only serve_speed --json bench-results/serve-speed.json
 
 bench-grading: $(STAMP) ## seconds per submission of every day (DAYS=day01_logits,day13_batching), then a class of 50
 	$(BIN)/python -m autograder.bench_grading --json bench-results/grading.json \

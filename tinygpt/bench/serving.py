@@ -96,14 +96,14 @@ def llama_rate(llm, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
     return decode_rate(stamps), out
 
 
-def chat_rate(tokens: int, threads: int) -> float:
-    """`python -m tinygpt chat --stats` in this process, one greedy reply: its decode rate as
-    the stats line prints it."""
+def chat_rate(name: str, tokens: int, threads: int) -> float:
+    """`python -m tinygpt chat --model name --stats` in this process, one greedy reply: its
+    decode rate as the stats line prints it."""
     from tinygpt import chat
 
     stdout = io.StringIO()
-    code = chat.main(["--temperature", "0", "--max-tokens", str(tokens), "--threads",
-                      str(threads), "--stats"],
+    code = chat.main(["--model", name, "--temperature", "0", "--max-tokens", str(tokens),
+                      "--threads", str(threads), "--stats"],
                      stdin=io.StringIO("Tell me a long story about a dog and a cat.\n"),
                      stdout=stdout)
     found = re.search(r"then (\d+\.\d) tokens/s\)", stdout.getvalue())
@@ -164,7 +164,7 @@ def serve_speed_rows(ctx: BenchContext, name: str, *, tokens: int, rounds: int,
             if llama:
                 llama[0].close()
     ctx.log("serve_speed: `tinygpt chat --stats`, one reply ...")
-    chat = chat_rate(tokens, ctx.threads)
+    chat = chat_rate(name, tokens, ctx.threads)
     gen = rows[0].details["generate_rate"]
     rows.append(Comparison(
         "chat_stream_1", f"`python -m tinygpt chat --stats`, one greedy reply of up to "

@@ -1,0 +1,53 @@
+"""The serve_speed rows (tinygpt/bench/serving.py): their statistics, and one small run of the
+whole group on the course's shipped model (the real figures come from `python -m tinygpt bench
+--only serve_speed` on SmolLM2; no timed unit test). llama.cpp is hidden here so the run takes
+the path every machine without the optional extra takes."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tinygpt.bench import registry as R
+from tinygpt.bench import serving
+
+
+def test_the_group_is_registered_for_day_17():
+    [group] = R.row_groups(["serve_speed"])
+    assert group.day == 17 and "tinygpt.bench.serving" in R.ROW_MODULES
+
+
+def test_a_decode_rate_counts_the_tokens_after_the_first():
+    assert serving.decode_rate([10.0, 10.5, 11.0, 12.0]) == pytest.approx(3 / 2.0)
+    for bad in ([1.0], [2.0, 1.0], [1.0, 1.0]):
+        with pytest.raises(ValueError, match="two or more increasing stamps"):
+            serving.decode_rate(bad)
+
+
+def test_the_quick_plan_and_other_devices_skip_the_group():
+    import torch
+
+    logged: list[str] = []
+    quick = R.BenchContext(plan=R.bench_plan(quick=True), log=logged.append)
+    assert serving.serve_speed(quick) == [] and "full plan only" in logged[-1]
+    gpu = R.BenchContext(device=torch.device("meta"), log=logged.append)
+    assert serving.serve_speed(gpu) == [] and "for the CPU" in logged[-1]
+
+
+def test_the_rows_on_the_shipped_model_without_llama_cpp(monkeypatch):
+    """One stream, 2 streams and the chat, 8 tokens each: the served texts are batch-1
+    generate()'s, the one-stream row is a ratio over generate(), the 2-stream row (no llama.cpp
+    to divide by) prints the served throughput as information, and the chat row its rate."""
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)         # import llama_cpp fails
+    logged: list[str] = []
+    ctx = R.BenchContext(threads=1, log=logged.append)
+    rows = serving.serve_speed_rows(ctx, "tinygpt", tokens=8, rounds=1, streams=(2,))
+    assert [r.name for r in rows] == ["serve_stream_1", "serve_streams_2", "chat_stream_1"]
+    one, two, chat = rows
+    assert one.details["identical_text"] and two.details["identical_text"]
+    assert one.value == pytest.approx(one.details["served_rate"] / one.details["generate_rate"])
+    assert one.targeted and not two.targeted and not chat.targeted
+    assert two.value == two.details["served_tokens_per_s"] > 0 and two.met
+    assert chat.details["chat_rate"] > 0
+    assert any("llama.cpp not measured" in line for line in logged)
