@@ -500,10 +500,11 @@ class DecodeStep:
     against F.linear on a probe; `tiled` tells whether they run and `tiled_reason` why not
     (other devices, dtypes, a static cache, tiled=False: the plain products, the oracle).
     Batches of more than cpu_kernels.MAX_ROWS sequences run the plain products. On a plain
-    cache each layer then runs as one C call (cpu_kernels.DecodeLayers: the norms, RoPE, the
-    cache write, attention and SiLU between the products, which cost a fifth of a
-    SmolLM2-sized step as torch operations; activations in float32, also for a bfloat16
-    model, whose plain step rounds them to bfloat16 after every operation), and torch's own
+    cache the whole step then runs as one C call (cpu_kernels.DecodeLayers: per layer the
+    norms, RoPE, the cache write, attention and SiLU between the products, which cost a fifth
+    of a SmolLM2-sized step as torch operations, then the final norm and the head; activations
+    in float32, also for a bfloat16 model, whose plain step rounds them to bfloat16 after
+    every operation), and torch's own
     operations in the step run on one thread, leaving the cores to the products' threads.
 
     pack_weights=True (opt-in, CPU, float32) is the older CPU option for larger models. At

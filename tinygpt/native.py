@@ -1,6 +1,6 @@
 """The course's C kernels (tinygpt/csrc/*.c): compiled on first use, loaded, their threads started.
 
-Two libraries use this: tinygpt.cpu_kernels (batch-1 decode products, one C call per layer)
+Two libraries use this: tinygpt.cpu_kernels (batch-1 decode products, one C call per step)
 and tinygpt.cpu_gemm (the engine's many-row products and paged attention). Each is one C
 source with its own pool of helper threads, started when the library loads.
 

@@ -30,7 +30,7 @@ On the CPU with a float32 model the runner takes a faster road by default (batch
                roll(x) * signed sin, as the batch-1 decode step computes it
                (tinygpt.kv_cache.DecodeStep), all on one torch thread (Engine.step)
     one user   a step that decodes ONE sequence (a chat, a single client) runs the layers
-               generate() runs, cpu_kernels.DecodeLayers (one C call per layer, on the same
+               generate() runs, cpu_kernels.DecodeLayers (one C call for the step, on the same
                tiles and on the pool in place): the engine then decodes as fast as generate()
                and its logits have the bits generate()'s step gives for the same cache
 
@@ -102,8 +102,8 @@ class ModelRunner:
 
     def _decode_layers(self) -> None:
         """A step that decodes one sequence runs generate()'s layers: cpu_kernels.DecodeLayers,
-        one C call per layer, over the batched products' own tiles (no second copy) and the
-        paged pool in place. decode_layers_reason says why not where they cannot.
+        one C call for the layers, the final norm and the head, over the batched products' own
+        tiles (no second copy) and the paged pool in place. decode_layers_reason says why not where they cannot.
 
         Why one sequence only (SmolLM2 in float32 on the 2-core AMD EPYC, 2026-11-27, greedy
         requests of 64 tokens, tokens/s of the engine): the C layers 47.7 against 41.5 for
