@@ -543,3 +543,19 @@ def test_layers_on_a_paged_pool_give_the_plain_cache_bits():
     with pytest.raises(ValueError, match="block_size must be the pool's block size 4"):
         ck.DecodeLayers(layers, pools, model.rope_cos, step._sin_signed, cfg.n_heads,
                         cfg.n_kv_heads, cfg.norm_eps, block_size=8)
+
+
+def test_a_tiled_linear_shares_existing_tiles_without_copying():
+    """TiledLinear.sharing reads tiles that exist (the engine's batched products' own): the same
+    outputs as its own tiles of the same weights, the same memory, and a clear error for tiles
+    that do not fit the sizes."""
+    w1, w2 = weights(40, 64, 1), weights(24, 64, 2)
+    own = ck.TiledLinear(w1, w2)
+    shared = ck.TiledLinear.sharing(own.tiled, [40, 24])
+    assert shared.tiled.data_ptr() == own.tiled.data_ptr()
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(3))
+    assert all(torch.equal(a, b) for a, b in zip(shared(x), own(x), strict=True))
+    with pytest.raises(ValueError, match="tiled must be contiguous float32 CPU tiles"):
+        ck.TiledLinear.sharing(own.tiled, [40, 40])
+    with pytest.raises(ValueError, match="tiled must be contiguous float32 CPU tiles"):
+        ck.TiledLinear.sharing(own.tiled.bfloat16(), [40, 24])
