@@ -681,7 +681,7 @@ class DecodeStep:
         n_heads, n_kv, head_dim, dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, (cfg.d_model,)
         gqa, half, eps = n_heads != n_kv, head_dim // 2, cfg.norm_eps
         if self._layers is not None and batch <= self._max_rows:
-            # the layers in C, one call each (cpu_kernels.DecodeLayers), x in float32
+            # the step in C, one call (cpu_kernels.DecodeLayers), x in float32
             x = nnf.embedding(token[:, 0], embedding).float()                 # (B, D)
             logits = self._layers(x, start)                # x ends normed by model.norm
             cache.advance(1)

@@ -103,7 +103,8 @@ class ModelRunner:
     def _decode_layers(self) -> None:
         """A step that decodes one sequence runs generate()'s layers: cpu_kernels.DecodeLayers,
         one C call for the layers, the final norm and the head, over the batched products' own
-        tiles (no second copy) and the paged pool in place. decode_layers_reason says why not where they cannot.
+        tiles (no second copy) and the paged pool in place. decode_layers_reason says why not
+        where they cannot.
 
         Why one sequence only (SmolLM2 in float32 on the 2-core AMD EPYC, 2026-11-27, greedy
         requests of 64 tokens, tokens/s of the engine): the C layers 47.7 against 41.5 for
