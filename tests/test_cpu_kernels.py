@@ -559,3 +559,27 @@ def test_a_tiled_linear_shares_existing_tiles_without_copying():
         ck.TiledLinear.sharing(own.tiled, [40, 40])
     with pytest.raises(ValueError, match="tiled must be contiguous float32 CPU tiles"):
         ck.TiledLinear.sharing(own.tiled.bfloat16(), [40, 24])
+
+
+def test_the_final_norm_and_head_in_the_call_give_the_plain_steps_logits():
+    """With final_norm and head the C call returns the logits: as close to the float64 model's
+    as the plain step's (tiled=False) over 10 positions; a head without the norm, or of another
+    format, is refused with the reason."""
+    model = small_model()
+    ids = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(5))
+    fast, plain = KVCache.for_model(model, 1, 16), KVCache.for_model(model, 1, 16)
+    step, oracle = DecodeStep(model, fast), DecodeStep(model, plain, tiled=False)
+    assert step._layers.head is not None and step._layers.final_norm is not None
+    got = torch.stack([step(ids[:, t:t + 1]) for t in range(10)], 1)
+    want = torch.stack([oracle(ids[:, t:t + 1]) for t in range(10)], 1)
+    exact_model = float64_twin(model)
+    with torch.inference_mode():
+        truth = exact_model(ids, kv_cache=KVCache.for_model(exact_model, 1, 16))
+    check_float32_error("the C call's logits", got, want, truth, factor=4, floor=SMALL_FLOOR)
+    layers, cache = step._layers.keep
+    args = (layers, cache, model.rope_cos, step._sin_signed, 4, 2, 1e-5)
+    with pytest.raises(ValueError, match="needs final_norm"):
+        ck.DecodeLayers(*args, head=step._layers.head)
+    with pytest.raises(ValueError, match="head must be one TiledLinear of the layers' format"):
+        ck.DecodeLayers(*args, final_norm=model.norm.weight,
+                        head=ck.TiledLinear(model.output.weight, fmt="bf16"))

@@ -469,13 +469,12 @@ class _CacheRows:
 
 class DecodeLayers(_CacheRows):
     """A decode step's layers in one C call (tg_layers: tg_layer in cpu_gemv.c per layer,
-    layer after layer), per layer the four tiled
-    products on the pool and everything between them (the RMS norms, RoPE, the cache write,
-    attention over the cached positions, SiLU(gate) * up, the residual adds) on the calling
-    thread, computed as the model's forward computes them, in float32 (bfloat16 weights are
-    widened by the kernels, or multiplied with each product's input rounded to bfloat16 where
-    bf16_path() is the avx512_bf16 dot products; a bfloat16 cache is read and written in
-    bfloat16).
+    layer after layer), per layer the four tiled products on the pool and everything between
+    them (the RMS norms, RoPE, the cache write, attention over the cached positions,
+    SiLU(gate) * up, the residual adds) on the calling thread, computed as the model's
+    forward computes them, in float32 (bfloat16 weights are widened by the kernels, or
+    multiplied with each product's input rounded to bfloat16 where bf16_path() is the
+    avx512_bf16 dot products; a bfloat16 cache is read and written in bfloat16).
 
     layers: per layer (attention_norm weight (D,), qkv, wo, ffn_norm weight (D,), gate_up,
     w2), the products TiledLinear of one format (q, k, v stacked in that order; gate then up);
