@@ -417,7 +417,6 @@ class _CacheRows:
         self.head_dim = cos.shape[-1]
         self.paged_pool = block_size is not None
         self.block = k.shape[2]          # max_len of a plain cache
-        self.max_len = self.block        # (the name the plain cache's callers know)
         self.slots = k.shape[0]          # the plain cache's sequences, or the pool's blocks
 
     def _check_x(self, x: torch.Tensor) -> int:
@@ -434,7 +433,7 @@ class _CacheRows:
             raise ValueError("these layers hold a paged pool: call paged(x, positions, tables)")
         rows = self._check_x(x)
         last = pos + rows - 1 if consecutive else pos
-        limit = min(self.max_len, self.cos.shape[0])
+        limit = min(self.block, self.cos.shape[0])
         if not 0 <= pos <= last < limit:
             raise ValueError(f"positions must be in [0, {limit}), got {pos}..{last}")
         if not consecutive and rows > self.slots:

@@ -158,9 +158,14 @@ class ModelRunner:
             if len(table) * size < end:
                 raise ValueError(f"positions up to {end - 1} of {seq_id!r} are not reserved")
         width = max(-(-end // size) for end in ends)       # blocks of the longest sequence
+        as_long = dict(dtype=torch.long, device=device)
+        # each sequence reads whole blocks, in table order (padding blocks are masked out)
+        r_tables = torch.tensor([table[:width] + [0] * (width - min(len(table), width))
+                                 for table in tables], **as_long).clamp_(min=0)    # (N, W)
+        # (a block dropped out of a sliding window, paged.DROPPED, reads as block 0: masked)
         if self.decode_layers is not None and n_seq == 1 and t_q == 1 \
                 and every_position is None:
-            return self._decode_rows([ids[0] for _, ids, _ in work], starts, tables, width)
+            return self._decode_rows([ids[0] for _, ids, _ in work], starts, r_tables)
 
         # every token: its id, its position (RoPE), and the slot its key and value go to
         ids = [t for _, tokens, _ in work for t in tokens]
@@ -168,7 +173,6 @@ class ModelRunner:
         slot_block = [table[p // size] for table, s, e in zip(tables, starts, ends, strict=True)
                       for p in range(s, e)]
         slot_offset = [p % size for p in positions]
-        as_long = dict(dtype=torch.long, device=device)
         ids_t = torch.tensor([ids], **as_long)
         pos_t = torch.tensor(positions, **as_long)
         n_kv = cache.n_kv_heads
@@ -176,10 +180,6 @@ class ModelRunner:
         slots = ((torch.tensor(slot_block, **as_long)[:, None] * n_kv
                   + torch.arange(n_kv, device=device)) * size
                  + torch.tensor(slot_offset, **as_long)[:, None]).reshape(-1)      # (T * H_kv)
-        # each sequence reads whole blocks, in table order (padding blocks are masked out)
-        r_tables = torch.tensor([table[:width] + [0] * (width - min(len(table), width))
-                                 for table in tables], **as_long).clamp_(min=0)    # (N, W)
-        # (a block dropped out of a sliding window, paged.DROPPED, reads as block 0: masked)
         first = torch.tensor([0, *counts[:-1]], **as_long).cumsum(0)
         group = model.layers[0].attention.n_heads // n_kv    # a parallel shard's own heads
         scale = model.cfg.head_dim ** -0.5
@@ -285,18 +285,15 @@ class ModelRunner:
 
     # -- one sequence decoding: generate()'s C layers on the paged pool ---------------------
 
-    def _decode_rows(self, ids: list[int], starts: list[int], tables: list[list[int]],
-                     width: int) -> torch.Tensor:
+    def _decode_rows(self, ids: list[int], starts: list[int], tables: torch.Tensor
+                     ) -> torch.Tensor:
         """Sequence i's token ids[i] at position starts[i] through cpu_kernels.DecodeLayers on
-        the pool (its blocks tables[i]) -> logits (N, V): the computation generate()'s tiled
-        step makes, so given the same cached keys and values a sequence's logits have the bits
-        its batch-1 step gives it (tests/test_engine.py)."""
-        model = self.model
-        positions = torch.tensor(starts, dtype=torch.long)
-        rows = torch.tensor([table[:width] + [0] * (width - min(len(table), width))
-                             for table in tables], dtype=torch.long)
-        x = model.tok_embeddings.weight[ids].float()                               # (N, D)
-        return self.decode_layers.paged(x, positions, rows)    # the norm and head in C too
+        the pool (its blocks tables[i], forward's (N, W) block tables) -> logits (N, V): the
+        computation generate()'s tiled step makes, so given the same cached keys and values a
+        sequence's logits have the bits its batch-1 step gives it (tests/test_engine.py)."""
+        x = self.model.tok_embeddings.weight[ids].float()                          # (N, D)
+        return self.decode_layers.paged(x, torch.tensor(starts, dtype=torch.long),
+                                        tables)                # the norm and head in C too
 
     # -- the batched road (tinygpt.cpu_gemm): fused q/k/v and gate/up, its rms_norm --------
 
