@@ -200,9 +200,12 @@ def test_bad_shapes_and_inputs_are_refused():
 SMALL_FLOOR = 1e-7
 
 
-def small_model(vocab: int = 96) -> TinyGPT:
-    cfg = ModelConfig(vocab_size=vocab, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                      d_ff=160, max_seq_len=64)
+def small_model(vocab: int = 96, heads: tuple[int, int, int] = (4, 2, 16),
+                max_seq_len: int = 64) -> TinyGPT:
+    """A 2-layer model with (query heads, kv heads, head_dim) = heads."""
+    n_heads, n_kv_heads, head_dim = heads
+    cfg = ModelConfig(vocab_size=vocab, d_model=n_heads * head_dim, n_layers=2, n_heads=n_heads,
+                      n_kv_heads=n_kv_heads, d_ff=160, max_seq_len=max_seq_len)
     return TinyGPT(cfg, seed=0).eval()
 
 
@@ -372,39 +375,57 @@ def test_decode_agreement_measures_the_decode_path():
     assert decode_agreement(model, other, prompts, 6) < 0.5
 
 
+# (query heads, kv heads, head_dim): attention.h's paths, the vector ones (head_dim 32, 64,
+# 128: groups done in register blocks of 4 heads, 2 at 128, with a remainder) and the plain one
+HEAD_SHAPES = [(4, 2, 16), (6, 2, 32), (5, 1, 64), (9, 3, 64), (3, 1, 128), (4, 2, 48)]
+
+
+def head_id(heads: tuple[int, int, int]) -> str:
+    return "{}q{}kv{}d".format(*heads)
+
+
+@pytest.mark.parametrize("heads", HEAD_SHAPES, ids=head_id)
 @pytest.mark.parametrize("batch,cache_batch", [(1, 1), (3, 4)])
-def test_layers_in_c_compute_the_plain_step(batch, cache_batch):
+def test_layers_in_c_compute_the_plain_step(batch, cache_batch, heads, length=14, size=16):
     """A float32 step runs each layer as one C call (cpu_kernels.DecodeLayers: norms, RoPE,
     the cache write, grouped-query attention, SiLU and the residuals between the products);
     over 12 positions its logits and its cache equal the plain step's (tiled=False) to float
     rounding (as close to the float64 model's as the plain step's), for a batch smaller than
-    the cache's too."""
-    model = small_model()
-    ids = torch.randint(0, 96, (batch, 14), generator=torch.Generator().manual_seed(0))
-    plain = KVCache.for_model(model, cache_batch, 16)
-    fast = KVCache.for_model(model, cache_batch, 16)
-    first = 2 if batch == cache_batch else 0         # otherwise decode from position 0
+    the cache's too, at every head_dim path of the attention."""
+    model = small_model(heads=heads, max_seq_len=max(64, size))
+    ids = torch.randint(0, 96, (batch, length), generator=torch.Generator().manual_seed(0))
+    plain = KVCache.for_model(model, cache_batch, size)
+    fast = KVCache.for_model(model, cache_batch, size)
+    first = length - 12 if batch == cache_batch else 0   # otherwise decode from position 0
     if first:
         prefill(model, plain, ids[:, :first])
         prefill(model, fast, ids[:, :first])
     oracle, step = DecodeStep(model, plain, tiled=False), DecodeStep(model, fast)
     assert step._layers is not None and oracle._layers is None
     got, want = [], []
-    for t in range(first, 14):
+    for t in range(first, length):
         want.append(oracle(ids[:, t:t + 1]))
         got.append(step(ids[:, t:t + 1]))
     exact_model = float64_twin(model)
-    exact = KVCache.for_model(exact_model, cache_batch, 16)
+    exact = KVCache.for_model(exact_model, cache_batch, size)
     with torch.inference_mode():
         truth = exact_model(ids, kv_cache=exact)[:, first:]
     check_float32_error("the C layers' logits", torch.stack(got, 1), torch.stack(want, 1),
                         truth, factor=4, floor=SMALL_FLOOR)
-    check_caches(fast, plain, exact, 14)
+    check_caches(fast, plain, exact, length)
     bf16 = small_model().to(torch.bfloat16)        # (its agreement: the bfloat16 test above)
     assert DecodeStep(bf16, KVCache.for_model(bf16))._layers.cache_bf16 == 1
     with pytest.raises(ValueError, match="positions must be"):
-        step._layers(torch.zeros(1, 64), 16)
+        step._layers(torch.zeros(1, model.cfg.d_model), size)
 
+
+
+@pytest.mark.parametrize("heads", [(9, 3, 64), (4, 2, 48)], ids=head_id)
+def test_layers_in_c_attend_over_a_long_context(heads):
+    """The same at positions 500 to 511 of a 512-position cache: the scores of hundreds of
+    keys (some softmax weights under e^-87, taken as 0) summed in attention.h's order, as close
+    to the float64 model's as the plain step's."""
+    test_layers_in_c_compute_the_plain_step(1, 1, heads, length=512, size=512)
 
 def check_caches(fast: KVCache, plain: KVCache, exact: KVCache, length: int) -> None:
     """`fast`'s keys and values of positions 0 .. length - 1 as close to the float64 cache's

@@ -141,8 +141,7 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
             or v_pool.dtype != torch.float32:
         raise ValueError(f"paged_attention takes float32 q and pools, got {q.dtype}, "
                          f"{k_pool.dtype}, {v_pool.dtype}")
-    if k_pool.shape != v_pool.shape or k_pool.shape[-1] != dim or heads % kv_heads \
-            or heads // kv_heads > 16:
+    if k_pool.shape != v_pool.shape or k_pool.shape[-1] != dim or heads % kv_heads:
         raise ValueError(f"paged_attention: q {tuple(q.shape)} does not fit pools "
                          f"{tuple(k_pool.shape)} / {tuple(v_pool.shape)}")
     if tables.dtype != torch.int64 or lengths.dtype != torch.int64 \

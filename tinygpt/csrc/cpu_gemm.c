@@ -37,6 +37,7 @@
 #define POOL_STALL_NS 200000L
 #define POOL_SOLO_JOBS 256
 #include "pool.h"
+#include "attention.h"     /* attend_group: one group of query heads over the pool */
 
 #define TILE 16
 
@@ -122,7 +123,7 @@ typedef struct {
     long m, n, k, tiles, chunk;
     /* paged attention (see tg_paged_attention) */
     const float *kp, *vp;
-    const int64_t *tables, *lengths;
+    const long *tables, *lengths;
     long heads, kv_heads, dim, block, width;
     float scale;
 } job_t;
@@ -171,70 +172,29 @@ void tg_gemm(const float *w, const float *x, float *y, long m, long n, long k) {
 /* ---------------------------------------------------------------------------------------- */
 /* paged decode attention: one new query per sequence against its keys in the block pool     */
 
-#define MAX_GROUP 16
-#define STACK_KEYS 4096
+#define STACK_SCORES 8192
 
-/* unit = (sequence, kv head): the `group` query heads that share the kv head, over positions
- * 0 .. length - 1 of the sequence, each position p in block tables[p / block] at p % block.
- * Scores are scaled dot products; softmax subtracts the maximum; the output is the
- * probability-weighted sum of the values. */
+/* unit = (sequence, kv head): attend_group (attention.h) for the query heads that share the kv
+ * head, over positions 0 .. length - 1 of the sequence */
 static void attend(long unit) {
     long seq = unit / job.kv_heads, h = unit % job.kv_heads;
     long d = job.dim, group = job.heads / job.kv_heads, length = job.lengths[seq];
-    const int64_t *table = job.tables + seq * job.width;
-    const float *q = job.x + seq * job.m + h * group * d;
-    float *y = job.y + (seq * job.heads + h * group) * d;
-    float stack[STACK_KEYS * 2];
-    float *scores = length * group <= STACK_KEYS * 2 ? stack
+    float stack[STACK_SCORES];
+    float *scores = length * group <= STACK_SCORES ? stack
                     : (float *)__builtin_alloca(sizeof(float) * length * group);
-    float top[MAX_GROUP], sum[MAX_GROUP];
-    for (long g = 0; g < group; g++) top[g] = -__builtin_inff();
-    long slot = job.kv_heads * job.block * d;        /* floats per block */
-    for (long p = 0; p < length; p++) {
-        const float *key = job.kp + table[p / job.block] * slot + (h * job.block
-                                                                   + p % job.block) * d;
-        for (long g = 0; g < group; g++) {
-            const float *qg = q + g * d;
-            float dot = 0;
-#pragma omp simd reduction(+ : dot)
-            for (long i = 0; i < d; i++) dot += qg[i] * key[i];
-            dot *= job.scale;
-            scores[g * length + p] = dot;
-            if (dot > top[g]) top[g] = dot;
-        }
-    }
-    for (long g = 0; g < group; g++) {
-        float total = 0, *s = scores + g * length;
-        for (long p = 0; p < length; p++) {
-            s[p] = __builtin_expf(s[p] - top[g]);
-            total += s[p];
-        }
-        sum[g] = total;
-        for (long i = 0; i < d; i++) y[g * d + i] = 0;
-    }
-    for (long p = 0; p < length; p++) {
-        const float *value = job.vp + table[p / job.block] * slot + (h * job.block
-                                                                     + p % job.block) * d;
-        for (long g = 0; g < group; g++) {
-            float weight = scores[g * length + p], *yg = y + g * d;
-#pragma omp simd
-            for (long i = 0; i < d; i++) yg[i] += weight * value[i];
-        }
-    }
-    for (long g = 0; g < group; g++) {
-        float inverse = 1.0f / sum[g];
-        for (long i = 0; i < d; i++) y[g * d + i] *= inverse;
-    }
+    attend_group(job.x + seq * job.m + h * group * d, group, job.kp, job.vp, 0,
+                 job.tables + seq * job.width, job.block, job.kv_heads, h, length, d,
+                 job.scale, scores, job.y + (seq * job.heads + h * group) * d);
 }
 
 /* y (n_seq, heads, dim) = attention of q (n_seq, heads, dim; sequence s's row at q + s * ldq),
  * one query per sequence, over
  * the first lengths[s] positions of sequence s in the pools k, v (blocks, kv_heads, block,
  * dim), sequence s's blocks listed in tables[s * width ..]. heads is a multiple of kv_heads
- * (query head h uses kv head h / (heads / kv_heads)), at most 16 query heads share one, and
+ * (query head h uses kv head h / (heads / kv_heads)), and
  * every length is at least 1. */
 void tg_paged_attention(const float *q, long ldq, const float *k, const float *v,
-                        const int64_t *tables, const int64_t *lengths, float *y, long n_seq,
+                        const long *tables, const long *lengths, float *y, long n_seq,
                         long heads, long kv_heads, long dim, long block, long width,
                         float scale) {
     job.kind = 1;

@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "pool.h"                /* the helper threads (POOL_* are its tuning knobs) */
+#include "attention.h"           /* a decode query's attention over a (paged) cache */
 
 #define TILE 16
 #define MAX_ROWS 4      /* rows of x per product */
@@ -47,13 +48,6 @@
         case 3: fn(__VA_ARGS__, 3); break;                                                    \
         default: fn(__VA_ARGS__, 4); break;                                                   \
     }
-
-static inline float bf16_to_float(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* tiles [t0, t1) of one product, for all M rows of x */
 static void tiles_f32(const float *w, const float *x, float *y, long m_rows, long n, long k,
@@ -589,17 +583,6 @@ static inline void rope(const float *x, const float *cos, const float *sin_signe
     for (long i = half; i < hd; i++) out[i] = x[i] * cos[i] + x[i - half] * sin_signed[i];
 }
 
-/* a cache row of hd values, float32 or bfloat16, as float32 */
-static inline void cache_row(const void *cache, long at, int bf16, float *out, long hd) {
-    if (!bf16) {
-        memcpy(out, (const float *)cache + at, hd * sizeof(float));
-        return;
-    }
-    const uint16_t *row = (const uint16_t *)cache + at;
-#pragma omp simd
-    for (long i = 0; i < hd; i++) out[i] = bf16_to_float(row[i]);
-}
-
 /* store hd float32 values at a cache row, rounded to bfloat16 (to nearest, ties to even, as
  * torch converts) when the cache is bfloat16 */
 static inline void store_row(void *cache, long at, int bf16, const float *in, long hd) {
@@ -615,47 +598,19 @@ static inline void store_row(void *cache, long at, int bf16, const float *in, lo
     }
 }
 
-/* e^x for x <= 0 (softmax weights after subtracting the maximum), within 3e-7 of expf
- * (relative), written so that the compiler vectorizes a loop of them (expf stays scalar: one
- * per cached position per head, most of attention's time on a small model's long context).
- * x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two parts, so n ln 2 is exact enough),
- * e^r by its Taylor polynomial of degree 6, times 2^n built in the exponent bits; below
- * -87 the result (smaller than 1e-38) is taken as 0. */
-static inline float exp_nonpositive(float x) {
-    if (x < -87.0f) return 0.0f;
-    float n = __builtin_roundf(x * 1.44269504f);
-    float r = x - n * 0.693145752f - n * 1.42860677e-6f;
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f
-              + r * (0.00833333377f + r * 0.00138888892f)))));
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, 4);
-    return p * scale;
-}
-
-/* Where the cache keeps a sequence's keys and values. Its positions are grouped in blocks of
- * `block`: position t is entry t % block of block number table[t / block], and kv head g of
- * block n starts at ((n * kv_heads + g) * block) * hd. The plain cache (cache_batch, kv_heads,
- * max_len, hd) is the case block = max_len, one entry per table (the sequence's index); the
- * engine's paged pool (blocks, kv_heads, block_size, hd) is the general case. */
-static inline long cache_at(const long *table, long block, long kv_heads, long g, long t,
-                            long hd) {
-    return ((table[t / block] * kv_heads + g) * block + t % block) * hd;
-}
-
 /* Row b is the token at position row_pos[b] of the sequence whose block table is
  * tables[b * width ..]: its key and value are written there, then it attends to its own
- * position and every one before it, block by block (the positions in order: a paged cache
- * gives the bits the plain one gives). cos and sin_signed are the whole rotation tables.
- * Rows of one sequence (speculative decoding's verify pass) share a table and go in
- * position order, so each sees the keys the rows before it wrote. */
+ * position and every one before it (attend_group, attention.h, per kv head). cos and
+ * sin_signed are the whole rotation tables. Rows of one sequence (speculative decoding's
+ * verify pass) share a table and go in position order, so each sees the keys the rows before
+ * it wrote. scores holds heads / kv_heads * (row_pos + 1) floats. */
 static void attend(const float *yqkv, long ystride, void *kc, void *vc, int bf16,
                    const long *row_pos, const long *tables, long width, long block,
                    const float *cos, const float *sin_signed, float *out, long rows,
                    long heads, long kv_heads, long hd, float *scores) {
     long group = heads / kv_heads;
     float scale = 1.0f / sqrtf((float)hd);
-    float q[hd], row[hd];
+    float q[group * hd], row[hd];
     for (long b = 0; b < rows; b++) {
         const float *yb = yqkv + b * ystride;
         const long *table = tables + b * width;
@@ -667,49 +622,11 @@ static void attend(const float *yqkv, long ystride, void *kc, void *vc, int bf16
             store_row(kc, at, bf16, row, hd);
             store_row(vc, at, bf16, yb + (heads + kv_heads + g) * hd, hd);
         }
-        for (long h = 0; h < heads; h++) {
-            rope(yb + h * hd, cb, sb, q, hd);
-            long g = h / group;
-            float top = -INFINITY;
-            for (long t0 = 0; t0 <= at_pos; t0 += block) {
-                long base = cache_at(table, block, kv_heads, g, t0, hd);
-                long n = at_pos + 1 - t0 < block ? at_pos + 1 - t0 : block;
-                for (long i = 0; i < n; i++) {
-                    const float *key = (const float *)kc + base + i * hd;  /* float32: in place */
-                    if (bf16) {
-                        cache_row(kc, base + i * hd, bf16, row, hd);
-                        key = row;
-                    }
-                    float s = 0;
-#pragma omp simd reduction(+ : s)
-                    for (long c = 0; c < hd; c++) s += q[c] * key[c];
-                    scores[t0 + i] = s * scale;
-                    top = scores[t0 + i] > top ? scores[t0 + i] : top;
-                }
-            }
-            float total = 0;
-#pragma omp simd reduction(+ : total)
-            for (long t = 0; t <= at_pos; t++) {
-                scores[t] = exp_nonpositive(scores[t] - top);
-                total += scores[t];
-            }
-            float *o = out + (b * heads + h) * hd;
-            for (long c = 0; c < hd; c++) o[c] = 0;
-            float inv_total = 1.0f / total;
-            for (long t0 = 0; t0 <= at_pos; t0 += block) {
-                long base = cache_at(table, block, kv_heads, g, t0, hd);
-                long n = at_pos + 1 - t0 < block ? at_pos + 1 - t0 : block;
-                for (long i = 0; i < n; i++) {
-                    float p = scores[t0 + i] * inv_total;
-                    const float *value = (const float *)vc + base + i * hd;
-                    if (bf16) {
-                        cache_row(vc, base + i * hd, bf16, row, hd);
-                        value = row;
-                    }
-#pragma omp simd
-                    for (long c = 0; c < hd; c++) o[c] += p * value[c];
-                }
-            }
+        for (long g = 0; g < kv_heads; g++) {
+            for (long j = 0; j < group; j++)
+                rope(yb + (g * group + j) * hd, cb, sb, q + j * hd, hd);
+            attend_group(q, group, kc, vc, bf16, table, block, kv_heads, g, at_pos + 1, hd,
+                         scale, scores, out + (b * heads + g * group) * hd);
         }
     }
 }
@@ -734,7 +651,8 @@ int tg_layer(int dtype, float *x, long rows, long d, const float *attention_norm
              void *kc, void *vc, int cache_bf16, const long *row_pos, const long *tables,
              long width, long block, const float *cos, const float *sin_signed,
              long heads, long kv_heads, long hd, long d_ff) {
-    long need = rows * (d + n_qkv + heads * hd + n_o + n_gate_up + d_ff + n_down) + width * block;
+    long need = rows * (d + n_qkv + heads * hd + n_o + n_gate_up + d_ff + n_down)
+                + heads / kv_heads * width * block;
     if (need > scratch_capacity) {
         float *grown = realloc(scratch, need * sizeof(float));
         if (grown == NULL) return -1;
@@ -810,7 +728,7 @@ int tg_attention(int dtype, float *x, float *h, long rows, long d, const float *
                  const long *row_pos, const long *tables, long width, long block,
                  const float *cos, const float *sin_signed, long heads, long kv_heads,
                  long hd) {
-    long need = rows * (d + n_qkv + heads * hd + n_o) + width * block;
+    long need = rows * (d + n_qkv + heads * hd + n_o) + heads / kv_heads * width * block;
     if (need > scratch_capacity) {
         float *grown = realloc(scratch, need * sizeof(float));
         if (grown == NULL) return -1;
