@@ -14,6 +14,8 @@ decoded by both engines in turn, round after round:
 
     engine llama.cpp F32 serving 16 greedy requests of 128 tokens with every sequence in each
            llama_decode (llama_batched)  vs  tinygpt's Engine serving the same   target >= 1.0x
+    long   F32 as above after a 2,000-token prompt: each step's attention reads 2,000 cached
+           keys and values per layer (a long chat)                               target >= 1.0x
 
 The file stores every linear weight in the format (the tied embedding too) and the norms in
 float32. Query and key rows are reordered the way llama.cpp's converter does for Llama models,
@@ -46,6 +48,7 @@ from tinygpt.sampling import SamplingParams
 TARGETS = {"F32": 0.8, "Q8_0": 0.8, "Q4_1": 0.7}
 AGREEMENT_TARGETS = {"Q4_1": 0.97}      # teacher-forced, with llama.cpp on the same blocks
 ENGINE_TARGET = 1.0        # the Engine's tokens/s over llama.cpp F32 with every sequence batched
+LONG_TARGET = 1.0          # generate() over llama.cpp F32 after a long prompt
 PROMPT_LEN = 8
 
 
@@ -266,6 +269,26 @@ def ours_seconds_per_token(model: TinyGPT, prompt: list[int], new_tokens: int
         tokens[:new_tokens]
 
 
+def long_context_vs_llama(model: TinyGPT, path: Path, context: int, new_tokens: int,
+                          threads: int, rounds: int) -> dict:
+    """Both engines' median seconds per greedy token after a `context`-token prompt (prefill
+    excluded), in turn, round after round, and how many of the greedy tokens agree."""
+    from llama_cpp import Llama
+
+    prompt = random_prompt(context, model.cfg.vocab_size, 1)
+    llm = Llama(model_path=str(path), n_ctx=context + new_tokens + 8, n_threads=threads,
+                n_batch=512, verbose=False, logits_all=True)
+    llama_s, ours_s = [], []
+    for _ in range(rounds):
+        s_llama, t_llama = llama_seconds_per_token(llm, prompt, new_tokens)
+        s_ours, t_ours = ours_seconds_per_token(model, prompt, new_tokens)
+        llama_s.append(s_llama)
+        ours_s.append(s_ours)
+    return {"llama": llama_s, "ours": ours_s,
+            "ratio": statistics.median(a / b for a, b in zip(llama_s, ours_s, strict=True)),
+            "same": sum(a == b for a, b in zip(t_llama, t_ours, strict=True))}
+
+
 def teacher_forced(model: TinyGPT, prompt: list[int], tokens: list[int]) -> int:
     """How many of llama.cpp's greedy `tokens` after `prompt` our decode path (generate()'s:
     prefill, then one decode step per token) also picks when it reads llama.cpp's tokens so
@@ -290,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="concurrent requests of the engine row (16; 0: no engine row)")
     parser.add_argument("--engine-tokens", type=int, default=128,
                         help="new tokens per engine request (128)")
+    parser.add_argument("--long-context", type=int, default=2000,
+                        help="prompt tokens of the long-context F32 row (2000; 0: no such row)")
     args = parser.parse_args(argv)
     try:
         import gguf  # noqa: F401
@@ -336,6 +361,13 @@ def main(argv: list[str] | None = None) -> int:
             copies.append(measure_copy_bandwidth(repeats=3))
         forced = {fmt: teacher_forced(engines[fmt][1], prompt, tokens)
                   for fmt, tokens in forced.items()}
+        long_row = None
+        if "F32" in formats and args.long_context > 0:
+            print(f"F32 after a {args.long_context}-token prompt ...", file=sys.stderr,
+                  flush=True)
+            long_row = long_context_vs_llama(model, Path(tmp) / "smollm2-shape-F32.gguf",
+                                             args.long_context, args.tokens, args.threads,
+                                             args.rounds)
         engine = None
         if "F32" in formats and args.engine_requests > 0:
             print(f"the engine and llama.cpp, {args.engine_requests} requests at once ...",
@@ -362,6 +394,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{1 / statistics.median(rows[fmt]['ours']):14.1f} {ratio:6.2f}x "
               f"{'' if target is None else f'>={target}x':>7}  {agree[fmt]}/{args.tokens}, "
               f"{forced[fmt]}/{args.tokens}  {verdict}")
+    if long_row is not None:
+        ratio = long_row["ratio"]
+        verdict = "met" if ratio >= LONG_TARGET else f"NOT MET ({ratio:.2f}x < {LONG_TARGET}x)"
+        name = f"F32@{args.long_context}"
+        print(f"{name:8} {1 / statistics.median(long_row['llama']):16.1f} "
+              f"{1 / statistics.median(long_row['ours']):14.1f} {ratio:6.2f}x "
+              f"{f'>={LONG_TARGET}x':>7}  {long_row['same']}/{args.tokens}  {verdict}  (after a "
+              f"{args.long_context}-token prompt)")
     if engine is not None:
         ratio = engine["ratio"]
         same = sum(a == b for a, b in zip(engine["outputs"], engine["llama_outputs"],
