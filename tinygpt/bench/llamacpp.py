@@ -14,8 +14,8 @@ decoded by both engines in turn, round after round:
 
     engine llama.cpp F32 serving 16 greedy requests of 128 tokens with every sequence in each
            llama_decode (llama_batched)  vs  tinygpt's Engine serving the same   target >= 1.0x
-    long   F32 as above after a 2,000-token prompt: each step's attention reads 2,000 cached
-           keys and values per layer (a long chat)                               target >= 1.0x
+    long   F32 as above after a 1,920-token prompt: each step's attention reads about 2,000
+           cached keys and values per layer (a long chat)                        target >= 1.0x
 
 The file stores every linear weight in the format (the tied embedding too) and the norms in
 float32. Query and key rows are reordered the way llama.cpp's converter does for Llama models,
@@ -313,9 +313,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="concurrent requests of the engine row (16; 0: no engine row)")
     parser.add_argument("--engine-tokens", type=int, default=128,
                         help="new tokens per engine request (128)")
-    parser.add_argument("--long-context", type=int, default=2000,
-                        help="prompt tokens of the long-context F32 row (2000; 0: no such row)")
+    parser.add_argument("--long-context", type=int, default=1920,
+                        help="prompt tokens of the long-context F32 row (1920; 0: no such row; "
+                             "with --tokens at most the model's 2048 positions)")
     args = parser.parse_args(argv)
+    if args.long_context + args.tokens + 1 > smollm2_config().max_seq_len:
+        parser.error(f"--long-context {args.long_context} + --tokens {args.tokens} + 1 exceeds the "
+                     f"model's {smollm2_config().max_seq_len} positions")
     try:
         import gguf  # noqa: F401
         from llama_cpp import Llama
