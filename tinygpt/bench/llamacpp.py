@@ -317,9 +317,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="prompt tokens of the long-context F32 row (1920; 0: no such row; "
                              "with --tokens at most the model's 2048 positions)")
     args = parser.parse_args(argv)
-    if args.long_context + args.tokens + 1 > smollm2_config().max_seq_len:
+    cfg = smollm2_config()
+    if args.long_context + args.tokens + 1 > cfg.max_seq_len:
         parser.error(f"--long-context {args.long_context} + --tokens {args.tokens} + 1 exceeds the "
-                     f"model's {smollm2_config().max_seq_len} positions")
+                     f"model's {cfg.max_seq_len} positions")
     try:
         import gguf  # noqa: F401
         from llama_cpp import Llama
@@ -328,7 +329,6 @@ def main(argv: list[str] | None = None) -> int:
               f"about 25 minutes)", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
-    cfg = smollm2_config()
     model = TinyGPT(cfg, seed=0).eval()
     prompt = random_prompt(PROMPT_LEN, cfg.vocab_size, 0)
     formats = args.formats.split(",")
