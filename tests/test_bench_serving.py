@@ -36,16 +36,22 @@ def test_the_quick_plan_and_other_devices_skip_the_group():
 
 
 def test_the_rows_on_the_shipped_model_without_llama_cpp(monkeypatch):
-    """One stream, 2 streams and the chat, 8 tokens each: the served texts are batch-1
-    generate()'s, the one-stream row is a ratio over generate(), the 2-stream row (no llama.cpp
-    to divide by) prints the served throughput as information, and the chat row its rate."""
+    """One stream, 2 streams, 2 streams of long prompts and the chat: the served texts are
+    batch-1 generate()'s, the one-stream row is a ratio over generate(), the 2-stream rows (no
+    llama.cpp to divide by) print the served throughput as information, and the chat row its
+    rate."""
     monkeypatch.setitem(sys.modules, "llama_cpp", None)         # import llama_cpp fails
+    monkeypatch.setattr(serving, "LONG_TOKENS", 4)
     logged: list[str] = []
     ctx = R.BenchContext(threads=1, log=logged.append)
-    rows = serving.serve_speed_rows(ctx, "tinygpt", tokens=8, rounds=1, streams=(2,))
-    assert [r.name for r in rows] == ["serve_stream_1", "serve_streams_2", "chat_stream_1"]
-    one, two, chat = rows
-    assert one.details["identical_text"] and two.details["identical_text"]
+    rows = serving.serve_speed_rows(ctx, "tinygpt", tokens=8, rounds=1, streams=(2,),
+                                    long_prompt=150)
+    assert [r.name for r in rows] == ["serve_stream_1", "serve_streams_2",
+                                      "serve_streams_long_2", "chat_stream_1"]
+    one, two, long, chat = rows
+    assert "after prompts of 150-" in long.description
+    assert all(r.details["identical_text"] for r in (one, two, long))
+    assert not long.targeted and long.value > 0
     assert one.value == pytest.approx(one.details["served_rate"] / one.details["generate_rate"])
     assert one.targeted and not two.targeted and not chat.targeted
     assert two.value == two.details["served_tokens_per_s"] > 0 and two.met

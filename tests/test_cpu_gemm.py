@@ -110,13 +110,10 @@ def test_paged_attention_equals_the_padded_batch(threads, heads, kv_heads, dim):
     q = randn(len(lengths), heads, dim, seed=7) * 20
     got = cpu_gemm.paged_attention(q, k_pool, v_pool, tables_t, torch.tensor(lengths), 0.25)
     # the plain path: every query sees keys 0 .. length - 1 of its own blocks
-    group = heads // kv_heads
     keys = torch.arange(width * block)
     mask = keys[None, :] < torch.tensor(lengths)[:, None]                   # (N, Tk)
-    bias = torch.zeros(len(lengths), 1, group, width * block).masked_fill(
-        ~mask[:, None, None, :], float("-inf"))
     padded = (torch.zeros(len(lengths), 1, dtype=torch.long),
-              torch.ones(len(lengths), 1, dtype=torch.bool), bias)
+              torch.ones(len(lengths), 1, dtype=torch.bool), mask[:, None, None, :])
     want = padded_attention(q, k_pool, v_pool, tables_t, padded, 0.25)
     exact = padded_attention(q.double(), k_pool.double(), v_pool.double(), tables_t, padded,
                              0.25)

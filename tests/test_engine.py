@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tinygpt import cpu_gemm
+from tinygpt import runner as runner_module
 from tinygpt.bench.metrics import ttft
 from tinygpt.engine import AsyncEngine, Engine, EngineFull
 from tinygpt.generate import generate
@@ -165,11 +166,18 @@ def test_scheduler_refuses_what_can_never_fit():
 
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "plain"])
 @pytest.mark.parametrize("n_kv_heads", [1, 2, 4])
-def test_runner_logits_equal_the_model_on_each_sequence(n_kv_heads, batched):
+def test_runner_logits_equal_the_model_on_each_sequence(n_kv_heads, batched, monkeypatch):
+    """Random steps of decodes and chunks; the batched road splits a step's attention into
+    the decodes (paged, in place) and the chunks (a padded batch of their own): steps with
+    only decodes, only chunks and both run."""
     model = tiny_model(n_kv_heads)
     cache = PagedKVCache.for_model(model, num_blocks=40, block_size=4)
     runner = ModelRunner(model, cache, batched=batched)
     assert runner.batched == (batched and cpu_gemm.available() is None)
+    kinds = set()
+    split = runner_module.split_attention
+    monkeypatch.setattr(runner_module, "split_attention", lambda q, k, v, parts, *args: (
+        kinds.add(tuple(part is not None for part in parts)) or split(q, k, v, parts, *args)))
     rng = random.Random(n_kv_heads)
     seqs = {i: [rng.randrange(61) for _ in range(n)] for i, n in enumerate((3, 17, 9, 1))}
     done = dict.fromkeys(seqs, 0)
@@ -203,6 +211,54 @@ def test_runner_logits_equal_the_model_on_each_sequence(n_kv_heads, batched):
     # block, position or mask is off by 1e-2 or more.
     check_float32_error("the runner's logits", torch.stack(got), torch.stack(want),
                         torch.stack(truth), factor=4, floor=RUNNER_FLOOR)
+    # (decodes, chunks): decodes only, chunks only, both
+    assert kinds == ({(True, False), (False, True), (True, True)} if runner.batched else set())
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_long_chunks_beside_decodes_split_their_attention_over_threads(threads):
+    """A step with two long prefill chunks (enough rows for padded_attention to slice them
+    over `threads` threads) and two decodes: each sequence's logits as close to the float64
+    model as the model's float32 forward, whatever the number of threads."""
+    model = tiny_model(2)
+    max_len = model.cfg.max_seq_len
+    cache = PagedKVCache.for_model(model, num_blocks=100, block_size=4)
+    runner = ModelRunner(model, cache)
+    runner.threads = threads
+    rng = random.Random(threads)
+    seqs = {i: [rng.randrange(61) for _ in range(max_len)] for i in range(4)}
+    fed = {0: 90, 1: 30, 2: 5, 3: 60}            # tokens already in the cache before the step
+    for seq_id, n in fed.items():
+        cache.add(seq_id)
+        cache.reserve(seq_id, n)
+        runner.forward([(seq_id, seqs[seq_id][:n], 0)])
+        cache.lengths[seq_id] = n
+    step = {0: 1, 1: 66, 2: 1, 3: 35}            # decodes beside chunks of 66 and 35 rows
+    work = []
+    for seq_id, n in step.items():
+        cache.reserve(seq_id, n)
+        work.append((seq_id, seqs[seq_id][fed[seq_id]:fed[seq_id] + n], fed[seq_id]))
+    calls = []
+    if threads > 1:
+        made = runner_module.attention_threads(threads)
+        real_submit = made.submit
+        made.submit = lambda *args, **kwargs: calls.append(1) or real_submit(*args, **kwargs)
+    try:
+        got = runner.forward(work)
+    finally:
+        if threads > 1:
+            del made.submit
+    exact = copy.deepcopy(model).double()
+    with torch.inference_mode():
+        ends = [torch.tensor([seqs[i][:fed[i] + n]]) for i, n in step.items()]
+        want = torch.stack([model(context)[0, -1] for context in ends])
+        truth = torch.stack([exact(context)[0, -1] for context in ends])
+    check_float32_error("the runner's logits", got, want, truth, factor=4,
+                        floor=RUNNER_FLOOR)
+    # the 66-row padded batch holds both chunks: sliced over threads only when each slice
+    # gets SLICE_ROWS rows (3 threads x 32 > 66: one slice on the calling thread)
+    sliced = 66 >= runner_module.SLICE_ROWS * threads and threads > 1
+    assert len(calls) == (runner.cache.n_layers * threads if sliced else 0)
 
 
 def test_runner_rejects_empty_work():

@@ -8,6 +8,7 @@ the logprob checks use the shipped model."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 
 import httpx
@@ -21,6 +22,7 @@ from tinygpt.engine import AsyncEngine, Engine
 from tinygpt.model import ModelConfig, TinyGPT
 from tinygpt.sampling import SamplingParams
 from tinygpt.server import MAX_STOP_CHARS, create_app
+from tinygpt.testing import check_float32_error
 
 
 class Served:
@@ -82,11 +84,25 @@ def plain(shipped):
     served.close()
 
 
-# Log-probabilities against the plain forward pass: within 1e-5 on the engine's plain products
-# (the same F.linear, other batch shapes); within 5e-5 on its batched CPU products
-# (tinygpt.cpu_gemm), which sum in another order, a float32 difference that grows through the
-# layers (1.8e-5 is the largest seen).
-TOLERANCES = [("plain", 1e-5), ("real", 5e-5)]
+# Log-probabilities against the float64 forward pass, as close as the model's own float32
+# forward is (check_float32_error: 4x its distance plus a floor of a few float32 steps at the
+# values' size). The engine sums in other orders than the plain forward (other batch shapes,
+# torch's scaled_dot_product_attention over the padded batch; tinygpt.cpu_gemm's products on
+# the batched road), a float32 difference that grows through the layers. Measured on AMD EPYC
+# 2026-11-27, the three tests, both engines: the float32 forward 9.0e-7 to 1.8e-5 from
+# float64, the served values 7.7e-7 to 2.1e-5 (the fixed 1e-5 this replaces failed on the
+# plain engine once the padded batch ran through scaled_dot_product_attention).
+ENGINES = ["plain", "real"]
+LOGPROB_FLOOR = 2e-6
+
+
+def logprobs_in_float32_and_float64(model, ids: list[int]) -> tuple:
+    """log_softmax of the model's logits at every position of `ids`: (float32 forward,
+    float64 forward of a float64 copy)."""
+    exact = copy.deepcopy(model).double()
+    with torch.inference_mode():
+        return tuple(torch.log_softmax(m(torch.tensor([ids]))[0].double(), dim=-1)
+                     for m in (model, exact))
 
 
 def is_openai_error(response: httpx.Response) -> bool:
@@ -360,9 +376,8 @@ def test_a_completion_prompt_reads_special_token_names_and_chat_content_stays_te
 
 # -- log-probabilities against the plain forward pass ---------------------------------------------
 
-@pytest.mark.parametrize("engine, tolerance", TOLERANCES)
-def test_completion_logprobs_with_echo_equal_the_plain_forward_pass(engine, tolerance, shipped,
-                                                                     request):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_completion_logprobs_with_echo_equal_the_plain_forward_pass(engine, shipped, request):
     real = request.getfixturevalue(engine)
     model, tokenizer = shipped
     prompt = tokenizer.encode("Once upon a time, a little dog")
@@ -377,20 +392,23 @@ def test_completion_logprobs_with_echo_equal_the_plain_forward_pass(engine, tole
     ids = prompt + generated
     assert choice["text"] == tokenizer.decode(ids)
     assert len(logprobs["token_logprobs"]) == len(ids) == len(logprobs["tokens"])
-    with torch.inference_mode():
-        want = torch.log_softmax(model(torch.tensor([ids]))[0].float(), dim=-1)
+    want, truth = logprobs_in_float32_and_float64(model, ids)
     assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
-    for p in range(1, len(ids)):
-        assert abs(logprobs["token_logprobs"][p] - want[p - 1, ids[p]].item()) < tolerance, p
-        best = want[p - 1].topk(3)
-        got = sorted(logprobs["top_logprobs"][p].values(), reverse=True)
-        torch.testing.assert_close(torch.tensor(got), best.values, atol=tolerance, rtol=0)
+    got, ref, exact = [], [], []
+    for p in range(1, len(ids)):        # the token's logprob, then the top 3, best first
+        got += [logprobs["token_logprobs"][p],
+                *sorted(logprobs["top_logprobs"][p].values(), reverse=True)]
+        for values, out in ((want, ref), (truth, exact)):
+            out += [values[p - 1, ids[p]].item(), *values[p - 1].topk(3).values.tolist()]
+    check_float32_error("the served log-probabilities", torch.tensor(got), torch.tensor(ref),
+                        torch.tensor(exact, dtype=torch.float64), factor=4,
+                        floor=LOGPROB_FLOOR)
     assert logprobs["text_offset"][0] == 0
     assert logprobs["text_offset"][-1] == len("".join(logprobs["tokens"][:-1]))
 
 
-@pytest.mark.parametrize("engine, tolerance", TOLERANCES)
-def test_chat_logprobs_equal_the_plain_forward_pass(engine, tolerance, shipped, request):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_chat_logprobs_equal_the_plain_forward_pass(engine, shipped, request):
     real = request.getfixturevalue(engine)
     model, tokenizer = shipped
     messages = [{"role": "user", "content": "Tell me about the cat."}]
@@ -402,17 +420,20 @@ def test_chat_logprobs_equal_the_plain_forward_pass(engine, tolerance, shipped, 
     ids = prompt + [tokenizer.encode(entry["token"])[0] if entry["token"] not in
                     tokenizer.special_tokens else tokenizer.special_tokens[entry["token"]]
                     for entry in content]
-    with torch.inference_mode():
-        want = torch.log_softmax(model(torch.tensor([ids]))[0].float(), dim=-1)
+    want, truth = logprobs_in_float32_and_float64(model, ids)
+    got, ref, exact = [], [], []
     for j, entry in enumerate(content):
         position = len(prompt) - 1 + j
-        assert abs(entry["logprob"] - want[position, ids[position + 1]].item()) < tolerance
         assert entry["bytes"] == list(entry["token"].encode())
         assert len(entry["top_logprobs"]) == 2
-        assert entry["top_logprobs"][0]["logprob"] == pytest.approx(
-            want[position].max().item(), abs=tolerance)
         # temperature 0 picks the most likely token: its logprob is the best one
         assert entry["logprob"] == pytest.approx(entry["top_logprobs"][0]["logprob"], abs=1e-6)
+        got += [entry["logprob"], entry["top_logprobs"][0]["logprob"]]
+        for values, out in ((want, ref), (truth, exact)):
+            out += [values[position, ids[position + 1]].item(), values[position].max().item()]
+    check_float32_error("the served log-probabilities", torch.tensor(got), torch.tensor(ref),
+                        torch.tensor(exact, dtype=torch.float64), factor=4,
+                        floor=LOGPROB_FLOOR)
 
 
 def test_metrics_report_the_prefix_cache(real, shipped):
@@ -461,11 +482,11 @@ def test_streamed_logprobs_and_echo_add_up_to_the_whole_answer(real):
     assert entries == whole["logprobs"]["content"]
 
 
-@pytest.mark.parametrize("engine, tolerance", TOLERANCES)
-def test_max_tokens_zero_with_echo_scores_the_prompt_alone(engine, tolerance, shipped, request):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_max_tokens_zero_with_echo_scores_the_prompt_alone(engine, shipped, request):
     """The OpenAI legacy scoring request: the prompt and its log-probabilities, nothing
-    generated (equal to the plain forward pass within the engine's tolerance), streamed and
-    whole alike."""
+    generated (as close to the float64 forward pass as the float32 one), streamed and whole
+    alike."""
     real = request.getfixturevalue(engine)
     model, tokenizer = shipped
     text = "Once upon a time, a little dog"
@@ -476,12 +497,13 @@ def test_max_tokens_zero_with_echo_scores_the_prompt_alone(engine, tolerance, sh
     ids = tokenizer.encode(text)
     assert out["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 0,
                             "total_tokens": len(ids)}
-    with torch.inference_mode():
-        want = torch.log_softmax(model(torch.tensor([ids]))[0].float(), dim=-1)
+    want, truth = logprobs_in_float32_and_float64(model, ids)
     got = choice["logprobs"]["token_logprobs"]
     assert len(got) == len(ids) and got[0] is None
-    for p in range(1, len(ids)):
-        assert abs(got[p] - want[p - 1, ids[p]].item()) < tolerance, p
+    rows, targets = torch.arange(len(ids) - 1), torch.tensor(ids[1:])
+    check_float32_error("the prompt's log-probabilities", torch.tensor(got[1:]),
+                        want[rows, targets], truth[rows, targets], factor=4,
+                        floor=LOGPROB_FLOOR)
     streamed, finishes = "", []
     lines = real.post("/v1/completions", {**body, "stream": True}).text.splitlines()
     for line in lines:

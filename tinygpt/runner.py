@@ -23,9 +23,13 @@ On the CPU with a float32 model the runner takes a faster road by default (batch
     products   q, k, v as one product and gate, up as another, every token's row at once,
                through tinygpt.cpu_gemm's register-blocked kernel split over the cores (torch's
                F.linear at 16 rows reaches about half of one core's multiply-add rate)
-    attention  when every sequence decodes one token, cpu_gemm's paged attention reads each
-               sequence's keys and values in place from its blocks: no gathered copies, no
-               padding, no mask (prefill chunks keep the padded batch)
+    attention  split in two: the decodes (one token each) through cpu_gemm's paged
+               attention, which reads each sequence's keys and values in place from its
+               blocks (no gathered copies, no padding, no mask); the prefill chunks through
+               a padded batch of their own, sliced over the cores. A decode padded to a
+               chunk's length would pay for a chunk's queries: 16 decodes beside a 256-token
+               chunk, 1,000 positions each, took 3.2 s a step on SmolLM2 (the 2-core AMD
+               EPYC, 2026-11-27), 0.5 s split
     the rest   RMSNorm in one call (cpu_gemm.rms_norm; torch's is seven operations), RoPE as
                roll(x) * signed sin, as the batch-1 decode step computes it
                (tinygpt.kv_cache.DecodeStep), all on one torch thread (Engine.step)
@@ -44,7 +48,11 @@ oracle.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from itertools import pairwise
 from types import SimpleNamespace
 
 import torch
@@ -82,6 +90,9 @@ class ModelRunner:
                              f"tinygpt.generate (TinyGPT.forward recomputes them)")
         self.model, self.cache = model, cache
         self.device = cache.k.device
+        # the cores the batched road's prefill attention splits over (cpu_gemm's pool also
+        # starts with torch's thread count)
+        self.threads = torch.get_num_threads()
         self.batched, self.batched_reason = False, "batched=False: the plain products run"
         self._products = None
         if batched:
@@ -181,17 +192,16 @@ class ModelRunner:
                   + torch.arange(n_kv, device=device)) * size
                  + torch.tensor(slot_offset, **as_long)[:, None]).reshape(-1)      # (T * H_kv)
         first = torch.tensor([0, *counts[:-1]], **as_long).cumsum(0)
-        group = model.layers[0].attention.n_heads // n_kv    # a parallel shard's own heads
         scale = model.cfg.head_dim ** -0.5
-        # decodes only, batched: tinygpt.cpu_gemm's paged attention reads the blocks in place
-        in_place = self.batched and t_q == 1 and not cache.latent \
-            and not model.cfg.sliding_window                # (windows: the padded batch)
-        if in_place:
-            lengths = torch.tensor(ends, **as_long)
+        # batched: decodes read their blocks in place (cpu_gemm's paged attention), prefill
+        # chunks go through a padded batch of their own (windows, latents: one padded batch)
+        split = self.batched and not cache.latent and not model.cfg.sliding_window
+        if split:
+            parts = self._attention_parts(counts, starts, ends, first, r_tables)
         else:
-            padded = self._padded_batch(counts, starts, first, width, group)
+            padded = self._padded_batch(counts, starts, first, width)
             # day 21: sliding-window layers mask keys older than their window too
-            windowed = self._padded_batch(counts, starts, first, width, group,
+            windowed = self._padded_batch(counts, starts, first, width,
                                           model.cfg.sliding_window) \
                 if model.cfg.sliding_window else None
 
@@ -216,9 +226,8 @@ class ModelRunner:
                 head_dim = k.shape[-1]
                 k_pool.view(-1, head_dim).index_copy_(0, slots, k.reshape(-1, head_dim))
                 v_pool.view(-1, head_dim).index_copy_(0, slots, v.reshape(-1, head_dim))
-            if in_place:          # the lengths were checked above: every table covers its end
-                y = cpu_gemm.paged_attention(q, k_pool, v_pool, r_tables, lengths, scale,
-                                             checked=True)
+            if split:
+                y = split_attention(q, k_pool, v_pool, parts, scale, self.threads)
             else:
                 y = padded_attention(q, k_pool, v_pool, r_tables, windowed if
                                      model.cfg.layer_window(layer_index) else padded, scale)
@@ -257,15 +266,43 @@ class ModelRunner:
         y = padded_attention(q, pool, pool, tables, padded, attn.scale)      # (T, H, r+rope)
         return attn.wo(attn.from_latent(y[..., :r].transpose(0, 1)[None]))
 
+    def _attention_parts(self, counts: list[int], starts: list[int], ends: list[int],
+                         first: torch.Tensor, tables: torch.Tensor) -> tuple:
+        """The batched road's attention in two parts, each None when the step has none:
+        (rows, tables, lengths) of the decodes (one token each) for cpu_gemm.paged_attention,
+        and (rows, tables, padded) of the prefill chunks for padded_attention, rows being
+        their packed tokens' rows. A chunk of 256 tokens pads only the other chunks' queries
+        to 256 rows: a decode padded with them would cost 256 query rows against all its
+        keys (16 decodes beside one chunk, 1,000 positions each: 16 times the chunk's own
+        attention, seconds a step on SmolLM2)."""
+        as_long = dict(dtype=torch.long, device=self.device)
+        ones = [i for i, n in enumerate(counts) if n == 1]
+        chunks = [i for i, n in enumerate(counts) if n > 1]
+        decodes = prefill = None
+        if ones:
+            index = torch.tensor(ones, **as_long)
+            decodes = (first[index], tables[index],
+                       torch.tensor([ends[i] for i in ones], **as_long))
+        if chunks:
+            index = torch.tensor(chunks, **as_long)
+            sizes = [counts[i] for i in chunks]
+            width = max(-(-ends[i] // self.cache.block_size) for i in chunks)
+            rows = torch.cat([torch.arange(int(first[i]), int(first[i]) + counts[i], **as_long)
+                              for i in chunks])
+            own_first = torch.tensor([0, *sizes[:-1]], **as_long).cumsum(0)
+            prefill = (rows, tables[index, :width],
+                       self._padded_batch(sizes, [starts[i] for i in chunks], own_first,
+                                          width))
+        return decodes, prefill
+
     def _padded_batch(self, counts: list[int], starts: list[int], first: torch.Tensor,
-                      width: int, group: int, window: int = 0
+                      width: int, window: int = 0
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(q_index, real_q, bias) of the padded batch: row i, column j of the padded queries
-        is packed token first_i + j (j < n_i, real_q); bias (N, 1, g*Tq, W*bs) is 0 where a
-        query may see a key and -inf elsewhere (query j of row i sits at position start_i + j
-        and sees keys 0 .. start_i + j, or with a sliding window (day 21) the last `window`
-        of them; a padding query sees key 0 only: its output is thrown away, it must stay
-        finite)."""
+        """(q_index, real_q, mask) of the padded batch: row i, column j of the padded queries
+        is packed token first_i + j (j < n_i, real_q); mask (N, 1, Tq, W*bs) is True where a
+        query may see a key (query j of row i sits at position start_i + j and sees keys 0 ..
+        start_i + j, or with a sliding window (day 21) the last `window` of them; a padding
+        query sees key 0 only: its output is thrown away, it must stay finite)."""
         device, size = self.device, self.cache.block_size
         as_long = dict(dtype=torch.long, device=device)
         col = torch.arange(max(counts), device=device)
@@ -276,12 +313,8 @@ class ModelRunner:
         seen = keys[None, None, :] <= q_pos[:, :, None]
         if window:
             seen &= keys[None, None, :] > q_pos[:, :, None] - window
-        mask = torch.where(real_q[:, :, None], seen, keys[None, None, :] == 0)[:, None]
-        # grouped-query attention without copying keys: the `group` query heads that share a
-        # kv head become `group` times as many query rows of that head
-        mask = mask.repeat(1, 1, group, 1)                                  # (N, 1, g*Tq, Tk)
-        bias = torch.zeros(mask.shape, device=device, dtype=self.cache.k.dtype)
-        return q_index, real_q, bias.masked_fill(~mask, float("-inf"))
+        return q_index, real_q, torch.where(real_q[:, :, None], seen,
+                                            keys[None, None, :] == 0)[:, None]
 
     # -- one sequence decoding: generate()'s C layers on the paged pool ---------------------
 
@@ -333,26 +366,75 @@ class ModelRunner:
         return self.model.output(x) if self._products is None else self._products[1](x)[0]
 
 
+def split_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                    parts: tuple, scale: float, threads: int = 1) -> torch.Tensor:
+    """The batched road's attention of the packed queries q (T, H, d) -> (T, H, d): the
+    decodes' rows through cpu_gemm.paged_attention, the chunks' rows through padded_attention
+    split over `threads` threads (parts: ModelRunner._attention_parts; the runner checked
+    every table covers its end)."""
+    decodes, prefill = parts
+    if prefill is None:                              # decodes only: rows 0 .. T - 1
+        _, tables, lengths = decodes
+        return cpu_gemm.paged_attention(q, k_pool, v_pool, tables, lengths, scale,
+                                        checked=True)
+    if decodes is None:                              # chunks only: every row is a chunk's
+        _, tables, padded = prefill
+        return padded_attention(q, k_pool, v_pool, tables, padded, scale, threads=threads)
+    y = torch.empty_like(q)
+    rows, tables, lengths = decodes
+    y[rows] = cpu_gemm.paged_attention(q[rows], k_pool, v_pool, tables, lengths, scale,
+                                       checked=True)
+    rows, tables, padded = prefill
+    y[rows] = padded_attention(q[rows], k_pool, v_pool, tables, padded, scale, threads=threads)
+    return y
+
+
 def padded_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                     tables: torch.Tensor, padded: tuple, scale: float) -> torch.Tensor:
+                     tables: torch.Tensor, padded: tuple, scale: float, *, threads: int = 1
+                     ) -> torch.Tensor:
     """Attention of the packed queries q (T, H, d) over each sequence's blocks (tables (N, W)),
-    as a padded batch (padded: ModelRunner._padded_batch's q_index, real_q, bias) -> (T, H, d).
-    """
-    q_index, real_q, bias = padded
-    n_seq, t_q = real_q.shape
-    n_kv, head_dim = k_pool.shape[1], q.shape[-1]
-    group = q.shape[1] // n_kv
+    as a padded batch (padded: ModelRunner._padded_batch's q_index, real_q, mask) -> (T, H, d).
+    Query head h reads kv head h // (H / H_kv) (enable_gqa: no copies of the keys); torch's
+    scaled_dot_product_attention runs it in tiles, never holding a (Tq, Tk) score matrix.
+
+    threads > 1 splits the padded queries into that many slices, each on a Python thread of
+    its own: the batched road runs torch on one thread (Engine.step), and a prefill chunk's
+    attention is then the largest thing in its step. Measured on the 2-core AMD EPYC
+    (2026-11-27, one torch thread, 256 queries at positions 744-999 of SmolLM2's shape, one
+    layer): scores, bias and softmax written out 12.6 ms; scaled_dot_product_attention 8.0
+    ms; two slices on two threads 4.7 ms."""
+    q_index, real_q, mask = padded
+    t_q = real_q.shape[1]
     keys = gather_blocks(k_pool, tables)                                   # (N, Hkv, Tk, d)
     values = gather_blocks(v_pool, tables)
     if t_q == 1:                                     # decodes only: one query per sequence
         queries = q[:, :, None]                                                   # (N,H,1,d)
     else:
         queries = q[q_index].transpose(1, 2)                                     # (N,H,Tq,d)
-    queries = queries.reshape(n_seq, n_kv, group * t_q, head_dim)
-    scores = queries @ keys.transpose(-1, -2) * scale + bias
-    y = torch.softmax(scores, dim=-1) @ values                                 # (N,Hkv,gTq,d)
-    y = y.reshape(n_seq, n_kv * group, t_q, head_dim).transpose(1, 2)          # (N,Tq,H,d)
+    attend = partial(F.scaled_dot_product_attention, scale=scale, enable_gqa=True)
+    if threads > 1 and t_q >= SLICE_ROWS * threads:
+        cuts = [t_q * i // threads for i in range(threads + 1)]
+        slices = [attention_threads(threads).submit(
+            attend, queries[:, :, a:b], keys, values, attn_mask=mask[:, :, a:b])
+            for a, b in pairwise(cuts)]
+        y = torch.cat([part.result() for part in slices], 2)
+    else:
+        y = attend(queries, keys, values, attn_mask=mask)                        # (N,H,Tq,d)
+    y = y.transpose(1, 2)                                                        # (N,Tq,H,d)
     return y[:, 0] if t_q == 1 else y[real_q]                                     # (T, H, d)
+
+
+SLICE_ROWS = 32          # the fewest padded queries a thread of padded_attention gets
+_THREADS: dict[tuple[int, int], ThreadPoolExecutor] = {}
+
+
+def attention_threads(threads: int) -> ThreadPoolExecutor:
+    """padded_attention's `threads` Python threads, made on first use in each process (a
+    forked child has none of its parent's threads, so it makes its own)."""
+    key = (os.getpid(), threads)
+    if key not in _THREADS:
+        _THREADS[key] = ThreadPoolExecutor(threads, thread_name_prefix="tinygpt-attention")
+    return _THREADS[key]
 
 
 def gather_blocks(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:

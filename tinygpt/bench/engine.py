@@ -53,7 +53,7 @@ STORY = ("Once upon a time there was a little cat named Tom. Tom liked to play i
 
 def serving_requests(tokenizer, n: int, seed: int, prompt_range=(16, 96)) -> list[list[int]]:
     """n prompts cut from story text at seeded lengths in prompt_range (token ids)."""
-    ids = tokenizer.encode(STORY * 8)
+    ids = tokenizer.encode(STORY * max(8, prompt_range[1] // 16))    # STORY: 30+ tokens
     rng = random.Random(seed)
     return [ids[(s := rng.randrange(64)):s + rng.randint(*prompt_range)] for _ in range(n)]
 

@@ -16,6 +16,9 @@ decoded by both engines in turn, round after round:
            llama_decode (llama_batched)  vs  tinygpt's Engine serving the same   target >= 1.0x
     long   F32 as above after a 1,920-token prompt: each step's attention reads about 2,000
            cached keys and values per layer (a long chat)                        target >= 1.0x
+    engine-long-N  the engine row with N requests of about 1,000-token prompts and 64 new
+           tokens each (4 and 16): most of the work is prefill, and most steps feed one
+           prompt's chunk beside the other sequences' decodes                   target >= 1.0x
 
 The file stores every linear weight in the format (the tied embedding too) and the norms in
 float32. Query and key rows are reordered the way llama.cpp's converter does for Llama models,
@@ -50,6 +53,7 @@ AGREEMENT_TARGETS = {"Q4_1": 0.97}      # teacher-forced, with llama.cpp on the 
 ENGINE_TARGET = 1.0        # the Engine's tokens/s over llama.cpp F32 with every sequence batched
 LONG_TARGET = 1.0          # generate() over llama.cpp F32 after a long prompt
 PROMPT_LEN = 8
+LONG_PROMPT_TOKENS = 64    # new tokens per request of the engine-long rows
 
 
 def _llama_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -237,11 +241,15 @@ def engine_vs_llama(model: TinyGPT, path: Path, prompts: list[list[int]], new_to
     serving all `prompts` greedily for `new_tokens` tokens, in turn, `rounds` times; the
     clock runs from the first prefill to the last token for both. Returns tokens/s per round
     for each, the median ratio of the rounds (engine over llama.cpp) and the last round's
-    outputs of both."""
+    outputs of both. The engine's pool holds every sequence whole, as llama.cpp's context
+    does (llama_batched)."""
     from tinygpt.engine import Engine
 
     params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
-    engine = Engine(model, max_running=len(prompts))
+    block_size = 16
+    blocks = sum(-(-(len(p) + new_tokens) // block_size) for p in prompts)
+    engine = Engine(model, max_running=len(prompts), block_size=block_size,
+                    num_blocks=max(blocks, len(prompts) * 32))
     engine.generate(prompts[:2], SamplingParams(temperature=0.0, max_new_tokens=2))  # warm-up
     llama_batched(path, prompts[:2], 2, threads)
     tokens = len(prompts) * new_tokens
@@ -313,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="concurrent requests of the engine row (16; 0: no engine row)")
     parser.add_argument("--engine-tokens", type=int, default=128,
                         help="new tokens per engine request (128)")
+    parser.add_argument("--long-prompts", type=int, default=1000,
+                        help="prompt tokens of the engine-long rows (1000; 0: no such rows)")
+    parser.add_argument("--long-requests", default="4,16",
+                        help="concurrent requests of the engine-long rows (4,16)")
     parser.add_argument("--long-context", type=int, default=1920,
                         help="prompt tokens of the long-context F32 row (1920; 0: no such row; "
                              "with --tokens at most the model's 2048 positions)")
@@ -380,6 +392,16 @@ def main(argv: list[str] | None = None) -> int:
                        for i in range(args.engine_requests)]
             engine = engine_vs_llama(model, Path(tmp) / "smollm2-shape-F32.gguf", prompts,
                                      args.engine_tokens, args.threads, args.rounds)
+        long_engine = {}
+        if "F32" in formats and args.long_prompts > 0:
+            for n in (int(n) for n in args.long_requests.split(",") if n):
+                print(f"the engine and llama.cpp, {n} requests of {args.long_prompts}-token "
+                      f"prompts ...", file=sys.stderr, flush=True)
+                prompts = [random_prompt(args.long_prompts + i, cfg.vocab_size, 10 + i)
+                           for i in range(n)]
+                long_engine[n] = engine_vs_llama(model, Path(tmp) / "smollm2-shape-F32.gguf",
+                                                 prompts, LONG_PROMPT_TOKENS, args.threads,
+                                                 args.rounds)
     print(f"\nllama.cpp vs tinygpt, SmolLM2-135M shape, batch-1 greedy, {args.tokens} tokens, "
           f"{args.threads} threads, {args.rounds} rounds; copy bandwidth "
           f"{statistics.median(copies) / 1e9:.1f} GB/s")
@@ -406,19 +428,29 @@ def main(argv: list[str] | None = None) -> int:
               f"{1 / statistics.median(long_row['ours']):14.1f} {ratio:6.2f}x "
               f"{f'>={LONG_TARGET}x':>7}  {long_row['same']}/{args.tokens}  {verdict}  (after a "
               f"{args.long_context}-token prompt)")
+    if engine is not None or long_engine:
+        print(f"\nthe engine, concurrent greedy requests (llama.cpp: every sequence in each "
+              f"llama_decode; tokens/s from the first prefill to the last token); load "
+              f"average {os.getloadavg()[0]:.2f}")
     if engine is not None:
-        ratio = engine["ratio"]
-        same = sum(a == b for a, b in zip(engine["outputs"], engine["llama_outputs"],
-                                          strict=True))
-        verdict = "met" if ratio >= ENGINE_TARGET else \
-            f"NOT MET ({ratio:.2f}x < {ENGINE_TARGET}x)"
-        print(f"\nthe engine, {args.engine_requests} concurrent greedy requests of "
-              f"{args.engine_tokens} tokens (llama.cpp: every sequence in each llama_decode); "
-              f"load average {os.getloadavg()[0]:.2f}")
-        print(f"{'engine':8} {statistics.median(engine['llama_tokens_per_s']):16.1f} "
-              f"{statistics.median(engine['engine_tokens_per_s']):14.1f} {ratio:6.2f}x "
-              f"{f'>={ENGINE_TARGET}x':>7}  {same}/{args.engine_requests} requests  {verdict}")
+        print_engine_row("engine", engine, f"{args.engine_requests} requests of "
+                         f"{PROMPT_LEN}-{PROMPT_LEN + args.engine_requests - 1}-token prompts, "
+                         f"{args.engine_tokens} new tokens each")
+    for n, row in long_engine.items():
+        print_engine_row(f"engine-long-{n}", row, f"{n} requests of {args.long_prompts}-"
+                         f"{args.long_prompts + n - 1}-token prompts, {LONG_PROMPT_TOKENS} new "
+                         f"tokens each")
     return 0
+
+
+def print_engine_row(name: str, row: dict, what: str) -> None:
+    ratio = row["ratio"]
+    same = sum(a == b for a, b in zip(row["outputs"], row["llama_outputs"], strict=True))
+    verdict = "met" if ratio >= ENGINE_TARGET else f"NOT MET ({ratio:.2f}x < {ENGINE_TARGET}x)"
+    print(f"{name:15} {statistics.median(row['llama_tokens_per_s']):9.1f} "
+          f"{statistics.median(row['engine_tokens_per_s']):14.1f} {ratio:6.2f}x "
+          f"{f'>={ENGINE_TARGET}x':>7}  {same}/{len(row['outputs'])} requests the same  "
+          f"{verdict}  ({what})")
 
 
 if __name__ == "__main__":

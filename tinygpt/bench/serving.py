@@ -11,6 +11,8 @@ this process. Every figure is a median over rounds that take the contenders in t
     serve_stream_1_llamacpp    the same over llama.cpp F32's                      >= 1.0x
     serve_streams_4 / _16      4 / 16 concurrent streams: tokens/s over llama.cpp
                                with as many sequences in each decode              >= 1.0x
+    serve_streams_long_4 / _16 the same with prompts of about 1,000 tokens and 64 new
+                               tokens each: mostly prefill, chunks beside decodes  >= 1.0x
     chat_stream_1              `python -m tinygpt chat --stats`' decode rate over
                                generate()'s (information: chat runs generate())
 
@@ -19,7 +21,9 @@ first token to the last), the prompt excluded (one stream; llama.cpp's timed the
 around its llama_eval calls); THROUGHPUT is all tokens over the seconds from the first request
 to the last token, prefill included (several streams; llama.cpp's llama_batched times the same
 span). The served texts are also compared with batch-1 generate()'s: greedy decoding promises
-the same tokens, and a row with a difference is NOT MET.
+the same tokens, and a row with a difference is NOT MET. The server's KV pool is sized for
+every sequence of the largest row whole (--kv-blocks), as llama.cpp's context is; its default
+pool (256 MiB, 5,800 of SmolLM2's positions) would hold five of the long rows' sixteen.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from tinygpt.sampling import SamplingParams
 STREAM_TARGET = 0.95       # one served stream over generate()
 LLAMA_TARGET = 1.0         # the server over llama.cpp F32, at every concurrency
 STREAMS = (4, 16)
+LONG_PROMPT = 1000         # prompt tokens of the serve_streams_long rows (about)
+LONG_TOKENS = 64           # new tokens per request in those rows
 
 
 def decode_rate(stamps: list[float]) -> float:
@@ -130,12 +136,15 @@ def serve_speed(ctx: BenchContext) -> list[Comparison]:
     except FileNotFoundError as err:
         ctx.log(f"serve_speed: skipped: {err}")
         return []
-    return serve_speed_rows(ctx, "smollm2", tokens=128, rounds=3, streams=STREAMS)
+    return serve_speed_rows(ctx, "smollm2", tokens=128, rounds=3, streams=STREAMS,
+                            long_prompt=LONG_PROMPT)
 
 
 def serve_speed_rows(ctx: BenchContext, name: str, *, tokens: int, rounds: int,
-                     streams: tuple[int, ...]) -> list[Comparison]:
-    """The rows for model `name` (load_model's names): `tokens` new tokens per request."""
+                     streams: tuple[int, ...], long_prompt: int = 0) -> list[Comparison]:
+    """The rows for model `name` (load_model's names): `tokens` new tokens per request;
+    long_prompt > 0 adds the serve_streams_long rows (prompts of long_prompt tokens and a few
+    more, LONG_TOKENS new tokens each)."""
     from tinygpt.bench.engine import serving_requests
     from tinygpt.bench.load import running_server
     from tinygpt.loading import load_model
@@ -146,6 +155,18 @@ def serve_speed_rows(ctx: BenchContext, name: str, *, tokens: int, rounds: int,
     ctx.log(f"serve_speed: {info.model_id}, batch-1 generate() of {len(prompts)} prompts "
             f"(the texts the server must give) ...")
     expected = [generate(model, p, params, tokenizer=tokenizer).text for p in prompts]
+    longs, long_expected = [], []
+    if long_prompt and streams:
+        longs = serving_requests(tokenizer, max(streams), ctx.seed,
+                                 (long_prompt, long_prompt + max(streams)))
+        ctx.log(f"serve_speed: batch-1 generate() of {len(longs)} prompts of about "
+                f"{long_prompt} tokens ...")
+        long_params = SamplingParams(temperature=0.0, max_new_tokens=LONG_TOKENS)
+        long_expected = [generate(model, p, long_params, tokenizer=tokenizer).text
+                         for p in longs]
+    # every sequence of the largest row whole in the pool, as llama.cpp's context holds them
+    blocks = max(sum(-(-(len(p) + tokens) // 16) for p in prompts),
+                 sum(-(-(len(p) + LONG_TOKENS) // 16) for p in longs))
     with tempfile.TemporaryDirectory() as tmp:
         llama, missing = _llama(model, Path(tmp) / "model-F32.gguf", ctx.threads, tokens)
         if missing:
@@ -153,13 +174,18 @@ def serve_speed_rows(ctx: BenchContext, name: str, *, tokens: int, rounds: int,
                     f"llama-cpp-python extra, see the README)")
         try:
             with running_server("--model", name, "--threads", str(ctx.threads),
-                                "--no-prefix-caching", timeout=300.0) as (url, _):
+                                "--no-prefix-caching", "--kv-blocks", str(blocks),
+                                timeout=300.0) as (url, _):
                 served_rate(url, info.model_id, prompts[0], 4)                   # warm-up
                 rows = _one_stream(ctx, model, url, info.model_id, prompts[0], expected[0],
                                    tokens, 2 * rounds - 1, llama)
                 for n in streams:
                     rows.append(_streams(ctx, url, info.model_id, prompts[:n], expected[:n],
                                          tokens, rounds, llama))
+                for n in streams if longs else ():
+                    rows.append(_streams(ctx, url, info.model_id, longs[:n],
+                                         long_expected[:n], LONG_TOKENS, rounds, llama,
+                                         name=f"serve_streams_long_{n}"))
         finally:
             if llama:
                 llama[0].close()
@@ -233,12 +259,16 @@ def _one_stream(ctx, model, url, model_id, prompt, expected, tokens, rounds, lla
     return rows
 
 
-def _streams(ctx, url, model_id, prompts, expected, tokens, rounds, llama) -> Comparison:
+def _streams(ctx, url, model_id, prompts, expected, tokens, rounds, llama, name=None
+             ) -> Comparison:
     from tinygpt.bench.llamacpp import llama_batched
     from tinygpt.bench.load import run_concurrent_streams
 
     n = len(prompts)
-    ctx.log(f"serve_speed: {n} concurrent streams of {tokens} tokens, {rounds} rounds ...")
+    name = name or f"serve_streams_{n}"
+    shortest, longest = min(map(len, prompts)), max(map(len, prompts))
+    what = f"{tokens} tokens after prompts of {shortest}-{longest} tokens"
+    ctx.log(f"serve_speed: {n} concurrent streams of {what}, {rounds} rounds ...")
     ours, theirs, same = [], [], True
     for _ in range(rounds):
         if llama:
@@ -252,8 +282,8 @@ def _streams(ctx, url, model_id, prompts, expected, tokens, rounds, llama) -> Co
     details = {"served_tokens_per_s": served, "rounds_served": ours, "identical_text": same}
     if not llama:
         return Comparison(
-            f"serve_streams_{n}", f"{n} concurrent streamed greedy completions through the "
-            f"server: throughput, tokens/s (llama.cpp not installed: no ratio)", served, 0.0,
+            name, f"{n} concurrent streamed greedy completions of {what} through the server: "
+            f"throughput, tokens/s (llama.cpp not installed: no ratio)", served, 0.0,
             ">=", "tokens/s", same, "; ".join(reasons) or None,
             {**details, "summary": f"served {served:.1f} tokens/s"}, targeted=False)
     llama_tps = statistics.median(theirs)
@@ -262,9 +292,9 @@ def _streams(ctx, url, model_id, prompts, expected, tokens, rounds, llama) -> Co
         reasons.append(f"{ratio:.2f}x: served {served:.1f} vs llama.cpp {llama_tps:.1f} "
                        f"tokens/s")
     return Comparison(
-        f"serve_streams_{n}", f"{n} concurrent streamed greedy completions of {tokens} tokens "
-        f"through the server over llama.cpp F32 with {n} sequences in each decode: throughput "
-        f"(prefill included), tokens/s", ratio, LLAMA_TARGET, ">=", "x", not reasons,
+        name, f"{n} concurrent streamed greedy completions of {what} through the server over "
+        f"llama.cpp F32 with {n} sequences in each decode: throughput (prefill included), "
+        f"tokens/s", ratio, LLAMA_TARGET, ">=", "x", not reasons,
         "; ".join(reasons) or None,
         {**details, "llama_tokens_per_s": llama_tps, "rounds_llama": theirs,
          "summary": f"served {served:.1f} vs llama.cpp {llama_tps:.1f} tokens/s (medians of "
