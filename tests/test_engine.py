@@ -167,9 +167,10 @@ def test_scheduler_refuses_what_can_never_fit():
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "plain"])
 @pytest.mark.parametrize("n_kv_heads", [1, 2, 4])
 def test_runner_logits_equal_the_model_on_each_sequence(n_kv_heads, batched, monkeypatch):
-    """Random steps of decodes and chunks; the batched road splits a step's attention into
-    the decodes (paged, in place) and the chunks (a padded batch of their own): steps with
-    only decodes, only chunks and both run."""
+    """Random steps of decodes and chunks; both roads split a step's attention into the
+    decodes (paged, in place, on the batched road; a padded batch of one query each on the
+    plain one) and the chunks (a padded batch of their own): steps with only decodes, only
+    chunks and both run."""
     model = tiny_model(n_kv_heads)
     cache = PagedKVCache.for_model(model, num_blocks=40, block_size=4)
     runner = ModelRunner(model, cache, batched=batched)
@@ -212,7 +213,7 @@ def test_runner_logits_equal_the_model_on_each_sequence(n_kv_heads, batched, mon
     check_float32_error("the runner's logits", torch.stack(got), torch.stack(want),
                         torch.stack(truth), factor=4, floor=RUNNER_FLOOR)
     # (decodes, chunks): decodes only, chunks only, both
-    assert kinds == ({(True, False), (False, True), (True, True)} if runner.batched else set())
+    assert kinds == {(True, False), (False, True), (True, True)}
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

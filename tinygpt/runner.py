@@ -9,9 +9,10 @@ that mixes positions, looks at each sequence separately:
     ids        (1, T)  every scheduled token, sequence after sequence (T = the step's tokens)
     positions  (1, T)  each token's position in its own sequence (RoPE)
     per layer  q, k, v for all T tokens; k and v written into the pool at each token's slot;
-               attention as a padded batch: sequence i's queries against its own blocks,
-               gathered whole in block-table order, masked so query j sees positions
-               <= start_i + j only
+               attention as padded batches, one of the decodes and one of the prefill chunks
+               (a decode padded to a chunk's length would pay for the chunk's queries):
+               sequence i's queries against its own blocks, gathered whole in block-table
+               order, masked so query j sees positions <= start_i + j only
     logits     (N, V)  at each sequence's last scheduled token only (the rest are not needed)
 
 Attention over padded keys gives the same numbers as each sequence alone up to float rounding,
@@ -23,13 +24,12 @@ On the CPU with a float32 model the runner takes a faster road by default (batch
     products   q, k, v as one product and gate, up as another, every token's row at once,
                through tinygpt.cpu_gemm's register-blocked kernel split over the cores (torch's
                F.linear at 16 rows reaches about half of one core's multiply-add rate)
-    attention  split in two: the decodes (one token each) through cpu_gemm's paged
-               attention, which reads each sequence's keys and values in place from its
-               blocks (no gathered copies, no padding, no mask); the prefill chunks through
-               a padded batch of their own, sliced over the cores. A decode padded to a
-               chunk's length would pay for a chunk's queries: 16 decodes beside a 256-token
-               chunk, 1,000 positions each, took 3.2 s a step on SmolLM2 (the 2-core AMD
-               EPYC, 2026-11-27), 0.5 s split
+    attention  the decodes (one token each) through cpu_gemm's paged attention, which reads
+               each sequence's keys and values in place from its blocks (no gathered
+               copies, no padding, no mask); the prefill chunks' padded batch sliced over
+               the cores. 16 decodes beside a 256-token chunk, 1,000 positions each, all in
+               one padded batch took 3.2 s a step on SmolLM2 (the 2-core AMD EPYC,
+               2026-11-27), 0.5 s split
     the rest   RMSNorm in one call (cpu_gemm.rms_norm; torch's is seven operations), RoPE as
                roll(x) * signed sin, as the batch-1 decode step computes it
                (tinygpt.kv_cache.DecodeStep), all on one torch thread (Engine.step)
@@ -193,17 +193,13 @@ class ModelRunner:
                  + torch.tensor(slot_offset, **as_long)[:, None]).reshape(-1)      # (T * H_kv)
         first = torch.tensor([0, *counts[:-1]], **as_long).cumsum(0)
         scale = model.cfg.head_dim ** -0.5
-        # batched: decodes read their blocks in place (cpu_gemm's paged attention), prefill
-        # chunks go through a padded batch of their own (windows, latents: one padded batch)
-        split = self.batched and not cache.latent and not model.cfg.sliding_window
-        if split:
+        # decodes and prefill chunks attend apart (a decode padded to a chunk's length would
+        # pay for the chunk's queries); latent attention keeps one padded batch
+        if not cache.latent:
             parts = self._attention_parts(counts, starts, ends, first, r_tables)
+            threads = self.threads if self.batched else 1     # (the plain road: torch's own)
         else:
             padded = self._padded_batch(counts, starts, first, width)
-            # day 21: sliding-window layers mask keys older than their window too
-            windowed = self._padded_batch(counts, starts, first, width,
-                                          model.cfg.sliding_window) \
-                if model.cfg.sliding_window else None
 
         x = model.tok_embeddings(ids_t)                                            # (1, T, D)
         if self.batched:
@@ -226,11 +222,8 @@ class ModelRunner:
                 head_dim = k.shape[-1]
                 k_pool.view(-1, head_dim).index_copy_(0, slots, k.reshape(-1, head_dim))
                 v_pool.view(-1, head_dim).index_copy_(0, slots, v.reshape(-1, head_dim))
-            if split:
-                y = split_attention(q, k_pool, v_pool, parts, scale, self.threads)
-            else:
-                y = padded_attention(q, k_pool, v_pool, r_tables, windowed if
-                                     model.cfg.layer_window(layer_index) else padded, scale)
+            y = split_attention(q, k_pool, v_pool, parts, scale, threads,
+                                bool(model.cfg.layer_window(layer_index)))
             y = y.reshape(1, y.shape[0], -1)                                     # (1, T, H*d)
             if self.batched:
                 x = self._mlp(layer_index, x, y)
@@ -268,31 +261,42 @@ class ModelRunner:
 
     def _attention_parts(self, counts: list[int], starts: list[int], ends: list[int],
                          first: torch.Tensor, tables: torch.Tensor) -> tuple:
-        """The batched road's attention in two parts, each None when the step has none:
-        (rows, tables, lengths) of the decodes (one token each) for cpu_gemm.paged_attention,
-        and (rows, tables, padded) of the prefill chunks for padded_attention, rows being
-        their packed tokens' rows. A chunk of 256 tokens pads only the other chunks' queries
-        to 256 rows: a decode padded with them would cost 256 query rows against all its
-        keys (16 decodes beside one chunk, 1,000 positions each: 16 times the chunk's own
-        attention, seconds a step on SmolLM2)."""
+        """A step's attention in two parts, the decodes (one token each) and the prefill
+        chunks, each None when the step has none and else (kind, rows, tables, a, b), rows
+        being its packed tokens' rows: ("paged", rows, tables, lengths, None) for
+        cpu_gemm.paged_attention (the decodes on the batched road, no sliding window), or
+        ("padded", rows, tables, padded, windowed) for padded_attention, windowed the same
+        batch's mask with the sliding window (day 21) or None. A chunk of 256 tokens pads
+        only the other chunks' queries to 256 rows: a decode padded with them would cost 256
+        query rows against all its keys (16 decodes beside one chunk, 1,000 positions each:
+        16 times the chunk's own attention, seconds a step on SmolLM2)."""
         as_long = dict(dtype=torch.long, device=self.device)
+        window = self.model.cfg.sliding_window
+
+        def padded(which: list[int], rows: torch.Tensor) -> tuple:
+            index = torch.tensor(which, **as_long)
+            sizes, own_starts = [counts[i] for i in which], [starts[i] for i in which]
+            width = max(-(-ends[i] // self.cache.block_size) for i in which)
+            own_first = torch.tensor([0, *sizes[:-1]], **as_long).cumsum(0)
+            return ("padded", rows, tables[index, :width],
+                    self._padded_batch(sizes, own_starts, own_first, width),
+                    self._padded_batch(sizes, own_starts, own_first, width, window)
+                    if window else None)
+
         ones = [i for i, n in enumerate(counts) if n == 1]
         chunks = [i for i, n in enumerate(counts) if n > 1]
         decodes = prefill = None
         if ones:
-            index = torch.tensor(ones, **as_long)
-            decodes = (first[index], tables[index],
-                       torch.tensor([ends[i] for i in ones], **as_long))
+            rows = first[torch.tensor(ones, **as_long)]
+            if self.batched and not window:
+                decodes = ("paged", rows, tables[torch.tensor(ones, **as_long)],
+                           torch.tensor([ends[i] for i in ones], **as_long), None)
+            else:
+                decodes = padded(ones, rows)
         if chunks:
-            index = torch.tensor(chunks, **as_long)
-            sizes = [counts[i] for i in chunks]
-            width = max(-(-ends[i] // self.cache.block_size) for i in chunks)
-            rows = torch.cat([torch.arange(int(first[i]), int(first[i]) + counts[i], **as_long)
-                              for i in chunks])
-            own_first = torch.tensor([0, *sizes[:-1]], **as_long).cumsum(0)
-            prefill = (rows, tables[index, :width],
-                       self._padded_batch(sizes, [starts[i] for i in chunks], own_first,
-                                          width))
+            prefill = padded(chunks, torch.cat([
+                torch.arange(int(first[i]), int(first[i]) + counts[i], **as_long)
+                for i in chunks]))
         return decodes, prefill
 
     def _padded_batch(self, counts: list[int], starts: list[int], first: torch.Tensor,
@@ -367,25 +371,26 @@ class ModelRunner:
 
 
 def split_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                    parts: tuple, scale: float, threads: int = 1) -> torch.Tensor:
-    """The batched road's attention of the packed queries q (T, H, d) -> (T, H, d): the
-    decodes' rows through cpu_gemm.paged_attention, the chunks' rows through padded_attention
-    split over `threads` threads (parts: ModelRunner._attention_parts; the runner checked
-    every table covers its end)."""
-    decodes, prefill = parts
-    if prefill is None:                              # decodes only: rows 0 .. T - 1
-        _, tables, lengths = decodes
-        return cpu_gemm.paged_attention(q, k_pool, v_pool, tables, lengths, scale,
-                                        checked=True)
-    if decodes is None:                              # chunks only: every row is a chunk's
-        _, tables, padded = prefill
-        return padded_attention(q, k_pool, v_pool, tables, padded, scale, threads=threads)
+                    parts: tuple, scale: float, threads: int = 1, windowed: bool = False
+                    ) -> torch.Tensor:
+    """A step's attention of the packed queries q (T, H, d) -> (T, H, d), the decodes and
+    the chunks apart (parts: ModelRunner._attention_parts; the runner checked every table
+    covers its end): cpu_gemm.paged_attention or padded_attention, the latter split over
+    `threads` threads and with the sliding window's mask in a windowed layer."""
+    def attend(part: tuple, queries: torch.Tensor) -> torch.Tensor:
+        kind, _, tables, a, b = part
+        if kind == "paged":
+            return cpu_gemm.paged_attention(queries, k_pool, v_pool, tables, a, scale,
+                                            checked=True)
+        return padded_attention(queries, k_pool, v_pool, tables, b if windowed else a, scale,
+                                threads=threads)
+
+    present = [part for part in parts if part is not None]
+    if len(present) == 1:                       # its rows are all of them, in order
+        return attend(present[0], q)
     y = torch.empty_like(q)
-    rows, tables, lengths = decodes
-    y[rows] = cpu_gemm.paged_attention(q[rows], k_pool, v_pool, tables, lengths, scale,
-                                       checked=True)
-    rows, tables, padded = prefill
-    y[rows] = padded_attention(q[rows], k_pool, v_pool, tables, padded, scale, threads=threads)
+    for part in present:
+        y[part[1]] = attend(part, q[part[1]])
     return y
 
 
