@@ -287,12 +287,12 @@ class ModelRunner:
         chunks = [i for i, n in enumerate(counts) if n > 1]
         decodes = prefill = None
         if ones:
-            rows = first[torch.tensor(ones, **as_long)]
+            index = torch.tensor(ones, **as_long)
             if self.batched and not window:
-                decodes = ("paged", rows, tables[torch.tensor(ones, **as_long)],
+                decodes = ("paged", first[index], tables[index],
                            torch.tensor([ends[i] for i in ones], **as_long), None)
             else:
-                decodes = padded(ones, rows)
+                decodes = padded(ones, first[index])
         if chunks:
             prefill = padded(chunks, torch.cat([
                 torch.arange(int(first[i]), int(first[i]) + counts[i], **as_long)
