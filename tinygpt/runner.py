@@ -405,9 +405,9 @@ def padded_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
     threads > 1 splits the padded queries into that many slices, each on a Python thread of
     its own: the batched road runs torch on one thread (Engine.step), and a prefill chunk's
     attention is then the largest thing in its step. Measured on the 2-core AMD EPYC
-    (2026-11-27, one torch thread, 256 queries at positions 744-999 of SmolLM2's shape, one
-    layer): scores, bias and softmax written out 12.6 ms; scaled_dot_product_attention 8.0
-    ms; two slices on two threads 4.7 ms."""
+    (2026-11-27, 256 queries at positions 744-999 of SmolLM2's shape, one layer): scores,
+    bias and softmax written out 12.6 ms on two torch threads; scaled_dot_product_attention
+    8.0 ms on one; two slices on two Python threads, one torch thread each, 4.7 ms."""
     q_index, real_q, mask = padded
     t_q = real_q.shape[1]
     keys = gather_blocks(k_pool, tables)                                   # (N, Hkv, Tk, d)
