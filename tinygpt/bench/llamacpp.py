@@ -235,6 +235,15 @@ def llama_batched(path: Path, prompts: list[list[int]], new_tokens: int, threads
         L.llama_model_free(model)
 
 
+POOL_BLOCK = 16           # positions per KV block of the engine rows' pools (the default)
+
+
+def whole_pool(prompts: list[list[int]], new_tokens: int) -> int:
+    """Blocks of POOL_BLOCK positions a paged pool needs to hold every prompt and its
+    new_tokens whole at once, as llama_batched's context holds them."""
+    return sum(-(-(len(p) + new_tokens) // POOL_BLOCK) for p in prompts)
+
+
 def engine_vs_llama(model: TinyGPT, path: Path, prompts: list[list[int]], new_tokens: int,
                     threads: int, rounds: int) -> dict:
     """tinygpt's Engine and llama.cpp with every prompt in one batch (llama_batched), each
@@ -246,10 +255,8 @@ def engine_vs_llama(model: TinyGPT, path: Path, prompts: list[list[int]], new_to
     from tinygpt.engine import Engine
 
     params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
-    block_size = 16
-    blocks = sum(-(-(len(p) + new_tokens) // block_size) for p in prompts)
-    engine = Engine(model, max_running=len(prompts), block_size=block_size,
-                    num_blocks=max(blocks, len(prompts) * 32))
+    engine = Engine(model, max_running=len(prompts), block_size=POOL_BLOCK,
+                    num_blocks=max(whole_pool(prompts, new_tokens), len(prompts) * 32))
     engine.generate(prompts[:2], SamplingParams(temperature=0.0, max_new_tokens=2))  # warm-up
     llama_batched(path, prompts[:2], 2, threads)
     tokens = len(prompts) * new_tokens

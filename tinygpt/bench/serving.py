@@ -23,7 +23,7 @@ to the last token, prefill included (several streams; llama.cpp's llama_batched 
 span). The served texts are also compared with batch-1 generate()'s: greedy decoding promises
 the same tokens, and a row with a difference is NOT MET. The server's KV pool is sized for
 every sequence of the largest row whole (--kv-blocks), as llama.cpp's context is; its default
-pool (256 MiB, 5,800 of SmolLM2's positions) would hold five of the long rows' sixteen.
+pool (256 MiB, 5,824 of SmolLM2's positions) would hold five of the long rows' sixteen.
 """
 
 from __future__ import annotations
@@ -146,6 +146,7 @@ def serve_speed_rows(ctx: BenchContext, name: str, *, tokens: int, rounds: int,
     long_prompt > 0 adds the serve_streams_long rows (prompts of long_prompt tokens and a few
     more, LONG_TOKENS new tokens each)."""
     from tinygpt.bench.engine import serving_requests
+    from tinygpt.bench.llamacpp import whole_pool
     from tinygpt.bench.load import running_server
     from tinygpt.loading import load_model
 
@@ -165,8 +166,7 @@ def serve_speed_rows(ctx: BenchContext, name: str, *, tokens: int, rounds: int,
         long_expected = [generate(model, p, long_params, tokenizer=tokenizer).text
                          for p in longs]
     # every sequence of the largest row whole in the pool, as llama.cpp's context holds them
-    blocks = max(sum(-(-(len(p) + tokens) // 16) for p in prompts),
-                 sum(-(-(len(p) + LONG_TOKENS) // 16) for p in longs))
+    blocks = max(whole_pool(prompts, tokens), whole_pool(longs, LONG_TOKENS))
     with tempfile.TemporaryDirectory() as tmp:
         llama, missing = _llama(model, Path(tmp) / "model-F32.gguf", ctx.threads, tokens)
         if missing:
