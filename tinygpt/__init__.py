@@ -38,6 +38,7 @@ One module per concept, named after the course day that finishes it:
     hf_rope     day 21  RoPE scalings (positions: linear, dynamic, YaRN, Llama 3.1) and windows
                         of Hugging Face configs (Llama rope_scaling, Mistral, Mixtral)
     device_sampling     the token choice of a captured GPU step: per-row knobs, no host sync
+    captured            the decode loop in CUDA graphs: one per capacity bucket, replayed
     gguf                GGUF files: metadata, our own dequantization, a Llama GGUF as TinyGPT
     gguf_tokenizer      the byte-level BPE tokenizer and chat template stored in a GGUF file
     loading             a name or path -> (model, tokenizer, info): tinygpt, smollm2, .gguf, folders

@@ -110,7 +110,9 @@ def filtered_logits(logits: torch.Tensor, params: RowParams) -> torch.Tensor:
     argmax anyway). No host synchronization."""
     _check(logits, params)
     vocab = logits.shape[1]
-    neg_inf = torch.tensor(float("-inf"), device=logits.device)
+    # (torch.full, not torch.tensor: a tensor made from a Python number is a copy from the
+    # host, which a capturing stream refuses)
+    neg_inf = torch.full((), float("-inf"), device=logits.device)
     temperature = torch.where(params.temperature > 0, params.temperature,
                               torch.ones_like(params.temperature))
     x = logits.float() / temperature[:, None]
@@ -127,7 +129,7 @@ def filtered_logits(logits: torch.Tensor, params: RowParams) -> torch.Tensor:
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
     keep_sorted = (mass_before < params.top_p[:, None]) | (params.top_p[:, None] >= 1)
-    keep_sorted[:, 0] = True     # the most likely token, also when p rounds to 0 in float32
+    keep_sorted[:, 0].fill_(True)    # the most likely token, also when p rounds to 0 in float32
     keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
     x = torch.where(keep, x, neg_inf)
 

@@ -37,6 +37,7 @@ slots with a mask, so every decode step has identical shapes, which CUDA graphs 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import inspect
@@ -102,6 +103,12 @@ class LayerKVCache:
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
+
+    def narrowed(self, capacity: int) -> LayerKVCache:
+        """This layer's first `capacity` slots: views of the same k and v (writes land here)."""
+        view = copy.copy(self)
+        view.k, view.v = self.k[:, :, :capacity], self.v[:, :, :capacity]
+        return view
 
     def update_static(self, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -209,6 +216,23 @@ class KVCache:
     def reset(self) -> None:
         """Forget the contents: the next forward writes from position 0 again."""
         self.length = 0
+
+    def narrowed(self, capacity: int) -> KVCache:
+        """A static cache over the first `capacity` slots of this static one: every layer's
+        buffers are views of the same storage, so a forward on it writes here and attends
+        over `capacity` slots, not max_len (tinygpt.captured replays one CUDA graph per
+        capacity). The caller keeps both lengths."""
+        if not self.static:
+            raise ValueError("narrowed() views a static cache (static=True); a dynamic one "
+                             "already attends over its filled part only")
+        if isinstance(capacity, bool) or not isinstance(capacity, int) \
+                or not 1 <= capacity <= self.max_len:
+            raise ValueError(f"capacity must be an int in [1, max_len={self.max_len}], got "
+                             f"{capacity!r}")
+        view = copy.copy(self)
+        view.max_len = capacity
+        view.layers = [layer.narrowed(capacity) for layer in self.layers]
+        return view
 
     def check_step(self, batch: int, n_new: int, device: torch.device,
                    dtype: torch.dtype) -> int:

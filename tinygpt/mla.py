@@ -74,6 +74,7 @@ rows of the query and key projections (evens first) at load time gives the same 
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import TYPE_CHECKING
 
@@ -207,6 +208,12 @@ class LatentLayerCache:
     @property
     def nbytes(self) -> int:
         return self.c.nbytes + self.k_pe.nbytes
+
+    def narrowed(self, capacity: int) -> LatentLayerCache:
+        """This layer's first `capacity` slots: views of the same c and k_pe."""
+        view = copy.copy(self)
+        view.c, view.k_pe = self.c[:, :capacity], self.k_pe[:, :capacity]
+        return view
 
     def update(self, c: torch.Tensor, k_pe: torch.Tensor, start: int
                ) -> tuple[torch.Tensor, torch.Tensor]:

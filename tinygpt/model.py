@@ -508,6 +508,12 @@ class Block(nn.Module):
 # the model
 
 
+def capturing(device: torch.device) -> bool:
+    """True while `device`'s current CUDA stream is capturing a graph (tinygpt.captured): the
+    step may not copy a value to the host then, so forward skips its range checks."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 class TinyGPT(nn.Module):
     """A Llama-style decoder-only language model.
 
@@ -580,7 +586,7 @@ class TinyGPT(nn.Module):
             raise ValueError(f"idx must have B >= 1 and T >= 1, got shape {tuple(idx.shape)}")
         if T > cfg.max_seq_len:
             raise ValueError(f"sequence length T={T} exceeds max_seq_len={cfg.max_seq_len}")
-        if torch.compiler.is_compiling():                # skip the host syncs below
+        if torch.compiler.is_compiling() or capturing(idx.device):    # no host syncs then
             return
         low, high = int(idx.min()), int(idx.max())
         if low < 0 or high >= cfg.vocab_size:
