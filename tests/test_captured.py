@@ -214,3 +214,24 @@ def test_replays_do_not_sync_with_the_host():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert decoder.length == 51 and decoder.captures == 2
+    decoder.capture_all()
+    assert decoder.captures == len(decoder.buckets) == 4
+
+
+def test_bench_measurements_run_on_the_cpu_and_the_group_skips_there():
+    from tinygpt.bench import captured as bench
+    from tinygpt.bench.registry import BenchContext
+
+    model = make_model()
+    decoder = CapturedDecoder(model, batch_size=2, bucket=16)
+    seconds = bench.measure_steps(decoder, prompts(2, 10), steps=5)
+    assert seconds > 0 and decoder.length == 10 + 3 + 5
+    assert bench.measure_generate(decoder, prompts(2, 10), bench.SAMPLED, 12, seed=1) > 0
+    assert decoder.length == 10 + 11
+    decoder.capture_all()                          # nothing to capture off CUDA
+    assert decoder.captures == 0
+    row = bench._bandwidth_row("r", "d", 0.001, 10**9, 2e12, 0.7, {})
+    assert not row.met and "50% of the 2000 GB/s" in row.reason
+    logged = []
+    assert bench.captured_decode_rows(BenchContext(log=logged.append)) == []
+    assert "CUDA graphs need a GPU" in logged[0]

@@ -168,6 +168,13 @@ class CapturedDecoder:
         self.captures += 1
         return graph
 
+    def capture_all(self) -> None:
+        """Capture every bucket's graph now (a server does this when it starts), so that no
+        request pays for a capture when its context first reaches a bucket."""
+        if self.capture:
+            for capacity in self.buckets:
+                self._graph(capacity)
+
     def step(self) -> None:
         """Feed the current token at the current position (after start()): one decode step."""
         if self.length >= self.max_len:

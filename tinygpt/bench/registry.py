@@ -26,6 +26,7 @@ from tinygpt.model import ModelConfig, TinyGPT
 # Modules whose import registers row groups; a day adds its module here.
 ROW_MODULES: tuple[str, ...] = (
     "tinygpt.bench.decode",         # days 11-12: KV cache, HF generate, bandwidth, roofline
+    "tinygpt.bench.captured",       # day 11 on a GPU: the decode loop in CUDA graphs
     "tinygpt.bench.smollm2",        # day 12: SmolLM2's shape at the CPU's bandwidth roof
     "tinygpt.bench.batching",       # day 13: batched decode
     "tinygpt.bench.speculative",    # day 14: speculative greedy decoding
