@@ -235,3 +235,30 @@ def test_bench_measurements_run_on_the_cpu_and_the_group_skips_there():
     logged = []
     assert bench.captured_decode_rows(BenchContext(log=logged.append)) == []
     assert "CUDA graphs need a GPU" in logged[0]
+
+
+def test_the_groups_rows_run_end_to_end_off_cuda():
+    """The code the GPU runs, run here on a tiny model (the steps eager): every row comes out
+    with its figures; on the CPU they mean nothing and are not judged here."""
+    from tests.test_bench import micro_plan
+    from tinygpt.bench import captured as bench
+    from tinygpt.bench.registry import BenchContext
+
+    rows = bench.measured_rows(BenchContext(plan=micro_plan(), log=lambda line: None),
+                               compiled=False)
+    assert [r.name for r in rows] == ["captured_step_bandwidth", "captured_greedy",
+                                      "captured_sampled", "captured_batch32",
+                                      "captured_new_lengths"]
+    assert all(r.value > 0 and len(r.details["round_values"]) == 3 for r in rows[:4])
+    lengths = rows[4].details["lengths"]
+    assert len(lengths) == 16 and len(rows[4].details["seconds_per_token"]) == 16
+
+
+def test_compiled_forward_gives_the_same_tokens():
+    """compile=True compiles the model's forward whole (fullgraph: a graph break, such as a
+    host sync or an argument dynamo does not take, is an error here, not on the GPU)."""
+    model = make_model(max_seq_len=32)
+    ids = prompts(2, 6)
+    plain = CapturedDecoder(model, batch_size=2, bucket=32).generate(ids, GREEDY, 12)
+    compiled = CapturedDecoder(model, batch_size=2, bucket=32, compile=True)
+    assert torch.equal(compiled.generate(ids, GREEDY, 12), plain)

@@ -30,7 +30,8 @@ that buffer (the steps after it are computed and thrown away: no step waits for 
 capture=False (the only choice off CUDA) runs the same step eagerly: tests/test_captured.py
 checks it against batch-1 generate() on the CPU and checks that the step asks the host
 nothing; the `-m gpu` tests replay the graphs against it. compile=True hands the step to
-torch.compile first (fused kernels; one compilation per capacity bucket, then captured).
+torch.compile first (fused kernels; one compilation per capacity bucket, then captured;
+the sampler stays eager, since dynamo does not take its torch.Generator).
 
 Not captured (refusal says why): a mixture of experts (day 20), whose routing counts each
 expert's tokens on the host, and "dynamic" RoPE (day 21), whose tables depend on the length.
@@ -72,7 +73,8 @@ class CapturedDecoder:
     model: a TinyGPT. batch_size: prompts decoded together. max_len: cache slots (default the
     model's max_seq_len). bucket: slots per capacity bucket. capture: replay CUDA graphs
     (default: on CUDA; False runs the same step eagerly; True off CUDA is refused).
-    compile: torch.compile the step before it is captured (or run).
+    compile: torch.compile the model's forward in the step before it is captured (or
+    run); the sampler stays eager.
 
     generate(prompt, params, max_new_tokens, seed) -> (B, max_new_tokens) token ids on the
     CPU. `captures` counts the graphs recorded so far (one per bucket a run reached, however
@@ -112,8 +114,10 @@ class CapturedDecoder:
             self.out = torch.zeros(batch_size, self.max_len, **long)
             self.params = row_params([SamplingParams()] * batch_size, self.device)
         self.generator = torch.Generator(device=self.device)
-        self._step = torch.compile(self._body, fullgraph=True, dynamic=False) if compile \
-            else self._body
+        # compile=True: the model's forward only (dynamo does not take a torch.Generator, so
+        # the sampler stays eager: its kernels are captured all the same)
+        self._logits = torch.compile(self._forward, fullgraph=True, dynamic=False) if compile \
+            else self._forward
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._pool = None
         self.captures = 0
@@ -121,10 +125,13 @@ class CapturedDecoder:
 
     # -- the step ----------------------------------------------------------------------------
 
+    def _forward(self, cache: KVCache) -> torch.Tensor:
+        return self.model(self.token, input_pos=self.pos, kv_cache=cache)[:, -1].float()
+
     def _body(self, cache: KVCache) -> None:
         """One decode step on device buffers only: the token at `pos` through the model over
         `cache`'s slots, the next token chosen, written to `out` and fed back."""
-        logits = self.model(self.token, input_pos=self.pos, kv_cache=cache)[:, -1].float()
+        logits = self._logits(cache)
         chosen = sample_rows(logits, self.params, self.generator)                  # (B,)
         self.out.index_copy_(1, self.count, chosen[:, None])
         self.token.copy_(chosen[:, None])
@@ -153,7 +160,7 @@ class CapturedDecoder:
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side), torch.inference_mode():
             for _ in range(2):
-                self._step(view)
+                self._body(view)
         torch.cuda.current_stream(self.device).wait_stream(side)
         for buffer, value in zip((self.token, self.pos, self.count), saved, strict=True):
             buffer.copy_(value)
@@ -163,7 +170,7 @@ class CapturedDecoder:
         graph = torch.cuda.CUDAGraph()
         graph.register_generator_state(self.generator)   # fresh draws on every replay
         with torch.cuda.graph(graph, pool=self._pool), torch.inference_mode():
-            self._step(view)
+            self._body(view)
         self._graphs[capacity] = graph
         self.captures += 1
         return graph
@@ -184,7 +191,7 @@ class CapturedDecoder:
             self._graph(capacity).replay()
         else:
             with torch.inference_mode():
-                self._step(self._view(capacity))
+                self._body(self._view(capacity))
         self.length += 1
 
     # -- a run -------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Day 11's rows on a GPU: the decode loop captured in CUDA graphs (tinygpt.captured).
 
-On the ~1B-parameter bf16 model (models.cuda_bandwidth_model_config), a 512-token prompt and
-128 new tokens, each round beside a fresh copy-bandwidth measurement, the median round kept:
+On the plan's GPU model in bf16 (the full plan's: ~1B parameters,
+models.cuda_bandwidth_model_config), a 512-token prompt and 128 new tokens, each round beside
+a fresh copy-bandwidth measurement, the median round kept:
 
     captured_step_bandwidth   batch 1: bytes a step must read (flops.decode_step_bytes) over
                               the replayed step's time, over the copy bandwidth (>= 70%)
@@ -29,7 +30,7 @@ import torch
 from tinygpt import flops as F
 from tinygpt import roofline as R
 from tinygpt.bench.harness import Comparison, median_round, synchronize
-from tinygpt.bench.models import cuda_bandwidth_model_config, model_info
+from tinygpt.bench.models import model_info
 from tinygpt.bench.registry import BenchContext, register
 from tinygpt.captured import CapturedDecoder
 from tinygpt.kv_cache import DTYPE_NAMES
@@ -100,18 +101,25 @@ def captured_decode_rows(ctx: BenchContext) -> list[Comparison]:
     if ctx.device.type != "cuda":
         ctx.log(f"captured_decode: skipped: CUDA graphs need a GPU, not {ctx.device}")
         return []
+    return measured_rows(ctx)
+
+
+def measured_rows(ctx: BenchContext, compiled: bool = True) -> list[Comparison]:
+    """The group's rows on ctx's device (off CUDA the steps run eagerly: the tests' check of
+    this code); compiled=False leaves out the compiled step's row."""
     plan, dev = ctx.plan, ctx.device
-    model = ctx.build(cuda_bandwidth_model_config(), torch.bfloat16)
+    model = ctx.build(plan.cuda_bandwidth_model, torch.bfloat16)
     dtype = DTYPE_NAMES[torch.bfloat16]
-    max_len = PROMPT + NEW_TOKENS
+    prompt_len, new_tokens = sizes(model)
+    max_len = prompt_len + new_tokens
     rounds = 1 if ctx.quick else 3
     one = CapturedDecoder(model, 1, max_len)
     big = CapturedDecoder(model, BIG_BATCH, max_len)
-    prompt, prompts = _prompt(model, 1, PROMPT, ctx.seed), _prompt(model, BIG_BATCH, PROMPT,
-                                                                  ctx.seed)
-    context = PROMPT + NEW_TOKENS // 2                      # keys a mean step attends
+    prompt = _prompt(model, 1, prompt_len, ctx.seed)
+    prompts = _prompt(model, BIG_BATCH, prompt_len, ctx.seed)
+    context = prompt_len + new_tokens // 2                  # keys a mean step attends
     per_token = F.decode_step_bytes(model.cfg, 1, context, dtype)
-    info = {"model": model_info(model), "prompt": PROMPT, "new_tokens": NEW_TOKENS,
+    info = {"model": model_info(model), "prompt": prompt_len, "new_tokens": new_tokens,
             "buckets": one.buckets}
     ctx.log(f"captured_decode: {rounds} round(s) of copy bandwidth, steps at batch 1 and "
             f"{BIG_BATCH}, greedy and sampled generation ...")
@@ -119,17 +127,17 @@ def captured_decode_rows(ctx: BenchContext) -> list[Comparison]:
     for _ in range(rounds):
         copy = R.measure_copy_bandwidth(plan.bandwidth_bytes, repeats=plan.bandwidth_repeats,
                                         device=dev)
-        step_1 = measure_steps(one, prompt, NEW_TOKENS - 4)
-        step_32 = measure_steps(big, prompts, NEW_TOKENS - 4)
-        greedy = measure_generate(one, prompt, GREEDY, NEW_TOKENS) / NEW_TOKENS
-        sampled = measure_generate(one, prompt, SAMPLED, NEW_TOKENS, ctx.seed) / NEW_TOKENS
+        step_1 = measure_steps(one, prompt, new_tokens - 4)
+        step_32 = measure_steps(big, prompts, new_tokens - 4)
+        greedy = measure_generate(one, prompt, GREEDY, new_tokens) / new_tokens
+        sampled = measure_generate(one, prompt, SAMPLED, new_tokens, ctx.seed) / new_tokens
         for row in (
             _bandwidth_row("captured_step_bandwidth", "captured decode step, batch 1, bytes "
                            "read / step time / copy bandwidth", step_1, per_token, copy,
                            STEP_TARGET, {**info, "captures": one.captures}),
-            _bandwidth_row("captured_greedy", "captured greedy generate, batch 1, 512 + 128 "
-                           "tokens, step bytes x tokens / time / copy bandwidth", greedy,
-                           per_token, copy, GREEDY_TARGET, info),
+            _bandwidth_row("captured_greedy", f"captured greedy generate, batch 1, "
+                           f"{prompt_len} + {new_tokens} tokens, step bytes x tokens / time / "
+                           f"copy bandwidth", greedy, per_token, copy, GREEDY_TARGET, info),
             _bandwidth_row("captured_sampled", "captured sampled generate (T 0.8, top-p 0.9 on "
                            "the device), the same", sampled, per_token, copy, SAMPLED_TARGET,
                            info),
@@ -139,20 +147,32 @@ def captured_decode_rows(ctx: BenchContext) -> list[Comparison]:
         ):
             rows.setdefault(row.name, []).append(row)
     out = [median_round(r) for r in rows.values()]
-    out.append(_new_lengths_row(ctx, model, max_len))
-    out.append(_compiled_row(ctx, model, prompt, max_len, per_token))
+    out.append(_new_lengths_row(ctx, model, max_len, prompt_len, new_tokens))
+    if compiled:
+        out.append(_compiled_row(ctx, model, prompt, max_len, new_tokens, per_token))
     return out
 
 
-def _new_lengths_row(ctx: BenchContext, model: TinyGPT, max_len: int) -> Comparison:
+def sizes(model: TinyGPT) -> tuple[int, int]:
+    """(prompt, new tokens): 512 and 128, or for a model with a shorter window (the tests'
+    tiny ones) half and a quarter of it."""
+    window = model.cfg.max_seq_len
+    if window >= PROMPT + NEW_TOKENS:
+        return PROMPT, NEW_TOKENS
+    return window // 2, window // 4
+
+
+def _new_lengths_row(ctx: BenchContext, model: TinyGPT, max_len: int, prompt_len: int,
+                     new_tokens: int) -> Comparison:
     """16 prompts of 16 lengths through one decoder: per-token decode time of each."""
     decoder = CapturedDecoder(model, 1, max_len)
-    lengths = [100 + 25 * i for i in range(16)]                   # 100 .. 475
-    ctx.log("captured_decode: 16 prompts of 16 lengths ...")
+    lengths = sorted({max(1, prompt_len * (i + 4) // 20) for i in range(16)})  # 102 .. 486
+    ctx.log(f"captured_decode: {len(lengths)} prompts of as many lengths ...")
     start = time.perf_counter()
     decoder.capture_all()                   # at start-up, as a server would
     capture_s = time.perf_counter() - start
-    times = [measure_steps(decoder, _prompt(model, 1, n, ctx.seed + n), 32, warmup=0)
+    steps = min(32, new_tokens // 2)
+    times = [measure_steps(decoder, _prompt(model, 1, n, ctx.seed + n), steps, warmup=0)
              for n in lengths]
     steady = statistics.median(times)
     worst = max(times[1:]) / steady
@@ -164,12 +184,12 @@ def _new_lengths_row(ctx: BenchContext, model: TinyGPT, max_len: int) -> Compari
 
 
 def _compiled_row(ctx: BenchContext, model: TinyGPT, prompt: torch.Tensor, max_len: int,
-                  per_token: int) -> Comparison:
+                  new_tokens: int, per_token: int) -> Comparison:
     """Information: the batch-1 step with compile=True, positions in one bucket."""
     ctx.log("captured_decode: compiling the step (torch.compile, one bucket) ...")
     decoder = CapturedDecoder(model, 1, max_len, bucket=max_len, compile=True)
     start = time.perf_counter()
-    step = measure_steps(decoder, prompt, NEW_TOKENS - 4)
+    step = measure_steps(decoder, prompt, new_tokens - 4)
     copy = R.measure_copy_bandwidth(ctx.plan.bandwidth_bytes,
                                     repeats=ctx.plan.bandwidth_repeats, device=ctx.device)
     row = _bandwidth_row("captured_step_compiled", "information: the captured step compiled "
