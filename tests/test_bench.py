@@ -328,6 +328,9 @@ def test_cli_arguments(capsys):
                           (["--device", "tpu"], "device")):
         assert B.main(argv) == 2
         assert message in capsys.readouterr().err
+    if not torch.cuda.is_available():             # a clear error, not torch's assertion
+        assert B.main(["--device", "cuda", "--only", "captured_decode"]) == 2
+        assert "--device cuda: CUDA is not available here" in capsys.readouterr().err
 
 
 def test_cli_writes_json_and_plot(micro_report, monkeypatch, tmp_path, capsys):

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
+
 from tinygpt.bench.plan import bench_plan
 from tinygpt.bench.registry import row_groups
 from tinygpt.bench.report import format_table, plot_timeline, write_json
@@ -59,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         device = tinygpt.pick_device(args.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device}: CUDA is not available here (torch "
+                             f"{torch.__version__}); the choices are cpu, cuda, mps")
+        if device.type == "mps" and not torch.backends.mps.is_available():
+            raise ValueError(f"--device {args.device}: Apple's MPS is not available here")
         if args.threads is not None and args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         for name, value in (("--ttft-slo", args.ttft_slo), ("--tpot-slo", args.tpot_slo)):
