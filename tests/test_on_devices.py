@@ -1,0 +1,129 @@
+"""Days 13-21's fast paths against their oracles on each device: the CPU always, CUDA with
+`-m gpu` where there is one (`bash .ci/gpu` runs them there).
+
+The CPU runs of these tests repeat, on small models, what each day's own tests check in more
+depth; they are here so that the GPU runs are the same code, already run. Per device: the
+serving engine (the paged cache, the scheduler, the runner's plain road off the CPU) against
+batch-1 generate(); speculative greedy decoding against greedy generate(); a grammar's mask
+on the device's logits; grouped expert dispatch against the per-token loop (day 20); the
+absorbed latent-attention decode against the uncached model (day 21). Float32 results are
+judged against float64 runs (tinygpt.testing.check_float32_error): at most FACTOR times as
+far as the oracle's own float32 run, plus FLOOR.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from tinygpt import moe as M
+from tinygpt.engine import Engine
+from tinygpt.generate import generate
+from tinygpt.kv_cache import DecodeStep, KVCache, prefill
+from tinygpt.model import ModelConfig, TinyGPT
+from tinygpt.sampling import SamplingParams
+from tinygpt.speculative import PromptLookupDrafter, speculative_generate
+from tinygpt.testing import check_float32_error
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+FACTOR, FLOOR = 4.0, 1e-6
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("CUDA is not available: the GPU runs of days 13-21 need a GPU")
+    return torch.device(request.param)
+
+
+def dense_model(device: torch.device, **changes) -> TinyGPT:
+    cfg = ModelConfig(**{**dict(vocab_size=61, d_model=32, n_layers=2, n_heads=4,
+                                n_kv_heads=2, d_ff=48, max_seq_len=96), **changes})
+    model = TinyGPT(cfg, seed=0).eval()
+    with torch.no_grad():      # larger logits than the 0.02 init: no argmax near-ties
+        model.output.weight.mul_(40)
+    return model.to(device)
+
+
+def ids(n: int, seed: int, vocab: int = 61) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_engine_equals_batch_one_generate(device):
+    model = dense_model(device)
+    prompts = [ids(n, seed=n) for n in (3, 17, 9, 30, 1)]
+    engine = Engine(model, block_size=8, max_running=3, token_budget=20)
+    assert engine.runner.batched == (device.type == "cpu"), engine.runner.batched_reason
+    got = [r.token_ids for r in engine.generate(prompts, GREEDY)]
+    assert engine.steps > 0 and engine.cache.k.device.type == device.type
+    assert got == [generate(model, p, GREEDY).token_ids for p in prompts]
+
+
+def test_speculative_greedy_equals_generate(device):
+    model = dense_model(device)
+    prompt = ids(8, seed=2) * 3                       # repeats for prompt lookup to find
+    params = SamplingParams(temperature=0.0, max_new_tokens=20)
+    got = speculative_generate(model, PromptLookupDrafter(), prompt, params, gamma=4)
+    assert got.token_ids == generate(model, prompt, params).token_ids
+
+
+def test_a_grammar_masks_the_devices_logits(device):
+    """The course's shipped model and tokenizer under a JSON schema (llguidance): the reply
+    parses and validates (the mask is built on the host, applied to the device's logits)."""
+    pytest.importorskip("llguidance")
+    from tinygpt.structured import Grammars
+    from tinygpt.train import load_pretrained
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                     "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    model, tokenizer = load_pretrained(device)
+    eos = tokenizer.special_tokens["<|endoftext|>"]
+    constraint = Grammars(tokenizer, model.cfg.vocab_size).json_schema(schema).constraint([eos])
+    out = generate(model.eval(), tokenizer.encode("Once upon a time"),
+                   SamplingParams(temperature=0.0, max_new_tokens=24), eos_id=eos,
+                   tokenizer=tokenizer, constraint=constraint)
+    reply = json.loads(out.text)
+    assert set(reply) == {"n"} and 0 <= reply["n"] <= 9, out.text
+    assert out.stop_reason != "length", out.text
+
+
+def test_grouped_dispatch_equals_the_loop(device):
+    g = torch.Generator().manual_seed(0)
+    n, d, e, k, i = 37, 48, 8, 3, 40
+    x = torch.randn(n, d, generator=g)
+    logits = x @ (0.5 * torch.randn(e, d, generator=g)).T
+    weights, experts = M.route_softmax_topk(logits, k)
+    w1, w3, w2 = (0.1 * torch.randn(shape, generator=g) for shape in ((e, i, d), (e, i, d),
+                                                                      (e, d, i)))
+    on = [t.to(device) for t in (x, weights, experts, w1, w3, w2)]
+    got = M.dispatch(*on).cpu()
+    loop = M.moe_loop(*on).cpu()
+    truth = M.moe_loop(x.double(), weights.double(), experts, w1.double(), w3.double(),
+                       w2.double())
+    check_float32_error(f"grouped dispatch on {device}", got, loop, truth, factor=FACTOR,
+                        floor=FLOOR)
+
+
+def test_absorbed_latent_decode_equals_the_uncached_model(device):
+    cfg = ModelConfig(vocab_size=61, d_model=64, n_layers=2, n_heads=4, n_kv_heads=4,
+                      d_ff=96, max_seq_len=64, attention="mla", kv_lora_rank=32,
+                      qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
+    model = TinyGPT(cfg, seed=1).eval()
+    twin = copy.deepcopy(model).double()
+    model = model.to(device)
+    tokens = torch.tensor([ids(12, seed=4), ids(12, seed=5)])
+    with torch.no_grad():
+        full = model(tokens.to(device))[:, 4:11].cpu()
+        truth = twin(tokens)[:, 4:11]
+        cache = KVCache.for_model(model, 2, 20)
+        logits = [prefill(model, cache, tokens[:, :5].to(device))]
+        step = DecodeStep(model, cache)
+        logits += [step(tokens[:, t:t + 1].to(device)) for t in range(5, 11)]
+    assert all(layer.attention.decode == "absorbed" for layer in model.layers)
+    check_float32_error(f"absorbed decode on {device}", torch.stack(logits, 1).cpu(), full,
+                        truth, factor=FACTOR, floor=FLOOR)
