@@ -6,7 +6,8 @@ depth; they are here so that the GPU runs are the same code, already run. Per de
 serving engine (the paged cache, the scheduler, the runner's plain road off the CPU) against
 batch-1 generate(); speculative greedy decoding against greedy generate(); a grammar's mask
 on the device's logits; grouped expert dispatch against the per-token loop (day 20); the
-absorbed latent-attention decode against the uncached model (day 21). Float32 results are
+absorbed latent-attention decode against the uncached model (day 21); the HTTP server
+(`serve --device`) against generate(). Float32 results are
 judged against float64 runs (tinygpt.testing.check_float32_error): at most FACTOR times as
 far as the oracle's own float32 run, plus FLOOR.
 """
@@ -127,3 +128,39 @@ def test_absorbed_latent_decode_equals_the_uncached_model(device):
     assert all(layer.attention.decode == "absorbed" for layer in model.layers)
     check_float32_error(f"absorbed decode on {device}", torch.stack(logits, 1).cpu(), full,
                         truth, factor=FACTOR, floor=FLOOR)
+
+
+@pytest.mark.slow
+def test_the_server_on_the_device_answers_as_generate_does(device):
+    """`python -m tinygpt serve --device D`: a greedy completion and a streamed chat reply
+    through HTTP equal batch-1 generate() on the same device."""
+    import httpx
+
+    from tinygpt.bench.load import running_server
+    from tinygpt.train import load_pretrained
+
+    model, tokenizer = load_pretrained(device)
+    eos = tokenizer.special_tokens["<|endoftext|>"]
+    want = generate(model.eval(), tokenizer.encode("The cat sat on the"),
+                    SamplingParams(temperature=0.0, max_new_tokens=16), eos_id=eos,
+                    tokenizer=tokenizer)
+    with running_server("--device", str(device), "--threads", "1") as (url, _):
+        reply = httpx.post(f"{url}/v1/completions", timeout=60, json={
+            "model": "tinygpt", "prompt": "The cat sat on the", "max_tokens": 16,
+            "temperature": 0}).json()
+    assert reply["choices"][0]["text"] == want.text
+    assert reply["usage"]["completion_tokens"] == len(want.token_ids)
+
+
+def test_serve_refuses_a_device_it_cannot_use(capsys):
+    from tinygpt.server.cli import main
+
+    assert main(["--device", "tpu"]) == 2
+    assert "--device: device must be one of" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["--device", "cuda"]) == 2
+        assert "--device cuda: CUDA is not available here" in capsys.readouterr().err
+    else:
+        assert main(["--device", "cuda", "--quantize", "int8"]) == 2
+        assert "--quantize and --tensor-parallel-size > 1 are for the CPU" in \
+            capsys.readouterr().err

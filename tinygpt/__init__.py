@@ -80,6 +80,23 @@ def load_pretrained(*args, **kwargs):
     return _load_pretrained(*args, **kwargs)
 
 
+def usable_device(name: str):
+    """pick_device(name), refused with a ValueError when this machine cannot run it (a
+    command line's --device: cuda without CUDA, mps without Apple's MPS)."""
+    import torch
+
+    try:
+        device = pick_device(name)
+    except ValueError as err:
+        raise ValueError(f"--device: {err}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available here (torch "
+                         f"{torch.__version__}); the choices are cpu, cuda, mps")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {name}: Apple's MPS is not available here")
+    return device
+
+
 def pick_device(prefer: str | None = None):
     """Return a torch.device: `prefer` if given, else CUDA, then MPS, then CPU."""
     import torch

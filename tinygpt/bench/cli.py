@@ -6,8 +6,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 from tinygpt.bench.plan import bench_plan
 from tinygpt.bench.registry import row_groups
 from tinygpt.bench.report import format_table, plot_timeline, write_json
@@ -60,12 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{group.name:<20} day {group.day:02d}  {group.description}")
         return 0
     try:
-        device = tinygpt.pick_device(args.device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"--device {args.device}: CUDA is not available here (torch "
-                             f"{torch.__version__}); the choices are cpu, cuda, mps")
-        if device.type == "mps" and not torch.backends.mps.is_available():
-            raise ValueError(f"--device {args.device}: Apple's MPS is not available here")
+        device = tinygpt.usable_device(args.device)
         if args.threads is not None and args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         for name, value in (("--ttft-slo", args.ttft_slo), ("--tpot-slo", args.tpot_slo)):

@@ -85,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT_S,
                         help=f"seconds a connection may take to send its request headers; "
                              f"then it is closed (default {HEADER_TIMEOUT_S:g})")
+    parser.add_argument("--device", default="cpu",
+                        help="where the model runs: cpu (default), cuda or mps; off the CPU "
+                             "the engine runs the model's own modules (the runner's plain "
+                             "road)")
     parser.add_argument("--quantize", choices=tuple(QUANTIZE), default=None,
                         help="serve weight-only quantized weights: int8 (per row) or int4 "
                              "(groups of 32), see tinygpt.quant (default: as loaded)")
@@ -100,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import uvicorn
 
+    import tinygpt
     from tinygpt.engine import AsyncEngine, SerialEngine
     from tinygpt.loading import load_model
     from tinygpt.server.app import create_app
@@ -127,6 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.tensor_parallel_size > 1 and args.engine == "serial":
         problems.append("--tensor-parallel-size > 1 runs the batching engine; drop --engine "
                         "serial")
+    try:
+        device = tinygpt.usable_device(args.device)
+    except ValueError as err:
+        problems.append(str(err))
+        device = None
+    if device is not None and device.type != "cpu" and (
+            args.quantize is not None or args.tensor_parallel_size > 1):
+        problems.append(f"--device {args.device} serves the full-precision model in one "
+                        f"process; --quantize and --tensor-parallel-size > 1 are for the CPU")
     if problems:
         print("error: " + "; ".join(problems), file=sys.stderr)
         return 2
@@ -137,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as err:
         print(f"error: cannot load the model: {err}", file=sys.stderr)
         return 2
+    model = model.to(device)
     if args.kv_blocks is None and args.engine == "batch":
         args.kv_blocks = default_kv_blocks(model.cfg, args.max_running, info.model_id)
     if args.quantize is not None:
