@@ -150,27 +150,31 @@ class CapturedDecoder:
     def _graph(self, capacity: int) -> torch.cuda.CUDAGraph:
         """The bucket's graph, captured on first use. The warm-up runs (on a side stream, as
         capture wants: the allocator, cuBLAS and a compiled step set themselves up) change the
-        buffers, so they are saved and put back: the capture leaves them as they were."""
+        buffers, so they are put back after each: every warm-up writes where the next real
+        step will (the cache slot at `pos`, the entry of `out` at `count`), and the capture
+        leaves everything as it was."""
         if capacity in self._graphs:
             return self._graphs[capacity]
         view = self._view(capacity)
-        saved = [t.clone() for t in (self.token, self.pos, self.count)]
+        state = (self.token, self.pos, self.count)
+        saved = [t.clone() for t in state]
         rng = self.generator.get_state()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side), torch.inference_mode():
             for _ in range(2):
                 self._body(view)
+                for buffer, value in zip(state, saved, strict=True):
+                    buffer.copy_(value)
         torch.cuda.current_stream(self.device).wait_stream(side)
-        for buffer, value in zip((self.token, self.pos, self.count), saved, strict=True):
-            buffer.copy_(value)
         self.generator.set_state(rng)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        graph.register_generator_state(self.generator)   # fresh draws on every replay
-        with torch.cuda.graph(graph, pool=self._pool), torch.inference_mode():
-            self._body(view)
+        with torch.cuda.device(self.device):
+            graph.register_generator_state(self.generator)   # fresh draws on every replay
+            with torch.cuda.graph(graph, pool=self._pool), torch.inference_mode():
+                self._body(view)
         self._graphs[capacity] = graph
         self.captures += 1
         return graph
