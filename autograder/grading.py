@@ -34,6 +34,17 @@ def _api(root: Path, db_url: str | None = None):
     return NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
 
 
+# A kernel that dies before it answers has run nothing: its notebook is graded again. (The
+# usual cause: jupyter_client picks free ports, and another process, such as a test's server
+# on its own free port, binds one of them before the kernel does: "Address already in use".)
+KERNEL_START_TRIES = 3
+
+
+def _kernel_did_not_start(result: dict) -> bool:
+    text = f"{result.get('error', '')}\n{result.get('log', '')}"
+    return "Kernel died before replying to kernel_info" in text
+
+
 def _check(result: dict, what: str) -> None:
     if not result.get("success"):
         raise GradingError(f"nbgrader {what} failed:\n{result.get('error', '')}\n"
@@ -83,8 +94,11 @@ def autograde(day: str, workdir: Path, submissions: dict[str, Path]) -> dict[str
             target = workdir / "submitted" / student / day
             target.mkdir(parents=True, exist_ok=True)
             shutil.copy(notebook, target / f"{day}.ipynb")
-            _check(api.autograde(day, student, force=True, create=True),
-                   f"autograde {day} {student}")
+            for _ in range(KERNEL_START_TRIES):
+                result = api.autograde(day, student, force=True, create=True)
+                if result.get("success") or not _kernel_did_not_start(result):
+                    break
+            _check(result, f"autograde {day} {student}")
     finally:
         if saved is None:
             os.environ.pop(GRADING_VARIABLE, None)

@@ -211,3 +211,53 @@ def test_feedback_leads_with_the_exercise_name():
     assert name_the_exercise("can_admit(s, seq, 8) returned True", names) == \
         "can_admit(s, seq, 8) returned True"
     assert answer_names('answer_q2 = "B"\n') == ["answer_q2", "Q2"]
+
+
+def test_a_kernel_that_never_started_is_graded_again_and_nothing_else_is(monkeypatch, tmp_path):
+    """grading.autograde: a kernel that died before it answered (a port another process took)
+    ran nothing, so the notebook is autograded again, up to KERNEL_START_TRIES times; any
+    other failure is reported at once."""
+    import nbgrader.api
+
+    from autograder import grading
+
+    died = {"success": False, "error": "RuntimeError: Kernel died before replying to "
+                                       "kernel_info", "log": "Address already in use"}
+    other = {"success": False, "error": "NameError: name 'x' is not defined", "log": ""}
+
+    class FakeApi:
+        def __init__(self, results):
+            self.results, self.calls = list(results), 0
+            self.coursedir = type("Dir", (), {"db_url": "sqlite://", "course_id": "c"})
+
+        def autograde(self, *args, **kwargs):
+            self.calls += 1
+            return self.results.pop(0)
+
+    class FakeGradebook:
+        def __init__(self, *args):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def find_submission_notebook(self, *args):
+            return type("Nb", (), {"grades": []})
+
+    monkeypatch.setattr(nbgrader.api, "Gradebook", FakeGradebook)
+    notebook = tmp_path / "nb.ipynb"
+    notebook.write_text("{}")
+    for results, calls, ok in (([died, {"success": True}], 2, True),
+                               ([died] * grading.KERNEL_START_TRIES, 3, False),
+                               ([other, {"success": True}], 1, False)):
+        api = FakeApi(results)
+        monkeypatch.setattr(grading, "_api", lambda root, api=api: api)
+        if ok:
+            assert grading.autograde(DAY, tmp_path, {"s": notebook}) == {"s": []}
+        else:
+            with pytest.raises(grading.GradingError):
+                grading.autograde(DAY, tmp_path, {"s": notebook})
+        assert api.calls == calls
