@@ -242,7 +242,8 @@ void tg_rope_store(float *q, float *k, const float *v, long ld, const float *cos
         const float *c = cos + t * dim, *s = sin + t * dim;
         for (long h = 0; h < heads + kv_heads; h++) {
             float *x = h < heads ? q + t * ld + h * dim : k + t * ld + (h - heads) * dim;
-            for (long i = 0; i < dim; i++) rolled[i] = x[(i + half) % dim];
+            memcpy(rolled, x + half, sizeof(float) * (dim - half));      /* roll by half */
+            memcpy(rolled + (dim - half), x, sizeof(float) * half);
             for (long i = 0; i < dim; i++) {
                 float a = x[i] * c[i], b = rolled[i] * s[i];
                 x[i] = a + b;
