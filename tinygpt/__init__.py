@@ -14,6 +14,7 @@ One module per concept, named after the course day that finishes it:
     flops       day 09  parameter, FLOP and byte counts
     roofline    day 10  hardware table, roofline model, measured local roofline
     kv_cache    day 11  the static KV cache, prefill and cached decode, KV memory
+    captured    day 11  the decode loop on a GPU: one CUDA graph per capacity bucket, replayed
     bench       day 12  TTFT, TPOT, percentiles, goodput; the course's speed targets (a package)
     metrics     day 12  one request's TTFT, TPOT and inter-token latencies (bench uses them)
     batching    day 13  padded batches, batched KV cache, beam search, batching simulator
@@ -38,7 +39,6 @@ One module per concept, named after the course day that finishes it:
     hf_rope     day 21  RoPE scalings (positions: linear, dynamic, YaRN, Llama 3.1) and windows
                         of Hugging Face configs (Llama rope_scaling, Mistral, Mixtral)
     device_sampling     the token choice of a captured GPU step: per-row knobs, no host sync
-    captured            the decode loop in CUDA graphs: one per capacity bucket, replayed
     gguf                GGUF files: metadata, our own dequantization, a Llama GGUF as TinyGPT
     gguf_tokenizer      the byte-level BPE tokenizer and chat template stored in a GGUF file
     loading             a name or path -> (model, tokenizer, info): tinygpt, smollm2, .gguf, folders
