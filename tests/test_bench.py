@@ -474,3 +474,23 @@ def test_the_batched_decode_row_on_a_tiny_model(monkeypatch):
     _, ids = row.greedy_decode(B.build_model(TINY), torch.zeros(2, 3, dtype=torch.long), 4,
                                pack=False)
     assert len(ids) == 2 and all(len(r) == 1 + 2 + 4 for r in ids)
+
+
+def test_a_group_that_raises_costs_only_its_own_rows(monkeypatch):
+    def broken(ctx):
+        raise FileNotFoundError("no such model: smollm2")
+
+    def fine(ctx):
+        return [B.Comparison("toy_rate", "a rate", 2.0, 1.0, ">=", "x", True, None)]
+
+    monkeypatch.setitem(B.registry._GROUPS, "broken", B.registry.RowGroup("broken", 98, broken))
+    monkeypatch.setitem(B.registry._GROUPS, "toy", B.registry.RowGroup("toy", 99, fine))
+    logged = []
+    report, _ = B.run_bench(B.bench_plan(quick=True), threads=1, log=logged.append,
+                            only=["broken", "toy"])
+    rows = {c["name"]: c for c in report["comparisons"]}
+    assert rows["toy_rate"]["met"] and not report["all_targets_met"]
+    failed = rows["broken_failed"]
+    assert not failed["met"] and failed["reason"] == "FileNotFoundError: no such model: smollm2"
+    assert "broken: FAILED" in logged[-1] and "Traceback" in logged[-1]
+    assert "NOT MET" in B.format_table(report)

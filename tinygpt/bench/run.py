@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import os
 import time
+import traceback
 from collections.abc import Callable
 
 import torch
@@ -25,6 +26,19 @@ from tinygpt.metrics import RequestTrace, request_metrics
 
 SCHEMA_VERSION = 1
 REQUESTS = "requests"       # the name --only uses for the streamed-request metrics
+
+
+def run_group(group, ctx: BenchContext) -> list[Comparison]:
+    """A group's rows; a group that raises gives one row instead, `<name>_failed`, NOT MET
+    with the error (and the log gets its traceback), so that one broken group (a missing
+    model, a device it cannot use) does not lose the rows of a long run's other groups."""
+    try:
+        return group.run(ctx)
+    except Exception as err:  # noqa: BLE001 - reported as a missed row, not swallowed
+        ctx.log(f"{group.name}: FAILED\n{traceback.format_exc()}")
+        return [Comparison(f"{group.name}_failed", f"the {group.name} rows raised an error",
+                           0.0, 1.0, ">=", "rows", False, f"{type(err).__name__}: {err}",
+                           {"group": group.name})]
 
 
 def run_bench(plan: BenchPlan | None = None, *, device: str = "cpu",
@@ -63,7 +77,7 @@ def run_bench(plan: BenchPlan | None = None, *, device: str = "cpu",
 
     comparisons: list[Comparison] = []
     for group in groups:
-        comparisons.extend(group.run(ctx))
+        comparisons.extend(run_group(group, ctx))
 
     report = {
         "schema_version": SCHEMA_VERSION,
