@@ -159,8 +159,10 @@ def test_bad_arguments_are_clear_errors():
     decoder = CapturedDecoder(model, batch_size=2)
     with pytest.raises(ValueError, match=r"prompt must be a long tensor \(batch_size=2, T\)"):
         decoder.generate(prompts(3, 4), GREEDY, 4)
-    with pytest.raises(ValueError, match="exceed max_len=80"):
+    with pytest.raises(ValueError, match=r"positions must be in \[1, max_len=80\]"):
         decoder.generate(prompts(2, 70), GREEDY, 12)
+    with pytest.raises(ValueError, match="prompt must be a long tensor"):
+        decoder.generate([[1, 2], [3, 4]], GREEDY, 2)
     with pytest.raises(ValueError, match="repetition_penalty"):
         decoder.generate(prompts(2, 4), SamplingParams(repetition_penalty=1.2), 4)
     with pytest.raises(ValueError, match="max_new_tokens must be a positive int"):

@@ -205,14 +205,7 @@ class CapturedDecoder:
         """Prefill `prompt` (B, T) into the cache, eagerly, and choose each row's first token
         (params: one SamplingParams for every row, or one per row; the device path's knobs:
         temperature, top_k, top_p, min_p). seed: the generator's seed (None: a random one)."""
-        if not isinstance(prompt, torch.Tensor) or prompt.ndim != 2 \
-                or prompt.dtype != torch.long or prompt.shape[0] != self.batch_size:
-            raise ValueError(f"prompt must be a long tensor (batch_size={self.batch_size}, T), "
-                             f"got {getattr(prompt, 'dtype', type(prompt).__name__)} "
-                             f"{tuple(getattr(prompt, 'shape', ()))}")
-        if not 1 <= prompt.shape[1] <= self.max_len:
-            raise ValueError(f"prompt length must be in [1, max_len={self.max_len}], got "
-                             f"{prompt.shape[1]}")
+        self._check_prompt(prompt, 1)
         rows = [params] * self.batch_size if isinstance(params, SamplingParams) else params
         if not isinstance(rows, Sequence) or len(rows) != self.batch_size:
             raise ValueError(f"params must be one SamplingParams or {self.batch_size} of them")
@@ -231,6 +224,16 @@ class CapturedDecoder:
         self.out[:, 0] = chosen
         self.count.fill_(1)
 
+    def _check_prompt(self, prompt, new_tokens: int) -> None:
+        if not isinstance(prompt, torch.Tensor) or prompt.ndim != 2 \
+                or prompt.dtype != torch.long or prompt.shape[0] != self.batch_size:
+            raise ValueError(f"prompt must be a long tensor (batch_size={self.batch_size}, T), "
+                             f"got {getattr(prompt, 'dtype', type(prompt).__name__)} "
+                             f"{tuple(getattr(prompt, 'shape', ()))}")
+        if prompt.shape[1] < 1 or prompt.shape[1] + new_tokens - 1 > self.max_len:
+            raise ValueError(f"prompt ({prompt.shape[1]} tokens) + new tokens ({new_tokens}) - "
+                             f"1 positions must be in [1, max_len={self.max_len}]")
+
     def generate(self, prompt: torch.Tensor, params: SamplingParams | Sequence[SamplingParams],
                  max_new_tokens: int, seed: int | None = None) -> torch.Tensor:
         """start(), then max_new_tokens - 1 steps: (B, max_new_tokens) token ids on the CPU
@@ -238,9 +241,7 @@ class CapturedDecoder:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
                 or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-        if prompt.shape[-1] + max_new_tokens - 1 > self.max_len:
-            raise ValueError(f"prompt ({prompt.shape[-1]} tokens) + max_new_tokens "
-                             f"({max_new_tokens}) - 1 positions exceed max_len={self.max_len}")
+        self._check_prompt(prompt, max_new_tokens)
         self.start(prompt, params, seed)
         for _ in range(max_new_tokens - 1):
             self.step()
