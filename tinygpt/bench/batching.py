@@ -15,7 +15,7 @@ import time
 import torch
 
 from tinygpt.bench.harness import Comparison, synchronize
-from tinygpt.bench.models import bandwidth_model_config, cuda_bandwidth_model_config, model_info
+from tinygpt.bench.models import bandwidth_model_config, model_info
 from tinygpt.bench.registry import BenchContext, register
 from tinygpt.kv_cache import DecodeStep, KVCache, prefill
 
@@ -47,7 +47,7 @@ def greedy_decode(model, prompts: torch.Tensor, steps: int, *, pack: bool,
 def batched_decode(ctx: BenchContext) -> list[Comparison]:
     """Batched decode: tokens/s at batch 16 over batch 1 (CPU; 32 over 1 on CUDA)."""
     cpu = ctx.on_cpu
-    cfg = bandwidth_model_config() if cpu else cuda_bandwidth_model_config()
+    cfg = bandwidth_model_config() if cpu else ctx.plan.cuda_bandwidth_model
     model = ctx.build(cfg) if cpu else ctx.build(cfg, torch.bfloat16)
     big, target = (16, 6.0) if cpu else (32, 20.0)
     steps, compared = (6, 2) if ctx.quick else (16, big)

@@ -38,7 +38,7 @@ import time
 import torch
 
 from tinygpt.bench.harness import Comparison, synchronize
-from tinygpt.bench.models import cuda_bandwidth_model_config, model_info
+from tinygpt.bench.models import model_info
 from tinygpt.bench.registry import BenchContext, register
 from tinygpt.engine import Engine
 from tinygpt.generate import generate
@@ -106,7 +106,7 @@ def _load(ctx: BenchContext):
         return model.eval(), tokenizer, 64, (16, 96), 64, CPU_ENGINE
     from tinygpt.train import load_pretrained
     _, tokenizer = load_pretrained()
-    model = ctx.build(cuda_bandwidth_model_config(), torch.bfloat16)
+    model = ctx.build(ctx.plan.cuda_bandwidth_model, torch.bfloat16)
     return model, tokenizer, 64, (128, 128), 128, dict(max_running=64, token_budget=8192)
 
 
