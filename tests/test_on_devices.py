@@ -4,7 +4,9 @@
 The CPU runs of these tests repeat, on small models, what each day's own tests check in more
 depth; they are here so that the GPU runs are the same code, already run. Per device: the
 serving engine (the paged cache, the scheduler, the runner's plain road off the CPU) against
-batch-1 generate(); speculative greedy decoding against greedy generate(); a grammar's mask
+batch-1 generate(); left-padded batched generation (day 13) against batch-1; the quantized
+step (day 15, int8 and int4) against the quantized model's uncached forward; speculative
+greedy decoding against greedy generate(); a grammar's mask
 on the device's logits; grouped expert dispatch against the per-token loop (day 20); the
 absorbed latent-attention decode against the uncached model (day 21); the HTTP server
 (`serve --device`) against generate(). Float32 results are
@@ -164,3 +166,24 @@ def test_serve_refuses_a_device_it_cannot_use(capsys):
         assert main(["--device", "cuda", "--quantize", "int8"]) == 2
         assert "--quantize and --tensor-parallel-size > 1 are for the CPU" in \
             capsys.readouterr().err
+
+
+def test_batched_generation_equals_batch_one(device):
+    from tinygpt.batching import generate_batch
+
+    model = dense_model(device)
+    prompts = [ids(n, seed=10 + n) for n in (5, 1, 12, 7)]
+    got = [r.token_ids for r in generate_batch(model, prompts, GREEDY)]
+    assert got == [generate(model, p, GREEDY).token_ids for p in prompts]
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4-g32"])
+def test_the_quantized_step_gives_the_quantized_models_tokens(device, scheme):
+    """Day 15: generate() on a quantized model (QuantizedDecodeStep, the fused step) against
+    the quantized model's own forward over the whole context each step (use_cache=False)."""
+    from tinygpt.quant import quantize_model
+
+    model = quantize_model(dense_model(device, d_model=64, d_ff=128), scheme)
+    prompt = ids(9, seed=3)
+    cached = generate(model, prompt, GREEDY)
+    assert cached.token_ids == generate(model, prompt, GREEDY, use_cache=False).token_ids
