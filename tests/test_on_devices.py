@@ -7,8 +7,10 @@ serving engine (the paged cache, the scheduler, the runner's plain road off the 
 batch-1 generate(); left-padded batched generation (day 13) against batch-1; the quantized
 step (day 15, int8 and int4) against the quantized model's uncached forward; speculative
 greedy decoding against greedy generate(); a grammar's mask
-on the device's logits; grouped expert dispatch against the per-token loop (day 20); the
-absorbed latent-attention decode against the uncached model (day 21); the HTTP server
+on the device's logits; grouped expert dispatch against the per-token loop and a MoE
+model's cached generation against its uncached forward (day 20); the absorbed
+latent-attention decode against the uncached model, and a sliding window's cached generation
+against its uncached forward (day 21); the HTTP server
 (`serve --device`) against generate(). Float32 results are
 judged against float64 runs (tinygpt.testing.check_float32_error): at most FACTOR times as
 far as the oracle's own float32 run, plus FLOOR.
@@ -187,3 +189,17 @@ def test_the_quantized_step_gives_the_quantized_models_tokens(device, scheme):
     prompt = ids(9, seed=3)
     cached = generate(model, prompt, GREEDY)
     assert cached.token_ids == generate(model, prompt, GREEDY, use_cache=False).token_ids
+
+
+@pytest.mark.parametrize("kind", ["moe", "window"])
+def test_cached_generation_of_moe_and_windowed_models(device, kind):
+    """Day 20's MoE decode step (the chosen experts only) and day 21's sliding window (its
+    cache reads the last W positions) against the uncached forward, 40 tokens past a window
+    of 8."""
+    extra = dict(n_experts=8, top_k=2, d_expert=24) if kind == "moe" else \
+        dict(sliding_window=8, full_attention_layers=(1,))
+    model = dense_model(device, **extra)
+    prompt = ids(6, seed=8)
+    params = SamplingParams(temperature=0.0, max_new_tokens=40)
+    assert generate(model, prompt, params).token_ids == \
+        generate(model, prompt, params, use_cache=False).token_ids
