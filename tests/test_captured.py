@@ -16,27 +16,21 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tinygpt.model as model_module
+from tests.test_kv_cache import ids_for
+from tests.test_kv_cache import make_model as small_model
 from tinygpt.captured import CapturedDecoder, refusal
 from tinygpt.device_sampling import row_params, sample_rows
 from tinygpt.generate import generate
 from tinygpt.kv_cache import KVCache, decode_step, prefill
-from tinygpt.model import ModelConfig, TinyGPT
+from tinygpt.model import TinyGPT
 from tinygpt.sampling import SamplingParams
-
-VOCAB = 61
 
 
 def make_model(max_seq_len: int = 80, **extra) -> TinyGPT:
-    cfg = ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                      d_ff=48, max_seq_len=max_seq_len, **extra)
-    model = TinyGPT(cfg, seed=0).eval()
-    with torch.no_grad():      # larger logits than the 0.02 init: no argmax near-ties
-        model.output.weight.mul_(40)
-    return model
+    return small_model(max_seq_len=max_seq_len, **extra)
 
 
-def prompts(batch: int, length: int, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+prompts = ids_for          # (batch, length, seed=1) -> seeded ids in the vocabulary
 
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -47,9 +47,12 @@ KV_FLOOR = 6e-8
 
 
 def make_model(n_kv_heads: int = 2, n_heads: int = 4, seed: int = 0, max_seq_len: int = 48,
-               n_layers: int = 2) -> TinyGPT:
-    cfg = ModelConfig(vocab_size=61, d_model=32, n_layers=n_layers, n_heads=n_heads,
-                      n_kv_heads=n_kv_heads, d_ff=48, max_seq_len=max_seq_len)
+               n_layers: int = 2, **changes) -> TinyGPT:
+    """A small TinyGPT with large logits; `changes`: other ModelConfig fields (tests of
+    tinygpt.captured and tests/test_on_devices.py build theirs here too)."""
+    cfg = ModelConfig(**{**dict(vocab_size=61, d_model=32, n_layers=n_layers, n_heads=n_heads,
+                                n_kv_heads=n_kv_heads, d_ff=48, max_seq_len=max_seq_len),
+                         **changes})
     model = TinyGPT(cfg, seed=seed).eval()
     with torch.no_grad():  # larger logits than the 0.02 init, so argmax ties cannot happen
         model.output.weight.mul_(40)

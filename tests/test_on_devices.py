@@ -24,6 +24,7 @@ import json
 import pytest
 import torch
 
+from tests.test_kv_cache import ids_for, make_model
 from tinygpt import moe as M
 from tinygpt.engine import Engine
 from tinygpt.generate import generate
@@ -46,16 +47,11 @@ def device(request) -> torch.device:
 
 
 def dense_model(device: torch.device, **changes) -> TinyGPT:
-    cfg = ModelConfig(**{**dict(vocab_size=61, d_model=32, n_layers=2, n_heads=4,
-                                n_kv_heads=2, d_ff=48, max_seq_len=96), **changes})
-    model = TinyGPT(cfg, seed=0).eval()
-    with torch.no_grad():      # larger logits than the 0.02 init: no argmax near-ties
-        model.output.weight.mul_(40)
-    return model.to(device)
+    return make_model(max_seq_len=96, **changes).to(device)
 
 
-def ids(n: int, seed: int, vocab: int = 61) -> list[int]:
-    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+def ids(n: int, seed: int) -> list[int]:
+    return ids_for(1, n, seed)[0].tolist()
 
 
 def test_engine_equals_batch_one_generate(device):
