@@ -45,6 +45,25 @@ def test_tiled_float32_product_equals_f_linear(threads, n, k, rows):
     check_product("TiledLinear(w)(x)", got, x, w)
 
 
+@pytest.mark.parametrize("k", [1, 33, 128, 576])
+def test_float32_rows_loop_gives_the_portable_loops_bits_at_every_row_count(threads, k):
+    """The AVX-512 float32 loop (every row's sums side by side) and the portable one (row by
+    row) sum in the same order: the same bits, and a row's result does not depend on how many
+    rows share the product (batched decode and speculative decoding's verify pass rely on it:
+    their rows must equal batch-1 decode's token for token)."""
+    w, x = weights(96, k), weights(ck.MAX_ROWS, k, seed=2)
+    tiled = ck.TiledLinear(w)
+    alone = torch.cat([tiled(x[r:r + 1])[0] for r in range(ck.MAX_ROWS)])
+    before = ck.use_portable(True)
+    try:
+        portable = [tiled(x[:rows])[0] for rows in range(1, ck.MAX_ROWS + 1)]
+    finally:
+        ck.use_portable(before)
+    for rows in range(1, ck.MAX_ROWS + 1):
+        assert torch.equal(tiled(x[:rows])[0], alone[:rows]), rows
+        assert torch.equal(portable[rows - 1], alone[:rows]), rows
+
+
 def test_tiled_bfloat16_product_is_f_linear_on_rounded_weights(threads):
     """(x itself where the weights are widened, x rounded to bfloat16 where the build runs
     avx512_bf16 dot products: tests/test_cpu_bf16.py checks both paths)"""
