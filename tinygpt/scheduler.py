@@ -231,9 +231,12 @@ class Scheduler:
         for index, seq in enumerate(decoding):
             if seq.status != "running" or budget == 0:
                 continue
-            # a forced run takes what the decodes after it leave (each keeps its one token)
-            later = sum(s.status == "running" for s in decoding[index + 1:])
-            n = max(1, min(seq.num_pending, budget - later))
+            # a forced run takes what the decodes after it leave (each keeps its one token);
+            # a plain decode takes its one token (counting the others would cost O(n^2))
+            n = 1
+            if seq.num_pending > 1:
+                later = sum(s.status == "running" for s in decoding[index + 1:])
+                n = max(1, min(seq.num_pending, budget - later))
             while self.cache.blocks_needed(seq.id, n) > self.cache.allocator.num_free:
                 victim = self.choose_victim()
                 self.preempt(victim)
