@@ -13,6 +13,7 @@ import torch
 from tinygpt import cpu_gemm
 from tinygpt import runner as runner_module
 from tinygpt.bench.metrics import ttft
+from tinygpt.cpu_kernels import MAX_ROWS
 from tinygpt.engine import AsyncEngine, Engine, EngineFull
 from tinygpt.generate import generate
 from tinygpt.model import ModelConfig, TinyGPT
@@ -175,6 +176,9 @@ def test_runner_logits_equal_the_model_on_each_sequence(n_kv_heads, batched, mon
     cache = PagedKVCache.for_model(model, num_blocks=40, block_size=4)
     runner = ModelRunner(model, cache, batched=batched)
     assert runner.batched == (batched and cpu_gemm.available() is None)
+    # four sequences: their decode-only steps would take the C layers (the test below);
+    # here the batched road's decode attention is what is checked
+    runner.decode_layers_rows = 0
     kinds = set()
     split = runner_module.split_attention
     monkeypatch.setattr(runner_module, "split_attention", lambda q, k, v, parts, *args: (
@@ -271,12 +275,13 @@ def test_runner_rejects_empty_work():
 
 @pytest.mark.skipif(cpu_gemm.available() is not None, reason=str(cpu_gemm.available()))
 @pytest.mark.parametrize("n_kv_heads", [1, 2])
-def test_one_sequence_decodes_run_generates_step_with_its_bits(n_kv_heads):
+def test_few_sequence_decodes_run_generates_step_with_its_bits(n_kv_heads):
     """A step that decodes one sequence runs generate()'s C layers (cpu_kernels.DecodeLayers)
     on the paged pool: its logits equal, bit for bit, those of the batch-1 tiled DecodeStep on
     a plain cache holding the same keys and values, and the key and value it writes too; the
-    blocks are scattered (another sequence took every other one); steps of two decodes
-    or a chunk take the batched road."""
+    blocks are scattered (another sequence took every other one); a step of two decodes takes
+    them too, each row with the bits it gets alone; a chunk, or more decodes than
+    decode_layers_rows, takes the batched road."""
     from tinygpt.kv_cache import DecodeStep, KVCache
 
     model = tiny_model(n_kv_heads)
@@ -298,8 +303,17 @@ def test_one_sequence_decodes_run_generates_step_with_its_bits(n_kv_heads):
     assert calls == []                               # prefill chunks: the batched road
     cache.reserve(0, 1)
     cache.reserve(1, 1)
-    runner.forward([(0, [ids[0][8]], 8), (1, [ids[1][8]], 8)])
-    assert calls == []                               # two decodes: the batched road
+    two = [(0, [ids[0][8]], 8), (1, [ids[1][8]], 8)]
+    runner.decode_layers_rows = 1
+    runner.forward(two)
+    assert calls == []                       # more decodes than decode_layers_rows: batched
+    del runner.decode_layers_rows                    # the default, up to MAX_ROWS decodes
+    assert runner.decode_layers_rows == MAX_ROWS
+    both = runner.forward(two)
+    assert calls == [1]
+    alone = torch.cat([runner.forward([w]) for w in two])    # writes the same keys and values
+    assert torch.equal(both, alone)                  # a row's bits do not depend on the others
+    calls.clear()
     cache.lengths[0] = cache.lengths[1] = 9
     plain = KVCache.for_model(model, 1, 32)
     step = DecodeStep(model, plain)

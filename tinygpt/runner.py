@@ -33,10 +33,11 @@ On the CPU with a float32 model the runner takes a faster road by default (batch
     the rest   RMSNorm in one call (cpu_gemm.rms_norm; torch's is seven operations), RoPE as
                roll(x) * signed sin, as the batch-1 decode step computes it
                (tinygpt.kv_cache.DecodeStep), all on one torch thread (Engine.step)
-    one user   a step that decodes ONE sequence (a chat, a single client) runs the layers
-               generate() runs, cpu_kernels.DecodeLayers (one C call for the step, on the same
-               tiles and on the pool in place): the engine then decodes as fast as generate()
-               and its logits have the bits generate()'s step gives for the same cache
+    few users  a step that decodes one to four sequences and nothing else (a chat, a few
+               clients) runs the layers generate() runs, cpu_kernels.DecodeLayers (one C call
+               for the step, on the same tiles and on the pool in place): the engine then
+               decodes one sequence as fast as generate(), and each row's logits have the bits
+               generate()'s step gives for the same cache
 
 Where one engine step of 16 decodes on SmolLM2-135M went on the course's 2-core machine
 (2 threads, a shared machine, 2026-11-25; `python -m tinygpt bench --only smollm2_cpu`
@@ -59,7 +60,7 @@ import torch
 import torch.nn.functional as F
 
 from tinygpt import cpu_gemm
-from tinygpt.cpu_kernels import DecodeLayers, TiledLinear
+from tinygpt.cpu_kernels import MAX_ROWS, DecodeLayers, TiledLinear
 from tinygpt.model import TinyGPT
 from tinygpt.paged import PagedKVCache
 
@@ -75,6 +76,8 @@ class ModelRunner:
     norms, and layer.feed_forward, a tinygpt.moe.MoE, routes the step's tokens and runs each
     chosen expert once over its rows.
     """
+
+    decode_layers_rows = MAX_ROWS    # steps of at most this many decodes take the C layers
 
     def __init__(self, model: TinyGPT, cache: PagedKVCache, *, batched: bool = True) -> None:
         if not isinstance(model, TinyGPT):
@@ -112,16 +115,18 @@ class ModelRunner:
             self._decode_layers()
 
     def _decode_layers(self) -> None:
-        """A step that decodes one sequence runs generate()'s layers: cpu_kernels.DecodeLayers,
-        one C call for the layers, the final norm and the head, over the batched products' own
-        tiles (no second copy) and the paged pool in place. decode_layers_reason says why not
-        where they cannot.
+        """A step that decodes up to decode_layers_rows (MAX_ROWS) sequences runs generate()'s
+        layers: cpu_kernels.DecodeLayers, one C call for the layers, the final norm and the
+        head, over the batched products' own tiles (no second copy) and the paged pool in
+        place. decode_layers_reason says why not where they cannot.
 
-        Why one sequence only (SmolLM2 in float32 on the 2-core AMD EPYC, 2026-11-27, greedy
-        requests of 64 tokens, tokens/s of the engine): the C layers 47.7 against 41.5 for
-        the batched road at one request, but 71.1 / 78.4 / 89.0 against 80.6 / 111.7 / 132.5
-        at 2 / 3 / 4 (their products are made for one row; the batched road's
-        register-blocked products win as soon as there are two)."""
+        Measured (SmolLM2 in float32 on the 2-core AMD EPYC, greedy requests of 64 tokens,
+        tokens/s of the engine, prefill included): on 2026-11-27 the C layers 47.7 against
+        41.5 for the batched road at one request, but 71.1 / 78.4 / 89.0 against
+        80.6 / 111.7 / 132.5 at 2 / 3 / 4 (their float32 products ran one row after another),
+        so only one sequence took them; since their products run every row side by side
+        (2026-11-28), 108-116 / 142-143 / 170-180 against 92-93 / 130-131 / 166-169.
+        Five or more decodes, and any step with a prefill chunk, take the batched road."""
         model, cache = self.model, self.cache
         if cache.latent or model.cfg.sliding_window:
             self.decode_layers_reason = ("latent attention and sliding windows run the batched "
@@ -174,7 +179,7 @@ class ModelRunner:
         r_tables = torch.tensor([table[:width] + [0] * (width - min(len(table), width))
                                  for table in tables], **as_long).clamp_(min=0)    # (N, W)
         # (a block dropped out of a sliding window, paged.DROPPED, reads as block 0: masked)
-        if self.decode_layers is not None and n_seq == 1 and t_q == 1 \
+        if self.decode_layers is not None and n_seq <= self.decode_layers_rows and t_q == 1 \
                 and every_position is None:
             return self._decode_rows([ids[0] for _, ids, _ in work], starts, r_tables)
 
