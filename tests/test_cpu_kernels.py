@@ -46,8 +46,8 @@ def test_tiled_float32_product_equals_f_linear(threads, n, k, rows):
 
 
 @pytest.mark.parametrize("k", [1, 33, 128, 576])
-def test_float32_rows_loop_gives_the_portable_loops_bits_at_every_row_count(threads, k):
-    """The AVX-512 float32 loop (every row's sums side by side) and the portable one (row by
+def test_float32_rows_loop_gives_the_row_by_row_loops_bits_at_every_row_count(threads, k):
+    """The float32 loop that runs every row's sums side by side and the plain one (row by
     row) sum in the same order: the same bits, and a row's result does not depend on how many
     rows share the product (batched decode and speculative decoding's verify pass rely on it:
     their rows must equal batch-1 decode's token for token)."""
@@ -62,6 +62,32 @@ def test_float32_rows_loop_gives_the_portable_loops_bits_at_every_row_count(thre
     for rows in range(1, ck.MAX_ROWS + 1):
         assert torch.equal(tiled(x[:rows])[0], alone[:rows]), rows
         assert torch.equal(portable[rows - 1], alone[:rows]), rows
+
+
+def test_float32_rows_loop_without_avx512_gives_the_row_by_row_bits():
+    """The side-by-side loop is written in 16-float vectors, not AVX-512 instructions: built
+    for a CPU without AVX-512 (-mno-avx512f: AVX2's narrower vectors) it still gives the
+    row-by-row loop's bits at 1-4 rows."""
+    library = ck.build("-mno-avx512f")
+    lib = library.load()
+    if lib is None:
+        pytest.skip(library.available())
+    tiled, x = ck.TiledLinear(weights(96, 577)), weights(ck.MAX_ROWS, 577, seed=3)
+
+    def product(rows: int) -> torch.Tensor:
+        y = torch.empty(rows, tiled.n_pad)
+        assert lib.tg_gemv(ck.FORMATS["fp32"], tiled.tiled.data_ptr(), x.data_ptr(),
+                           y.data_ptr(), rows, tiled.n_pad, tiled.k) == 0
+        return y
+
+    fast = [product(rows) for rows in range(1, ck.MAX_ROWS + 1)]
+    lib.tg_use_portable(1)
+    try:
+        for rows in range(1, ck.MAX_ROWS + 1):
+            assert torch.equal(product(rows), fast[rows - 1]), rows
+    finally:
+        lib.tg_use_portable(0)
+    check_product("the float32 product built without AVX-512", fast[-1], x, weights(96, 577))
 
 
 def test_tiled_bfloat16_product_is_f_linear_on_rounded_weights(threads):

@@ -242,10 +242,11 @@ def kernel_input(x: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 def use_portable(on: bool) -> bool:
-    """Run the float32, Q8_0 and Q4_1 products on the portable C loops (True) or on the
-    AVX-512 ones where they were compiled in (False, the default: float32 with every row's
-    sums side by side, the integer formats with VNNI); returns the previous setting. Both give
-    the same float32 bits and the same integer sums; the tests compare them."""
+    """Run the float32, Q8_0 and Q4_1 products on their plain C loops (True: float32 one row
+    after another, the integer formats without VNNI) or on the fast ones (False, the default:
+    float32 with every row's sums side by side, the integer formats with AVX-512 VNNI where it
+    was compiled in); returns the previous setting. Both give the same float32 bits and the
+    same integer sums; the tests compare them."""
     if not isinstance(on, bool):
         raise TypeError(f"on must be True or False, got {on!r}")
     lib = load()

@@ -39,17 +39,9 @@
 #include "pool.h"
 #include "attention.h"     /* attend_group: one group of query heads over the pool */
 
+#include "vec16.h"         /* v16: 16 floats, load16, store16 */
+
 #define TILE 16
-
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
-
-static inline v16 load16(const float *p) {
-    v16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 
 /* y[r, 16 t ..] for rows r < R of x and tiles t < T starting at w: the register block */
 #define BLOCK(R, T)                                                                          \

@@ -36,6 +36,7 @@
 
 #include "pool.h"                /* the helper threads (POOL_* are its tuning knobs) */
 #include "attention.h"           /* a decode query's attention over a (paged) cache */
+#include "vec16.h"               /* v16: 16 floats, load16, store16 */
 
 #define TILE 16
 #define MAX_ROWS 4      /* rows of x per product */
@@ -49,8 +50,9 @@
         default: fn(__VA_ARGS__, 4); break;                                                   \
     }
 
-/* 1: the products run the portable loops instead of the AVX-512 ones (float32, and VNNI for
- * the integer formats below); the tests compare the two */
+/* 1: the products run their plain loops instead of the fast ones (float32: row by row instead
+ * of f32_rows; Q8_0 and Q4_1: the portable integer loops instead of VNNI); the tests compare
+ * the two */
 static int portable;
 
 int tg_use_portable(int on) {
@@ -64,54 +66,42 @@ int tg_use_portable(int on) {
  * at the multiply-add's latency, not its throughput. At one row that is faster than the
  * weights arrive from memory; at 2-4 rows (a few sequences decoding together, speculative
  * decoding's verify pass) the rows' chains one after another made a product of 4 rows cost
- * 3.5x one row from the cache. The AVX-512 loop loads each pair of weight vectors once for
- * all rows and runs every row's two chains side by side (up to 8 independent chains). Each
- * row's sums are the portable loop's, in the same order (fused multiply-adds on even columns
- * into one sum, odd into the other, added at the end), so the two give the same bits and a
- * row's result does not depend on how many rows share the product. */
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#define HAVE_F32_ROWS 1
+ * 3.5x one row from the cache. f32_rows loads each pair of weight vectors once for all rows
+ * and runs every row's two chains side by side (up to 8 independent chains; 16-float vectors,
+ * vec16.h, so it compiles for any CPU). Each row's sums are the portable loop's, in the same
+ * order (even columns into one sum, odd into the other, added at the end; multiply-adds fused
+ * or not as the compiler fuses both), so the two give the same bits and a row's result does
+ * not depend on how many rows share the product. */
 static inline __attribute__((always_inline)) void f32_rows(
         const float *w, const float *x, float *y, long n, long k, long t0, long t1,
         const int rows) {
     for (long t = t0; t < t1; t++) {
         const float *wt = w + t * k * TILE;
-        __m512 a0[MAX_ROWS], a1[MAX_ROWS];
-        for (int r = 0; r < rows; r++) {
-            a0[r] = _mm512_setzero_ps();
-            a1[r] = _mm512_setzero_ps();
-        }
+        v16 a0[MAX_ROWS], a1[MAX_ROWS];
+        for (int r = 0; r < rows; r++) a0[r] = a1[r] = (v16){0};
         long j = 0;
         for (; j + 2 <= k; j += 2) {
-            __m512 w0 = _mm512_loadu_ps(wt + j * TILE), w1 = _mm512_loadu_ps(wt + j * TILE + TILE);
+            v16 w0 = load16(wt + j * TILE), w1 = load16(wt + j * TILE + TILE);
             for (int r = 0; r < rows; r++) {
-                a0[r] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[r * k + j]), a0[r]);
-                a1[r] = _mm512_fmadd_ps(w1, _mm512_set1_ps(x[r * k + j + 1]), a1[r]);
+                a0[r] += w0 * x[r * k + j];
+                a1[r] += w1 * x[r * k + j + 1];
             }
         }
         if (j < k) {
-            __m512 w0 = _mm512_loadu_ps(wt + j * TILE);
-            for (int r = 0; r < rows; r++)
-                a0[r] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[r * k + j]), a0[r]);
+            v16 w0 = load16(wt + j * TILE);
+            for (int r = 0; r < rows; r++) a0[r] += w0 * x[r * k + j];
         }
-        for (int r = 0; r < rows; r++)
-            _mm512_storeu_ps(y + r * n + t * TILE, _mm512_add_ps(a0[r], a1[r]));
+        for (int r = 0; r < rows; r++) store16(y + r * n + t * TILE, a0[r] + a1[r]);
     }
 }
-#else
-#define HAVE_F32_ROWS 0
-#endif
 
 /* tiles [t0, t1) of one product, for all M rows of x */
 static void tiles_f32(const float *w, const float *x, float *y, long m_rows, long n, long k,
                       long t0, long t1) {
-#if HAVE_F32_ROWS
     if (!portable) {
         ROWS_SWITCH(f32_rows, w, x, y, n, k, t0, t1)
         return;
     }
-#endif
     for (long t = t0; t < t1; t++) {
         const float *wt = w + t * k * TILE;
         for (long m = 0; m < m_rows; m++) {
