@@ -5,6 +5,7 @@ loop: identical tokens and logits at temperature 0, the same events, cropping, f
 from __future__ import annotations
 
 import copy
+import random
 import warnings
 
 import pytest
@@ -18,6 +19,7 @@ from tinygpt.generate import (
     CachedLogits,
     ContextCroppedWarning,
     GenerationResult,
+    ReplyText,
     crop_context,
     eos_id_of,
     find_stop,
@@ -709,3 +711,51 @@ def test_cuda_cached_equals_uncached_and_compiled():
     uncached = generate(model, prompt, params, use_cache=False).token_ids
     assert generate(model, prompt, params).token_ids == uncached
     assert generate(model, prompt, params, compile=True).token_ids == uncached
+
+
+# ----------------------------------------------------------------------------------------------
+# The reply's text, one id at a time
+# ----------------------------------------------------------------------------------------------
+
+def _tokenizers():
+    from tinygpt.loading import load_model
+    from tinygpt.train import load_pretrained
+
+    yield "course BPE", load_pretrained()[1]
+    try:
+        yield "SmolLM2 GGUF", load_model("smollm2")[1]
+    except Exception as error:                       # noqa: BLE001 (not installed: one less)
+        warnings.warn(f"SmolLM2 is not installed, its tokenizer is not checked: {error}",
+                      stacklevel=1)
+
+
+def test_reply_text_equals_decoding_every_prefix_again():
+    """ReplyText follows a UTF-8 byte tokenizer one id at a time: after every append its text
+    is tokenizer.decode of all the ids so far, exactly, also where ids cut a character, carry
+    bytes that are not UTF-8 at all, or end on an unfinished character (U+FFFD, as decode
+    shows it). Random ids, and ids of text with multi-byte characters; a tokenizer without
+    DECODES_UTF8_BYTES decodes all the ids again."""
+    for name, tokenizer in _tokenizers():
+        assert tokenizer.DECODES_UTF8_BYTES, name
+        rng = random.Random(0)
+        text_ids = tokenizer.encode("naïve café 東京 🙂🚀 ok")
+        sequences = [text_ids, [rng.randrange(tokenizer.vocab_size) for _ in range(300)]]
+        # single bytes only: cut characters, stray continuation bytes, unfinished endings
+        raw = [i for i, piece in enumerate(tokenizer.token_bytes(range(tokenizer.vocab_size)))
+               if len(piece) == 1 and piece[0] >= 0x80]
+        assert raw, name
+        sequences.append([rng.choice(raw) for _ in range(200)])
+        for ids in sequences:
+            reply = ReplyText(tokenizer)
+            for n, token_id in enumerate(ids, 1):
+                reply.append(token_id)
+                assert reply.text == tokenizer.decode(ids[:n]), (name, n)
+
+    class Plain:                                      # decode only: the slow road
+        def decode(self, ids):
+            return "".join(chr(65 + i) for i in ids)
+
+    reply = ReplyText(Plain())
+    for token_id in (0, 1, 2):
+        reply.append(token_id)
+    assert reply.text == "ABC"

@@ -119,6 +119,9 @@ class GGUFTokenizer:
     Build one with `GGUFTokenizer.from_gguf(path)`.
     """
 
+    # decode(ids) is decode_bytes(ids) as UTF-8 with errors="replace" (generate.ReplyText)
+    DECODES_UTF8_BYTES = True
+
     def __init__(self, tokens: Sequence[str], token_types: Sequence[int],
                  merges: Sequence[str], pre: str, *, bos_id: int | None = None,
                  eos_id: int | None = None, pad_id: int | None = None,

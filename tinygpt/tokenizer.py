@@ -263,6 +263,9 @@ class BPETokenizer:
     Build one with `train_bpe`, `BPETokenizer.load` or `BPETokenizer.from_dict`.
     """
 
+    # decode(ids) is decode_bytes(ids) as UTF-8 with errors="replace" (generate.ReplyText)
+    DECODES_UTF8_BYTES = True
+
     def __init__(
         self,
         merges: Mapping[tuple[int, int], int],
