@@ -15,11 +15,11 @@ from torch import nn
 import tinygpt
 import tinygpt.model
 from tests.float64 import float64_twin
+from tinygpt.detokenize import ReplyText
 from tinygpt.generate import (
     CachedLogits,
     ContextCroppedWarning,
     GenerationResult,
-    ReplyText,
     crop_context,
     eos_id_of,
     find_stop,
@@ -748,8 +748,8 @@ def test_reply_text_equals_decoding_every_prefix_again():
         for ids in sequences:
             reply = ReplyText(tokenizer)
             for n, token_id in enumerate(ids, 1):
-                reply.append(token_id)
-                assert reply.text == tokenizer.decode(ids[:n]), (name, n)
+                assert reply.append(token_id) == reply.text == tokenizer.decode(ids[:n]), \
+                    (name, n)
 
     class Plain:                                      # decode only: the slow road
         def decode(self, ids):

@@ -20,8 +20,8 @@ tokens. The pieces, in the order a step uses them:
     CachedLogits        the same logits from a KV cache: prefill, then one decode step per call
     find_stop           where the first stop string starts in a text
     held_back_length    how much of a text's end could still become a stop string
-    ReplyText           the decoded text of the ids so far, kept up to date one id at a time
     stream              yields one TokenEvent per new token, with the text it releases
+                        (the reply's text kept current by tinygpt.detokenize.ReplyText)
     token_events        the loop behind stream, fed logits by a callback (day 17's engine)
     generate            runs stream to the end and returns a GenerationResult
     time_per_token      the loop's seconds per token at several prompt lengths
@@ -33,7 +33,6 @@ Batch size 1 only: stop conditions are per sequence, and batching is day 13's to
 from __future__ import annotations
 
 import argparse
-import codecs
 import collections
 import contextlib
 import sys
@@ -44,6 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tinygpt.detokenize import ReplyText
 from tinygpt.kv_cache import (
     CompileFallbackWarning,
     DecodeStep,
@@ -296,33 +296,6 @@ def _check_args(model, params, eos_id, tokenizer, generator, order) -> tuple[int
     return vocab_size, max_seq_len
 
 
-class ReplyText:
-    """The text of the ids generated so far: `text` is tokenizer.decode(ids) after each append.
-
-    A tokenizer whose decode(ids) is its decode_bytes(ids) read as UTF-8 with errors="replace"
-    says so with DECODES_UTF8_BYTES = True (both of tinygpt's do). Its ids are followed one at a
-    time: their bytes go through an incremental UTF-8 decoder, which holds back only an
-    unfinished character (shown as decode shows it, U+FFFD), so a token costs as much at the
-    thousandth token as at the first; decoding the whole reply again each token grew with its
-    length (SmolLM2's tokenizer: 14 us at 64 ids, 215 us at 1,024). Any other tokenizer
-    decodes all the ids again."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer, self.ids, self._done = tokenizer, [], ""
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace") \
-            if getattr(tokenizer, "DECODES_UTF8_BYTES", False) else None
-        self.text = ""
-
-    def append(self, token_id: int) -> None:
-        self.ids.append(token_id)
-        if self._utf8 is None:
-            self.text = self.tokenizer.decode(self.ids)
-            return
-        self._done += self._utf8.decode(self.tokenizer.decode_bytes([token_id]))
-        pending = self._utf8.getstate()[0]          # the bytes of an unfinished character
-        self.text = self._done + pending.decode("utf-8", "replace") if pending else self._done
-
-
 def stream(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
            eos_id: int | None = None, tokenizer=None, generator: torch.Generator | None = None,
            order: Sequence[str] = DEFAULT_ORDER, use_cache: bool = True,
@@ -429,9 +402,7 @@ def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, orde
         finish = "eos" if token == eos_id else None
         text = None
         if reply is not None:
-            if finish is None:
-                reply.append(token)
-            full = reply.text
+            full = reply.append(token) if finish is None else reply.text
             settled = full.rstrip("\ufffd")  # an incomplete UTF-8 character is not text yet
             cut = find_stop(settled, params.stop) if finish is None else None
             if cut is not None:

@@ -119,7 +119,7 @@ class GGUFTokenizer:
     Build one with `GGUFTokenizer.from_gguf(path)`.
     """
 
-    # decode(ids) is decode_bytes(ids) as UTF-8 with errors="replace" (generate.ReplyText)
+    # decode(ids) is decode_bytes(ids) as UTF-8 with errors="replace" (detokenize.ReplyText)
     DECODES_UTF8_BYTES = True
 
     def __init__(self, tokens: Sequence[str], token_types: Sequence[int],

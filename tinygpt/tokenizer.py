@@ -263,7 +263,7 @@ class BPETokenizer:
     Build one with `train_bpe`, `BPETokenizer.load` or `BPETokenizer.from_dict`.
     """
 
-    # decode(ids) is decode_bytes(ids) as UTF-8 with errors="replace" (generate.ReplyText)
+    # decode(ids) is decode_bytes(ids) as UTF-8 with errors="replace" (detokenize.ReplyText)
     DECODES_UTF8_BYTES = True
 
     def __init__(
