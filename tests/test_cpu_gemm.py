@@ -129,6 +129,70 @@ def test_paged_attention_equals_the_padded_batch(threads, heads, kv_heads, dim):
     check_float32_error("paged_attention", got, want, exact, factor=4, floor=5e-7)
 
 
+def _attention_on(lib, q, k_pool, v_pool, tables, lengths, scale) -> torch.Tensor:
+    """tg_paged_attention of another build of the library (cpu_gemm.build)"""
+    n_seq, heads, dim = q.shape
+    y = torch.empty(n_seq, heads, dim)
+    lib.tg_paged_attention(q.data_ptr(), q.stride(0), k_pool.data_ptr(), v_pool.data_ptr(),
+                           tables.data_ptr(), lengths.data_ptr(), y.data_ptr(), n_seq, heads,
+                           k_pool.shape[1], dim, k_pool.shape[2], tables.shape[1], scale)
+    return y
+
+
+@pytest.mark.parametrize("flag", ["-mno-avx512f", "-mno-avx"])
+def test_narrower_vectors_keep_the_products_and_attentions_bits(flag):
+    """The kernels are written in vectors as wide as the registers (tinygpt/csrc/vec.h), their
+    register blocks sized by that width, each lane summing in the same order. Built for AVX2's
+    8 floats (-mno-avx512f) the products give the package build's bits (the same build as the
+    package's on a CPU without AVX-512); built for SSE's 4 (-mno-avx, which also leaves out
+    fused multiply-adds) the bits of cpu_kernels' row-by-row loop built the same way. Rows
+    1-13 and 7 tiles: whole register blocks of 6 rows and remainders. The paged attention
+    (head_dim 32, 64, 128: attention.h's register blocks at each width) stays as close to the
+    float64 padded path as the package's (its softmax sum is reduced at the vector's width, so
+    its bits may differ between widths)."""
+    library = cpu_gemm.build(flag)
+    lib = library.load()
+    if lib is None:
+        pytest.skip(library.available())
+    w, x = randn(112, 577), randn(13, 577, seed=3)
+    product, tiled = cpu_gemm.GemmLinear(w), ck.TiledLinear(w)
+    row_by_row = None if flag == "-mno-avx512f" else ck.build(flag).load()
+    if flag != "-mno-avx512f" and row_by_row is None:
+        pytest.skip("the batch-1 kernels do not build with " + flag)
+    for rows in (1, 5, 6, 7, 13):
+        y = torch.empty(rows, product.n_pad)
+        lib.tg_gemm(product.tiled.data_ptr(), x.data_ptr(), y.data_ptr(), rows,
+                    product.n_pad, product.k)
+        if row_by_row is None:
+            assert torch.equal(y, product(x[:rows])[0]), rows
+            continue
+        want = torch.empty(rows, tiled.n_pad)
+        before = row_by_row.tg_use_portable(1)       # the build's one flag: shared, restored
+        try:
+            for r in range(rows):
+                assert row_by_row.tg_gemv(ck.FORMATS["fp32"], tiled.tiled.data_ptr(),
+                                          x[r:r + 1].data_ptr(), want[r:r + 1].data_ptr(), 1,
+                                          tiled.n_pad, tiled.k) == 0
+        finally:
+            row_by_row.tg_use_portable(before)
+        assert torch.equal(y, want), rows
+    check_product(f"the batched product built with {flag}", y, x, w)
+
+    for heads, kv_heads, dim in [(9, 3, 64), (6, 2, 32), (3, 1, 128), (5, 1, 64)]:
+        k_pool, v_pool = _pools(80, kv_heads, 4, dim, seed=heads)
+        lengths = torch.tensor([1, 5, 17, 30, 61])       # 5 sequences of up to 16 blocks
+        tables = torch.randperm(80, generator=torch.Generator().manual_seed(dim)).view(5, 16)
+        q = randn(5, heads, dim, seed=7) * 20
+        got = _attention_on(lib, q, k_pool, v_pool, tables, lengths, 0.25)
+        keys = torch.arange(16 * 4)
+        padded = (torch.zeros(5, 1, dtype=torch.long), torch.ones(5, 1, dtype=torch.bool),
+                  (keys[None, :] < lengths[:, None])[:, None, None, :])
+        check_float32_error(f"paged attention built with {flag}", got,
+                            padded_attention(q, k_pool, v_pool, tables, padded, 0.25),
+                            padded_attention(q.double(), k_pool.double(), v_pool.double(),
+                                             tables, padded, 0.25), factor=4, floor=5e-7)
+
+
 def test_paged_attention_refuses_bad_input():
     k_pool, v_pool = _pools(8, 2, 4, 16, seed=0)
     q, tables, lengths = randn(2, 4, 16), torch.tensor([[0, 1], [2, 3]]), torch.tensor([3, 8])

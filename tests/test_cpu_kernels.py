@@ -64,15 +64,19 @@ def test_float32_rows_loop_gives_the_row_by_row_loops_bits_at_every_row_count(th
         assert torch.equal(portable[rows - 1], alone[:rows]), rows
 
 
-def test_float32_rows_loop_without_avx512_gives_the_row_by_row_bits():
-    """The side-by-side loop is written in 16-float vectors, not AVX-512 instructions: built
-    for a CPU without AVX-512 (-mno-avx512f: AVX2's narrower vectors) it still gives the
-    row-by-row loop's bits at 1-4 rows."""
-    library = ck.build("-mno-avx512f")
+@pytest.mark.parametrize("flag", ["-mno-avx512f", "-mno-avx"])
+def test_float32_rows_loop_on_narrower_vectors_keeps_its_bits(flag):
+    """The side-by-side loop is written in vectors as wide as the registers (tinygpt/csrc/vec.h),
+    each lane summing in the same order: built for AVX2's 8 floats (-mno-avx512f) it gives the
+    package build's bits (the same as its own on a CPU without AVX-512), and for SSE's 4
+    (-mno-avx, which also leaves out fused multiply-adds, so its sums round twice) its own
+    row-by-row loop's, at 1-4 rows; each against the float64 product."""
+    library = ck.build(flag)
     lib = library.load()
     if lib is None:
         pytest.skip(library.available())
-    tiled, x = ck.TiledLinear(weights(96, 577)), weights(ck.MAX_ROWS, 577, seed=3)
+    w = weights(96, 577)
+    tiled, x = ck.TiledLinear(w), weights(ck.MAX_ROWS, 577, seed=3)
 
     def product(rows: int) -> torch.Tensor:
         y = torch.empty(rows, tiled.n_pad)
@@ -81,13 +85,16 @@ def test_float32_rows_loop_without_avx512_gives_the_row_by_row_bits():
         return y
 
     fast = [product(rows) for rows in range(1, ck.MAX_ROWS + 1)]
+    if flag == "-mno-avx512f":
+        for rows in range(1, ck.MAX_ROWS + 1):
+            assert torch.equal(fast[rows - 1], tiled(x[:rows])[0]), rows
     lib.tg_use_portable(1)
     try:
         for rows in range(1, ck.MAX_ROWS + 1):
             assert torch.equal(product(rows), fast[rows - 1]), rows
     finally:
         lib.tg_use_portable(0)
-    check_product("the float32 product built without AVX-512", fast[-1], x, weights(96, 577))
+    check_product(f"the float32 product built with {flag}", fast[-1], x, w)
 
 
 def test_tiled_bfloat16_product_is_f_linear_on_rounded_weights(threads):

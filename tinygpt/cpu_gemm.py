@@ -31,11 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from tinygpt.cpu_kernels import TILE, tile
-from tinygpt.native import NativeLibrary
+from tinygpt.native import FLAGS, NativeLibrary
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_gemm.c"
-FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp-simd", "-shared", "-fPIC",
-         "-pthread")
 
 def _declare(lib: ctypes.CDLL) -> None:
     lib.tg_gemm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
@@ -50,8 +48,16 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tg_rms_norm.restype = None
 
 
-_library = NativeLibrary(SOURCE, "the batched CPU products", _declare, start="tg_gemm_start",
-                         stop="tg_gemm_stop", after_fork="tg_gemm_after_fork", flags=FLAGS)
+def build(*extra_flags: str) -> NativeLibrary:
+    """The library built with `extra_flags` after FLAGS (a shared object and a pool of its
+    own). The package uses build(); the tests also build it for narrower vectors
+    (-mno-avx512f, -mno-avx) and check that it gives the same bits."""
+    return NativeLibrary(SOURCE, "the batched CPU products", _declare, start="tg_gemm_start",
+                         stop="tg_gemm_stop", after_fork="tg_gemm_after_fork",
+                         flags=FLAGS + extra_flags)
+
+
+_library = build()
 load = _library.load                # the compiled library, built and started on first use
 available = _library.available      # None when the batched products can run here, else why
 set_threads = _library.set_threads  # split every product over n threads from now on

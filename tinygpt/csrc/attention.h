@@ -6,8 +6,7 @@
  * every cached key, softmax, the weighted sum of the values. The heads of a group are done
  * together, so each key and value row is read from the cache (and widened from bfloat16)
  * once for all of them, and for head_dim 32, 64 or 128 the sums stay in vector registers
- * (GCC's and Clang's vector extensions: on a CPU without AVX-512 a 16-wide vector becomes
- * narrower ones). Three things set a long context's speed, measured on SmolLM2 (9 heads, 3 kv
+ * (GCC's and Clang's vector extensions, as wide as the CPU's registers: vec.h). Three things set a long context's speed, measured on SmolLM2 (9 heads, 3 kv
  * heads, head_dim 64): a dot product whose 16 lanes were added one after another (16
  * dependent additions per key: now a tree, 4 deep), an exponential the compiler could not
  * vectorize (a branch: now a select), and the values' sums going through memory at every
@@ -19,6 +18,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "vec.h"      /* vf: VW floats, the registers' width; VPT of them per 16 floats */
 
 static inline float bf16_to_float(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;
@@ -67,25 +68,33 @@ static inline long cache_at(const long *table, long block, long kv_heads, long g
     return ((table[t / block] * kv_heads + g) * block + t % block) * hd;
 }
 
-typedef float vec16 __attribute__((vector_size(64)));
-typedef float vec8 __attribute__((vector_size(32)));
 typedef float vec4 __attribute__((vector_size(16)));
 
 /* a . b over nv * 16 floats (nv a constant once inlined): 16 lanes, lane l summing the
  * products at l, l + 16, ..., then the lanes added as a tree, in registers (4 additions deep
- * instead of 16 in a row: a compiler may not reorder a reduction itself) */
+ * instead of 16 in a row: a compiler may not reorder a reduction itself). The 16 lanes are
+ * VPT vectors (vec.h); the tree is the same on every width: lanes i and i + 8, then i and
+ * i + 4, then 0 + 2 and 1 + 3. */
 static inline __attribute__((always_inline)) float dot_by16(int nv, const float *a,
                                                              const float *b) {
-    vec16 acc = {0};
-    for (int k = 0; k < nv; k++) {
-        vec16 x, y;
-        memcpy(&x, a + 16 * k, sizeof x);
-        memcpy(&y, b + 16 * k, sizeof y);
-        acc += x * y;
-    }
-    vec8 s8 = (vec8){acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]}
-              + (vec8){acc[8], acc[9], acc[10], acc[11], acc[12], acc[13], acc[14], acc[15]};
+    vf acc[VPT];
+    for (int s = 0; s < VPT; s++) acc[s] = (vf){0};
+    for (int k = 0; k < nv; k++)
+        for (int s = 0; s < VPT; s++)
+            acc[s] += loadv(a + 16 * k + VW * s) * loadv(b + 16 * k + VW * s);
+#if VW == 16
+    typedef float vec8 __attribute__((vector_size(32)));
+    vec8 s8 = (vec8){acc[0][0], acc[0][1], acc[0][2], acc[0][3], acc[0][4], acc[0][5],
+                     acc[0][6], acc[0][7]}
+              + (vec8){acc[0][8], acc[0][9], acc[0][10], acc[0][11], acc[0][12], acc[0][13],
+                       acc[0][14], acc[0][15]};
     vec4 s4 = (vec4){s8[0], s8[1], s8[2], s8[3]} + (vec4){s8[4], s8[5], s8[6], s8[7]};
+#elif VW == 8
+    vf s8 = acc[0] + acc[1];
+    vec4 s4 = (vec4){s8[0], s8[1], s8[2], s8[3]} + (vec4){s8[4], s8[5], s8[6], s8[7]};
+#else
+    vec4 s4 = (acc[0] + acc[2]) + (acc[1] + acc[3]);
+#endif
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
@@ -101,19 +110,23 @@ static inline float dot(const float *a, const float *b, long n) {
     return s;
 }
 
-/* The attention-weighted values of nh query heads that share kv head g: out + j * hd (hd =
- * nv * 16) = sum over t of weights[j * span + t] * inv_total[j] * value t, the values at
- * positions 0 .. span - 1 in cache order. nv and nh are constants once inlined, so the
- * nh * nv accumulators stay in registers, and each value row is loaded (and widened from
- * bfloat16) once for the nh heads. Each lane adds in position order, as weigh_values' plain
- * loop does. */
+/* running sums a block of weigh_values keeps in registers: half the registers (32 with
+ * AVX-512, 16 otherwise), the rest for a value row's vectors */
+#define ACC_VECS (VW == 16 ? 16 : 8)
+
+/* The attention-weighted values of nh query heads that share kv head g, columns c0 ..
+ * c0 + nv * VW - 1 of each: out + j * hd + c = sum over t of weights[j * span + t] *
+ * inv_total[j] * value t [c], the values at positions 0 .. span - 1 in cache order. nv and nh
+ * are constants once inlined, so the nh * nv accumulators stay in registers, and each value
+ * row is loaded (and widened from bfloat16) once for the nh heads. Each lane adds in position
+ * order, as weigh_values' plain loop does. */
 static inline __attribute__((always_inline)) void
-weigh_values_by16(int nv, int nh, float *out, const float *weights, const float *inv_total,
-                  const void *vc, int bf16, const long *table, long block, long kv_heads,
-                  long g, long span, long hd, float *row) {
-    vec16 acc[4][8];
+weigh_values_block(int nv, int nh, long c0, float *out, const float *weights,
+                   const float *inv_total, const void *vc, int bf16, const long *table,
+                   long block, long kv_heads, long g, long span, long hd, float *row) {
+    vf acc[4][ACC_VECS];
     for (int j = 0; j < nh; j++)
-        for (int k = 0; k < nv; k++) acc[j][k] = (vec16){0};
+        for (int k = 0; k < nv; k++) acc[j][k] = (vf){0};
     for (long t0 = 0; t0 < span; t0 += block) {
         long base = cache_at(table, block, kv_heads, g, t0, hd);
         long n = span - t0 < block ? span - t0 : block;
@@ -123,8 +136,8 @@ weigh_values_by16(int nv, int nh, float *out, const float *weights, const float 
                 cache_row(vc, base + i * hd, bf16, row, hd);
                 value = row;
             }
-            vec16 v[8];
-            for (int k = 0; k < nv; k++) memcpy(&v[k], value + 16 * k, sizeof v[k]);
+            vf v[ACC_VECS];
+            for (int k = 0; k < nv; k++) v[k] = loadv(value + c0 + VW * k);
             for (int j = 0; j < nh; j++) {
                 float p = weights[j * span + t0 + i] * inv_total[j];
                 for (int k = 0; k < nv; k++) acc[j][k] += p * v[k];
@@ -132,32 +145,39 @@ weigh_values_by16(int nv, int nh, float *out, const float *weights, const float 
         }
     }
     for (int j = 0; j < nh; j++)
-        for (int k = 0; k < nv; k++) memcpy(out + j * hd + 16 * k, &acc[j][k], sizeof acc[j][k]);
+        for (int k = 0; k < nv; k++) storev(out + j * hd + c0 + VW * k, acc[j][k]);
 }
 
-#define WEIGH(nv, nh) weigh_values_by16(nv, nh, out + j * hd, weights + j * span, \
-                                        inv_total + j, vc, bf16, table, block, kv_heads, g, \
-                                        span, hd, row)
+#define WEIGH(nv, nh)                                                                        \
+    for (long c0 = 0; c0 < hd; c0 += (nv) * VW)                                              \
+        weigh_values_block(nv, nh, c0, out + j * hd, weights + j * span, inv_total + j, vc,  \
+                           bf16, table, block, kv_heads, g, span, hd, row)
 
-/* the same for `count` heads and any head_dim: in register blocks of up to 4 heads (2 at
- * head_dim 128) where head_dim is 32, 64 or 128, otherwise head by head in out itself */
+/* every head of the group, head_dim HD (a constant), in blocks of NH heads by windows of NV
+ * vectors: a head's HD / VW vectors if they fit in ACC_VECS, up to 4 heads as far as they fit;
+ * AVX-512 at head_dim 64: 4 heads x 4 vectors, AVX2: 1 head x 8 vectors */
+#define WEIGH_HEADS(HD)                                                                      \
+    do {                                                                                     \
+        enum { NVH = (HD) / VW, NV = NVH < ACC_VECS ? NVH : ACC_VECS,                        \
+               NH = ACC_VECS / NV < 4 ? ACC_VECS / NV : 4 };                                 \
+        for (; j + NH <= count; j += NH) WEIGH(NV, NH);                                      \
+        switch (count - j) {                                                                 \
+        case 3: WEIGH(NV, 3); break;                                                         \
+        case 2: WEIGH(NV, 2); break;                                                         \
+        case 1: WEIGH(NV, 1); break;                                                         \
+        }                                                                                    \
+    } while (0)
+
+/* the same for `count` heads and any head_dim: in register blocks (WEIGH_HEADS) where
+ * head_dim is 32, 64 or 128, otherwise head by head in out itself */
 static void weigh_values(float *out, long count, const float *weights, const float *inv_total,
                          const void *vc, int bf16, const long *table, long block,
                          long kv_heads, long g, long span, long hd, float *row) {
     long j = 0;
-    if (hd == 32 || hd == 64) {
-        for (; j + 4 <= count; j += 4) hd == 32 ? WEIGH(2, 4) : WEIGH(4, 4);
-        switch (count - j) {
-        case 3: hd == 32 ? WEIGH(2, 3) : WEIGH(4, 3); return;
-        case 2: hd == 32 ? WEIGH(2, 2) : WEIGH(4, 2); return;
-        case 1: hd == 32 ? WEIGH(2, 1) : WEIGH(4, 1); return;
-        }
-        return;
-    }
-    if (hd == 128) {
-        for (; j + 2 <= count; j += 2) WEIGH(8, 2);
-        if (j < count) WEIGH(8, 1);
-        return;
+    switch (hd) {
+    case 32: WEIGH_HEADS(32); return;
+    case 64: WEIGH_HEADS(64); return;
+    case 128: WEIGH_HEADS(128); return;
     }
     for (; j < count; j++) {
         float *o = out + j * hd;
@@ -180,6 +200,7 @@ static void weigh_values(float *out, long count, const float *weights, const flo
 }
 
 #undef WEIGH
+#undef WEIGH_HEADS
 
 /* out (group, hd) = softmax(q k^T * scale) v for the `group` query heads q (group, hd) that
  * share kv head g, over the sequence's positions 0 .. span - 1 (table, block: cache_at), the

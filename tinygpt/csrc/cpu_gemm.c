@@ -10,11 +10,12 @@
  *   the layout     the same tiles as tinygpt/csrc/cpu_gemv.c (tinygpt.cpu_kernels.tile):
  *                  W (N, K) stored as (N / 16, K, 16), tile t holding rows 16t .. 16t+15
  *                  column by column, so one step of k is one 16-wide vector per tile.
- *   the register block   6 rows of x against 2 tiles at once: per pair of columns (k, k+1)
- *                  it loads 4 weight vectors and broadcasts 12 values of x, and does 24
- *                  multiply-adds into running sums that stay in registers (24 of AVX-512's 32
- *                  vector registers). The block's tiles are read again for the next 6 rows,
- *                  from the core's cache.
+ *   the register block   6 rows of x against 2 tiles at once with AVX-512: per pair of
+ *                  columns (k, k+1) it loads 4 weight vectors and broadcasts 12 values of x,
+ *                  and does 24 multiply-adds into running sums that stay in registers (24 of
+ *                  AVX-512's 32 vector registers); with AVX2 (16 registers of 8 floats), 6 rows
+ *                  against half a tile, 12 running sums. The block's tiles are read again for
+ *                  the next 6 rows, from the core's cache.
  *   the sums       every output is the sum of its even columns plus the sum of its odd
  *                  columns, each accumulated in column order with fused multiply-adds: the
  *                  order cpu_gemv.c uses for one row, so a row's result does not depend on
@@ -25,8 +26,9 @@
  *                  keeps waiting for a chunk that a helper took and then lost its core (a busy
  *                  machine), the next products run on the calling thread alone for a while.
  *
- * GCC's vector extensions keep the code portable: on a CPU without AVX-512 a 16-wide vector
- * becomes two or four narrower ones. Built and loaded by tinygpt/cpu_gemm.py.
+ * GCC's vector extensions keep the code portable: the vectors are as wide as the CPU's
+ * registers (vec.h), 16 floats with AVX-512, 8 with AVX2, and the block is sized for their
+ * number. Built and loaded by tinygpt/cpu_gemm.py.
  */
 #define _GNU_SOURCE             /* pthread_setname_np, in pool.h */
 #include <stdint.h>
@@ -39,37 +41,42 @@
 #include "pool.h"
 #include "attention.h"     /* attend_group: one group of query heads over the pool */
 
-#include "vec16.h"         /* v16: 16 floats, load16, store16 */
+#include "vec.h"           /* vf: VW floats, the registers' width; VPT of them per tile row */
 
 #define TILE 16
 
-/* y[r, 16 t ..] for rows r < R of x and tiles t < T starting at w: the register block */
-#define BLOCK(R, T)                                                                          \
-    static void block_##R##_##T(const float *w, const float *x, float *y, long n, long k) {   \
-        v16 a0[R][T], a1[R][T];                                                              \
+/* y[r, VW u ..] for rows r < R of x and S vectors u, u + 1, .. of outputs (VW each; vector u
+ * is part VW (u % VPT) of tile u / VPT): the register block */
+#define BLOCK(R, S)                                                                          \
+    static void block_##R##_##S(const float *w, const float *x, float *y, long n, long k,     \
+                                long u) {                                                    \
+        const float *ws[S];                                                                  \
+        for (int s = 0; s < S; s++)                                                          \
+            ws[s] = w + (u + s) / VPT * k * TILE + (u + s) % VPT * VW;                       \
+        vf a0[R][S], a1[R][S];                                                               \
         for (int r = 0; r < R; r++)                                                          \
-            for (int t = 0; t < T; t++) a0[r][t] = a1[r][t] = (v16){0};                       \
+            for (int s = 0; s < S; s++) a0[r][s] = a1[r][s] = (vf){0};                        \
         long j = 0;                                                                          \
         for (; j + 2 <= k; j += 2) {                                                         \
-            v16 w0[T], w1[T];                                                                \
-            for (int t = 0; t < T; t++) {                                                    \
-                w0[t] = load16(w + (t * k + j) * TILE);                                      \
-                w1[t] = load16(w + (t * k + j + 1) * TILE);                                  \
+            vf w0[S], w1[S];                                                                 \
+            for (int s = 0; s < S; s++) {                                                    \
+                w0[s] = loadv(ws[s] + j * TILE);                                             \
+                w1[s] = loadv(ws[s] + (j + 1) * TILE);                                       \
             }                                                                                \
             for (int r = 0; r < R; r++) {                                                    \
                 float x0 = x[r * k + j], x1 = x[r * k + j + 1];                              \
-                for (int t = 0; t < T; t++) {                                                \
-                    a0[r][t] += w0[t] * x0;                                                  \
-                    a1[r][t] += w1[t] * x1;                                                  \
+                for (int s = 0; s < S; s++) {                                                \
+                    a0[r][s] += w0[s] * x0;                                                  \
+                    a1[r][s] += w1[s] * x1;                                                  \
                 }                                                                            \
             }                                                                                \
         }                                                                                    \
         for (; j < k; j++)                                                                   \
             for (int r = 0; r < R; r++)                                                      \
-                for (int t = 0; t < T; t++)                                                  \
-                    a0[r][t] += load16(w + (t * k + j) * TILE) * x[r * k + j];               \
+                for (int s = 0; s < S; s++)                                                  \
+                    a0[r][s] += loadv(ws[s] + j * TILE) * x[r * k + j];                      \
         for (int r = 0; r < R; r++)                                                          \
-            for (int t = 0; t < T; t++) store16(y + r * n + t * TILE, a0[r][t] + a1[r][t]);   \
+            for (int s = 0; s < S; s++) storev(y + r * n + (u + s) * VW, a0[r][s] + a1[r][s]); \
     }
 
 #pragma GCC push_options
@@ -78,13 +85,20 @@ BLOCK(1, 1) BLOCK(2, 1) BLOCK(3, 1) BLOCK(4, 1) BLOCK(5, 1) BLOCK(6, 1)
 BLOCK(1, 2) BLOCK(2, 2) BLOCK(3, 2) BLOCK(4, 2) BLOCK(5, 2) BLOCK(6, 2)
 #pragma GCC pop_options
 
-/* 6 rows x 2 tiles: 24 running sums, 4 weight vectors and 2 broadcasts in 32 registers (on
- * this project's 2-core EPYC: 3 tiles x 4 rows 51 ms, 2 x 4 52 ms, 2 x 5 45 ms, 2 x 6 45-48 ms
- * for SmolLM2's 120 layer products at 16 rows on one core, torch's F.linear 74 ms) */
-#define BLOCK_TILES 2
+/* The block: BLOCK_ROWS rows x BLOCK_VECS vectors, 2 x BLOCK_ROWS x BLOCK_VECS running sums
+ * plus 2 x BLOCK_VECS weight vectors and the broadcasts in the registers. AVX-512 (32
+ * registers, 16 floats): 6 x 2 (on this project's 2-core EPYC: 3 tiles x 4 rows 51 ms,
+ * 2 x 4 52 ms, 2 x 5 45 ms, 2 x 6 45-48 ms for SmolLM2's 120 layer products at 16 rows on one
+ * core, torch's F.linear 74 ms). 16 registers (AVX2's 8 floats, SSE's 4): 6 x 1. */
+#ifndef BLOCK_ROWS
 #define BLOCK_ROWS 6
-typedef void (*block_fn)(const float *, const float *, float *, long, long);
-static const block_fn blocks[3][BLOCK_ROWS + 1] = {
+#endif
+#ifndef BLOCK_VECS
+#define BLOCK_VECS (VW == 16 ? 2 : 1)
+#endif
+#define BLOCK_TILES (BLOCK_VECS > VPT ? BLOCK_VECS / VPT : 1)   /* tiles a block spans */
+typedef void (*block_fn)(const float *, const float *, float *, long, long, long);
+static const block_fn blocks[3][7] = {
     {0},
     {0, block_1_1, block_2_1, block_3_1, block_4_1, block_5_1, block_6_1},
     {0, block_1_2, block_2_2, block_3_2, block_4_2, block_5_2, block_6_2}};
@@ -92,16 +106,16 @@ static const block_fn blocks[3][BLOCK_ROWS + 1] = {
 /* tiles [t0, t1) of one product, every row of x */
 static void tiles_range(const float *w, const float *x, float *y, long m, long n, long k,
                         long t0, long t1) {
-    long t = t0;
-    for (; t + BLOCK_TILES <= t1; t += BLOCK_TILES)
+    long u = t0 * VPT, u1 = t1 * VPT;
+    for (; u + BLOCK_VECS <= u1; u += BLOCK_VECS)
         for (long r = 0; r < m; r += BLOCK_ROWS) {
             int rows = m - r < BLOCK_ROWS ? (int)(m - r) : BLOCK_ROWS;
-            blocks[BLOCK_TILES][rows](w + t * k * TILE, x + r * k, y + r * n + t * TILE, n, k);
+            blocks[BLOCK_VECS][rows](w, x + r * k, y + r * n, n, k, u);
         }
-    for (; t < t1; t++)
+    for (; u < u1; u++)
         for (long r = 0; r < m; r += BLOCK_ROWS) {
             int rows = m - r < BLOCK_ROWS ? (int)(m - r) : BLOCK_ROWS;
-            blocks[1][rows](w + t * k * TILE, x + r * k, y + r * n + t * TILE, n, k);
+            blocks[1][rows](w, x + r * k, y + r * n, n, k, u);
         }
 }
 

@@ -36,7 +36,7 @@
 
 #include "pool.h"                /* the helper threads (POOL_* are its tuning knobs) */
 #include "attention.h"           /* a decode query's attention over a (paged) cache */
-#include "vec16.h"               /* v16: 16 floats, load16, store16 */
+#include "vec.h"                 /* vf: VW floats, the registers' width; loadv, storev */
 
 #define TILE 16
 #define MAX_ROWS 4      /* rows of x per product */
@@ -67,31 +67,47 @@ int tg_use_portable(int on) {
  * weights arrive from memory; at 2-4 rows (a few sequences decoding together, speculative
  * decoding's verify pass) the rows' chains one after another made a product of 4 rows cost
  * 3.5x one row from the cache. f32_rows loads each pair of weight vectors once for all rows
- * and runs every row's two chains side by side (up to 8 independent chains; 16-float vectors,
- * vec16.h, so it compiles for any CPU). Each row's sums are the portable loop's, in the same
+ * and runs every row's two chains side by side (up to 8 independent chains; vectors as wide as
+ * the registers, vec.h, so it compiles for any CPU). Each row's sums are the portable loop's, in the same
  * order (even columns into one sum, odd into the other, added at the end; multiply-adds fused
  * or not as the compiler fuses both), so the two give the same bits and a row's result does
  * not depend on how many rows share the product. */
 static inline __attribute__((always_inline)) void f32_rows(
         const float *w, const float *x, float *y, long n, long k, long t0, long t1,
         const int rows) {
+    /* a tile row's VPT vectors in one pass while its running sums (two per row and vector)
+     * fit in registers with room to spare, else one vector per pass over the tile */
+    const int per_pass = rows * VPT <= 4 ? VPT : 1;
     for (long t = t0; t < t1; t++) {
         const float *wt = w + t * k * TILE;
-        v16 a0[MAX_ROWS], a1[MAX_ROWS];
-        for (int r = 0; r < rows; r++) a0[r] = a1[r] = (v16){0};
-        long j = 0;
-        for (; j + 2 <= k; j += 2) {
-            v16 w0 = load16(wt + j * TILE), w1 = load16(wt + j * TILE + TILE);
-            for (int r = 0; r < rows; r++) {
-                a0[r] += w0 * x[r * k + j];
-                a1[r] += w1 * x[r * k + j + 1];
+        for (int s0 = 0; s0 < VPT; s0 += per_pass) {
+            vf a0[MAX_ROWS][VPT], a1[MAX_ROWS][VPT];
+            for (int r = 0; r < rows; r++)
+                for (int s = 0; s < per_pass; s++) a0[r][s] = a1[r][s] = (vf){0};
+            long j = 0;
+            for (; j + 2 <= k; j += 2) {
+                vf w0[VPT], w1[VPT];
+                for (int s = 0; s < per_pass; s++) {
+                    w0[s] = loadv(wt + j * TILE + (s0 + s) * VW);
+                    w1[s] = loadv(wt + (j + 1) * TILE + (s0 + s) * VW);
+                }
+                for (int r = 0; r < rows; r++) {
+                    float x0 = x[r * k + j], x1 = x[r * k + j + 1];
+                    for (int s = 0; s < per_pass; s++) {
+                        a0[r][s] += w0[s] * x0;
+                        a1[r][s] += w1[s] * x1;
+                    }
+                }
             }
+            if (j < k)
+                for (int s = 0; s < per_pass; s++) {
+                    vf w0 = loadv(wt + j * TILE + (s0 + s) * VW);
+                    for (int r = 0; r < rows; r++) a0[r][s] += w0 * x[r * k + j];
+                }
+            for (int r = 0; r < rows; r++)
+                for (int s = 0; s < per_pass; s++)
+                    storev(y + r * n + t * TILE + (s0 + s) * VW, a0[r][s] + a1[r][s]);
         }
-        if (j < k) {
-            v16 w0 = load16(wt + j * TILE);
-            for (int r = 0; r < rows; r++) a0[r] += w0 * x[r * k + j];
-        }
-        for (int r = 0; r < rows; r++) store16(y + r * n + t * TILE, a0[r] + a1[r]);
     }
 }
 
