@@ -10,7 +10,8 @@ step of the sum of |x| |w|):
     dot        x.bfloat16() . W.bfloat16(): a kernel that kept x in float32 is off by x's
                rounding (about 2^-9 of each term), hundreds of times the tolerance
     widened    x . W.bfloat16(), from a second build of the same source with -mno-avx512bf16,
-               so a machine that has the instruction checks the other path too
+               so a machine that has the instruction checks the other path too; its rows'
+               sums side by side give the bits of its row-by-row loop (use_portable)
 
 and on both: the rounding of x is torch's (to nearest, ties to even, seen through one-hot
 weights), a row's output does not depend on the rows multiplied with it (the engine's batched
@@ -104,8 +105,14 @@ def test_dot_products_multiply_bfloat16_x_by_bfloat16_weights(threads, n, k, row
 def test_widened_products_multiply_float32_x(threads, widened, n, k, rows):
     w, x = data(n, k, rows, seed=1)
     tiled = ck.TiledLinear(w, fmt="bf16")
-    got = product(widened.load(), tiled, x)
+    lib = widened.load()
+    got = product(lib, tiled, x)
     check_product("the widened bfloat16 products", got, x, w.bfloat16().float())
+    before = lib.tg_use_portable(1)          # every row's sums side by side, or row by row:
+    try:                                     # the same sums in the same order
+        assert torch.equal(product(lib, tiled, x), got)
+    finally:
+        lib.tg_use_portable(before)
 
 
 def test_x_is_rounded_to_nearest_even_only_by_the_dot_path(widened):

@@ -180,6 +180,39 @@ def test_integer_products_on_extreme_values_and_model_widths(threads, fmt):
         check_integer_product(ck.TiledLinear(w, fmt=fmt), x, deq(*quant(w)))
 
 
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
+def test_integer_products_without_avx512_use_avx2(fmt):
+    """Built for a CPU without AVX-512 (-mno-avx512f) the integer sums run on AVX2's byte and
+    word multiply-adds where the CPU has AVX2 (int_path()): the same extreme values and
+    widths, 1-4 rows, that path and that build's portable loop against the float64 product
+    of what they multiply."""
+    library = ck.build("-mno-avx512f")
+    lib = library.load()
+    if lib is None:
+        pytest.skip(library.available())
+    if ck.int_path(lib) != ck.INT_PATHS[1]:
+        pytest.skip(f"this CPU's build without AVX-512 sums with {ck.int_path(lib)}")
+    quant = ck.quantize_q8_0 if fmt == "q8_0" else ck.quantize_q4_1
+    deq = ck.dequantize_q8_0 if fmt == "q8_0" else ck.dequantize_q4_1
+    for n, k in ((72, 576), (40, 1536)):
+        w = weights(n, k, seed=2)
+        w[0], w[1, ::2], w[1, 1::2], w[2, :32] = 1.0, -1.0, 1.0, torch.linspace(-1, 1, 32)
+        x = weights(ck.MAX_ROWS, k, seed=3)
+        x[0, :32], x[1, 32:64], x[1, 64], x[3, 96:128] = 0, -1, 5, 1
+        tiled = ck.TiledLinear(w, fmt=fmt)
+        for portable in (0, 1):
+            before = lib.tg_use_portable(portable)
+            try:
+                y = torch.empty(ck.MAX_ROWS, tiled.n_pad)
+                for rows in range(1, ck.MAX_ROWS + 1):
+                    assert lib.tg_gemv(ck.FORMATS[fmt], tiled.tiled.data_ptr(), x.data_ptr(),
+                                       y.data_ptr(), rows, tiled.n_pad, k) == 0
+                    check_product(f"the {fmt} product on {ck.int_path(lib)}, {rows} rows",
+                                  y[:rows, :n], ck.kernel_input(x[:rows], fmt), deq(*quant(w)))
+            finally:
+                lib.tg_use_portable(before)
+
+
 def test_q4_1_blocks_run_as_shipped(threads):
     """Q4_1 blocks as a GGUF file stores them (the gguf package's quantizer writes them) are
     read without changing a value, equal our own Q4_1 rounding, and the kernel on them equals

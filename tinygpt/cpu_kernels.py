@@ -19,14 +19,16 @@ The kernels here (C, in tinygpt/csrc/cpu_gemv.c, compiled on first use) fix both
                    on a CPU with avx512_bf16 x is rounded to bfloat16 too and the products run
                    on VDPBF16PS: bf16_path() says which) or llama.cpp's Q8_0 / Q4_1 blocks
                    (8.5 / 5 bits per weight), whose kernels round x to 8 bits per block of
-                   32 (quantize_activation) and sum in integers with AVX-512 VNNI (a portable
-                   C loop elsewhere): the only error beyond the weights' own is x's rounding,
+                   32 (quantize_activation) and sum in integers with AVX-512 VNNI or AVX2
+                   (a portable C loop elsewhere: int_path()): the only error beyond the
+                   weights' own is x's rounding,
                    at most half a step per value
 
     TiledLinear        the products of one or more weights that share their input (q, k, v;
                        gate and up), stacked and tiled: x (M, K) -> a tuple of (M, N_i)
     available()        None when the kernels can run here, else the reason they cannot
     bf16_path()        how this machine's build multiplies bfloat16 weights (BF16_PATHS)
+    int_path()         how it sums the Q8_0 / Q4_1 products' integers (INT_PATHS)
     load()             the compiled library (compiles it once per machine and source)
     build(*flags)      another build of the kernels, with extra compiler flags
     kernel_input()     x as the kernel for a format multiplies it (the oracle's input)
@@ -62,13 +64,15 @@ WEIGHT_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 # how a build multiplies bfloat16 weights, by tg_bf16_path()'s code: the CPU's flags decide,
 # since the library is compiled on first use with -march=native on the machine that runs it
 BF16_PATHS = {0: "widened to float32", 1: "avx512_bf16 dot products"}
+# how a build sums the integer products, by tg_int_path()'s code
+INT_PATHS = {0: "portable C loops", 1: "AVX2 byte multiply-adds", 2: "AVX-512 VNNI"}
 
 def _declare(lib: ctypes.CDLL) -> None:
     lib.tg_gemv.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
     lib.tg_gemv.restype = ctypes.c_int
     lib.tg_use_portable.argtypes = [ctypes.c_int]
     lib.tg_use_portable.restype = ctypes.c_int
-    lib.tg_has_vnni.restype = ctypes.c_int
+    lib.tg_int_path.restype = ctypes.c_int
     lib.tg_bf16_path.restype = ctypes.c_int
     P, L, F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
     lib.tg_layer.argtypes = [ctypes.c_int, P, L, L, P, P, F, P, L, P, L, P, L, P, L, P, P,
@@ -242,11 +246,12 @@ def kernel_input(x: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 def use_portable(on: bool) -> bool:
-    """Run the float32, Q8_0 and Q4_1 products on their plain C loops (True: float32 one row
-    after another, the integer formats without VNNI) or on the fast ones (False, the default:
-    float32 with every row's sums side by side, the integer formats with AVX-512 VNNI where it
-    was compiled in); returns the previous setting. Both give the same float32 bits and the
-    same integer sums; the tests compare them."""
+    """Run the products on their plain C loops (True: float32 and widened bfloat16 one row
+    after another, the integer formats without vector instructions) or on the fast ones
+    (False, the default: every row's float sums side by side, the integer formats with
+    AVX-512 VNNI or AVX2 where it was compiled in: int_path()); returns the previous setting.
+    Both give the same float32 and bfloat16 bits and the same integer sums; the tests compare
+    them."""
     if not isinstance(on, bool):
         raise TypeError(f"on must be True or False, got {on!r}")
     lib = load()
@@ -256,10 +261,13 @@ def use_portable(on: bool) -> bool:
         return bool(lib.tg_use_portable(int(on)))
 
 
-def has_vnni() -> bool:
-    """Whether the compiled kernels use AVX-512 VNNI for the integer products."""
-    lib = load()
-    return lib is not None and bool(lib.tg_has_vnni())
+def int_path(lib: ctypes.CDLL | None = None) -> str:
+    """How the kernels (or `lib`, another build of them) sum the Q8_0 and Q4_1 products'
+    integers, by what the CPU they were compiled for has (INT_PATHS): AVX-512 VNNI's byte
+    dot products, AVX2's byte and word multiply-adds, or the portable C loops; "unavailable"
+    without the kernels. The sums are the same integers on every path."""
+    lib = lib or load()
+    return "unavailable" if lib is None else INT_PATHS[lib.tg_int_path()]
 
 
 def bf16_path(lib: ctypes.CDLL | None = None) -> str:

@@ -210,6 +210,47 @@ static __attribute__((unused)) void tiles_bf16_widened(
     }
 }
 
+/* the widened loop with every row's sums side by side, as f32_rows does for float32 (the
+ * same sums in the same order as tiles_bf16_widened, so the same bits): where the build has
+ * no VDPBF16PS (an AVX2 CPU, or one whose avx512_bf16 the build leaves out) */
+static inline __attribute__((always_inline, unused)) void bf16_widened_rows(
+        const uint32_t *w, const float *x, float *y, long n, long k, long t0, long t1,
+        const int rows) {
+    long pairs = (k + 1) / 2;
+    const int per_pass = rows * VPT <= 4 ? VPT : 1;
+    for (long t = t0; t < t1; t++) {
+        const uint32_t *wt = w + t * pairs * TILE;
+        for (int s0 = 0; s0 < VPT; s0 += per_pass) {
+            vf a0[MAX_ROWS][VPT], a1[MAX_ROWS][VPT];
+            for (int r = 0; r < rows; r++)
+                for (int s = 0; s < per_pass; s++) a0[r][s] = a1[r][s] = (vf){0};
+            for (long p = 0; p < k / 2; p++) {
+                vf w0[VPT], w1[VPT];
+                for (int s = 0; s < per_pass; s++) {
+                    vu pair = loadu(wt + p * TILE + (s0 + s) * VW);
+                    w0[s] = (vf)(pair << 16);              /* column 2p as float32 */
+                    w1[s] = (vf)(pair & 0xffff0000u);      /* column 2p + 1 */
+                }
+                for (int r = 0; r < rows; r++) {
+                    float x0 = x[r * k + 2 * p], x1 = x[r * k + 2 * p + 1];
+                    for (int s = 0; s < per_pass; s++) {
+                        a0[r][s] += w0[s] * x0;
+                        a1[r][s] += w1[s] * x1;
+                    }
+                }
+            }
+            if (k & 1)
+                for (int s = 0; s < per_pass; s++) {
+                    vf w0 = (vf)(loadu(wt + (pairs - 1) * TILE + (s0 + s) * VW) << 16);
+                    for (int r = 0; r < rows; r++) a0[r][s] += w0 * x[r * k + k - 1];
+                }
+            for (int r = 0; r < rows; r++)
+                for (int s = 0; s < per_pass; s++)
+                    storev(y + r * n + t * TILE + (s0 + s) * VW, a0[r][s] + a1[r][s]);
+        }
+    }
+}
+
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #define HAVE_BF16_DOT 1
@@ -290,6 +331,10 @@ static void tiles_bf16(const uint32_t *w, const float *x, float *y, long m_rows,
     (void)x;
     ROWS_SWITCH(bf16_dot, w, y, n, k, t0, t1)
 #else
+    if (!portable) {
+        ROWS_SWITCH(bf16_widened_rows, w, x, y, n, k, t0, t1)
+        return;
+    }
     tiles_bf16_widened(w, x, y, m_rows, n, k, t0, t1);
 #endif
 }
@@ -514,11 +559,114 @@ static inline __attribute__((always_inline)) void q4_vnni(
 #define HAVE_VNNI 0
 #endif
 
+/* AVX2 (no VNNI): the same integer sums from vpmaddubsw, which multiplies 32 unsigned bytes
+ * by 32 signed bytes and adds neighbouring products into 16-bit lanes (saturating), then
+ * vpmaddwd by ones, which adds neighbouring 16-bit lanes into 32-bit ones: a lane's 4
+ * products, one row of the tile's group, as vpdpbusd gives. 8 rows of a tile per 32 bytes,
+ * so a tile is done as two halves. Nothing saturates: Q8_0 multiplies |x| (<= 127, unsigned)
+ * by the weight with x's sign (|wq| <= 127), a pair at most 2 x 127 x 127 = 32,258; Q4_1's
+ * nibbles (<= 15) times x, a pair at most 3,810, so the four groups' pairs of both nibbles add
+ * up in 16 bits (at most 30,480) before one vpmaddwd per block. The float scales are applied
+ * per block as in the portable loops. */
+#if !HAVE_VNNI && defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_AVX2_INT 1
+
+/* the 4 bytes of x at xq_buf + at in every 32-bit lane */
+static inline __m256i x_group(long at) {
+    int32_t v;
+    memcpy(&v, xq_buf + at, 4);
+    return _mm256_set1_epi32(v);
+}
+
+static inline __attribute__((always_inline)) void q8_avx2(
+        const uint8_t *w, float *y, long n, long k, long t0, long t1, const int rows) {
+    long blocks = k / QBLOCK;
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    for (long t = t0; t < t1; t++)
+        for (int h = 0; h < 2; h++) {                     /* rows 8h .. 8h + 7 of the tile */
+            const uint8_t *blk = w + t * blocks * Q8_BLOCK_BYTES;
+            __m256 acc[MAX_ROWS];
+            for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+            for (long b = 0; b < blocks; b++, blk += Q8_BLOCK_BYTES) {
+                __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+                __m256i dot[MAX_ROWS];
+                for (int r = 0; r < rows; r++) dot[r] = _mm256_setzero_si256();
+                for (int g = 0; g < QBLOCK / 4; g++) {
+                    /* wq + 128 stored; flipping the top bit gives wq as a signed byte */
+                    __m256i wq = _mm256_xor_si256(
+                        _mm256_loadu_si256((const __m256i *)(blk + TILE * 2 + g * 64 + 32 * h)),
+                        flip);
+                    for (int r = 0; r < rows; r++) {
+                        __m256i xv = x_group(r * k + b * QBLOCK + 4 * g);
+                        __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv),
+                                                             _mm256_sign_epi8(wq, xv));
+                        dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+                for (int r = 0; r < rows; r++)
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]),
+                                             _mm256_mul_ps(scale,
+                                                           _mm256_set1_ps(xd_buf[r * blocks + b])),
+                                             acc[r]);
+            }
+            for (int r = 0; r < rows; r++) _mm256_storeu_ps(y + r * n + t * TILE + 8 * h, acc[r]);
+        }
+}
+
+static inline __attribute__((always_inline)) void q4_avx2(
+        const uint8_t *w, float *y, long n, long k, long t0, long t1, const int rows) {
+    long blocks = k / QBLOCK;
+    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    for (long t = t0; t < t1; t++)
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *blk = w + t * blocks * Q4_BLOCK_BYTES;
+            __m256 acc[MAX_ROWS];
+            for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+            for (long b = 0; b < blocks; b++, blk += Q4_BLOCK_BYTES) {
+                __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+                __m256 mn = _mm256_cvtph_ps(
+                    _mm_loadu_si128((const __m128i *)(blk + TILE * 2 + 16 * h)));
+                __m256i sum16[MAX_ROWS];
+                for (int r = 0; r < rows; r++) sum16[r] = _mm256_setzero_si256();
+                for (int g = 0; g < QBLOCK / 8; g++) {
+                    __m256i v = _mm256_loadu_si256(
+                        (const __m256i *)(blk + TILE * 4 + g * 64 + 32 * h));
+                    __m256i lo = _mm256_and_si256(v, low);
+                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                    for (int r = 0; r < rows; r++) {
+                        long at = r * k + b * QBLOCK + 4 * g;
+                        sum16[r] = _mm256_add_epi16(
+                            sum16[r],
+                            _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_group(at)),
+                                             _mm256_maddubs_epi16(hi, x_group(at + 16))));
+                    }
+                }
+                for (int r = 0; r < rows; r++) {
+                    float xd = xd_buf[r * blocks + b];
+                    __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum16[r], ones));
+                    acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, _mm256_set1_ps(xd)), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xd * (float)xs_buf[r * blocks + b]),
+                                             acc[r]);
+                }
+            }
+            for (int r = 0; r < rows; r++) _mm256_storeu_ps(y + r * n + t * TILE + 8 * h, acc[r]);
+        }
+}
+#else
+#define HAVE_AVX2_INT 0
+#endif
+
 static void tiles_q8(const uint8_t *w, float *y, long m_rows, long n, long k, long t0,
                      long t1) {
 #if HAVE_VNNI
     if (!portable) {
         ROWS_SWITCH(q8_vnni, w, y, n, k, t0, t1)
+        return;
+    }
+#elif HAVE_AVX2_INT
+    if (!portable) {
+        ROWS_SWITCH(q8_avx2, w, y, n, k, t0, t1)
         return;
     }
 #endif
@@ -532,12 +680,18 @@ static void tiles_q4(const uint8_t *w, float *y, long m_rows, long n, long k, lo
         ROWS_SWITCH(q4_vnni, w, y, n, k, t0, t1)
         return;
     }
+#elif HAVE_AVX2_INT
+    if (!portable) {
+        ROWS_SWITCH(q4_avx2, w, y, n, k, t0, t1)
+        return;
+    }
 #endif
     tiles_q4_portable(w, y, m_rows, n, k, t0, t1);
 }
 
-/* 1 when the integer kernels use AVX-512 VNNI (compiled for a CPU that has it), else 0 */
-int tg_has_vnni(void) { return HAVE_VNNI; }
+/* how the integer kernels run when not portable: 2 AVX-512 VNNI, 1 AVX2, 0 the portable loops
+ * (what the CPU the library was compiled for has) */
+int tg_int_path(void) { return HAVE_VNNI ? 2 : HAVE_AVX2_INT ? 1 : 0; }
 
 /* ---------------------------------------------------------------------------------------- */
 /* the pool: one job at a time, handed out in chunks of tiles by an atomic counter           */

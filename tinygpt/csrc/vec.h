@@ -32,4 +32,10 @@ static inline vf loadv(const float *p) { return *(const vf_at *)p; }
 
 static inline void storev(float *p, vf v) { *(vf_at *)p = v; }
 
+/* VW 32-bit unsigned integers (bfloat16 pairs), loaded the same way */
+typedef unsigned vu __attribute__((vector_size(VW * 4)));
+typedef unsigned vu_at __attribute__((vector_size(VW * 4), aligned(4), may_alias));
+
+static inline vu loadu(const unsigned *p) { return *(const vu_at *)p; }
+
 #endif
