@@ -11,7 +11,8 @@ default `generate()`, in float32, bfloat16, 8-bit and 4-bit, and the engine at 1
     smollm2_q8_0_speedup    Q8_0 weights for every linear, the tied head too
                             (tinygpt.cpu_kernels.q8_0_model) over float32: >= 1.8x, and
                             teacher-forced greedy agreement with float32 >= 97% on the shipped
-                            checkpoint
+                            checkpoint; this row and the next name the integer sums they
+                            measured (cpu_kernels.int_path(): AVX-512 VNNI, AVX2, or C loops)
     smollm2_q4_1_speedup    Q4_1 blocks for every linear and the head, run as they are
                             (tinygpt.cpu_kernels.q4_1_model) over float32: >= 1.75x, and
                             teacher-forced agreement >= 97% with the same blocks computed in
@@ -220,10 +221,11 @@ def smollm2_cpu(ctx: BenchContext) -> list[Comparison]:
          "round_utilization": utilization, "new_tokens": new, "rounds": rounds, "model": info,
          "summary": f"{fp['tokens_per_s']:.1f} tokens/s, {fp['gb_per_s']:.1f} GB/s of "
                     f"{bw / 1e9:.1f} GB/s copy, {fp['decode_path']}"}))
-    bf16_path = cpu_kernels.bf16_path()
+    bf16_path, int_path = cpu_kernels.bf16_path(), cpu_kernels.int_path()
     labels = {"bf16": f"the model in bfloat16 (products: {bf16_path})",
-              "q8_0": "Q8_0 weights, every linear and the head",
-              "q4_1": "Q4_1 blocks as they are, every linear and the head",
+              "q8_0": f"Q8_0 weights, every linear and the head (integer sums: {int_path})",
+              "q4_1": f"Q4_1 blocks as they are, every linear and the head (integer sums: "
+                      f"{int_path})",
               "int8": "int8 per-row weights (quantize_model 'int8', float32 head)",
               "int4": "int4 groups of 32 (quantize_model 'int4-g32', float32 head)"}
     ctx.log("smollm2_cpu: agreement and held-out loss of each variant of the shipped "
@@ -261,6 +263,7 @@ def smollm2_cpu(ctx: BenchContext) -> list[Comparison]:
             {**other, **{f"shipped_{k}": v for k, v in error.items()},
              "tokens_per_s_fp32": fp["tokens_per_s"], "round_ratios": ratios,
              **({"bf16_path": bf16_path} if name == "bf16" else {}),
+             **({"int_path": int_path} if name in ("q8_0", "q4_1") else {}),
              "summary": f"{other['tokens_per_s']:.1f} vs {fp['tokens_per_s']:.1f} tokens/s "
                         f"float32 ({other['bytes_per_token'] / 1e6:.0f} vs "
                         f"{fp['bytes_per_token'] / 1e6:.0f} MB per token), "
