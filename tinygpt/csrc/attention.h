@@ -6,11 +6,12 @@
  * every cached key, softmax, the weighted sum of the values. The heads of a group are done
  * together, so each key and value row is read from the cache (and widened from bfloat16)
  * once for all of them, and for head_dim 32, 64 or 128 the sums stay in vector registers
- * (GCC's and Clang's vector extensions, as wide as the CPU's registers: vec.h). Three things set a long context's speed, measured on SmolLM2 (9 heads, 3 kv
- * heads, head_dim 64): a dot product whose 16 lanes were added one after another (16
- * dependent additions per key: now a tree, 4 deep), an exponential the compiler could not
- * vectorize (a branch: now a select), and the values' sums going through memory at every
- * position (now registers, each value row loaded once for the group).
+ * (GCC's and Clang's vector extensions, as wide as the CPU's registers: vec.h). Three things
+ * set a long context's speed, measured on SmolLM2 (9 heads, 3 kv heads, head_dim 64): a dot
+ * product whose 16 lanes were added one after another (16 dependent additions per key: now a
+ * tree, 4 deep), an exponential the compiler could not vectorize (a branch: now a select),
+ * and the values' sums going through memory at every position (now registers, each value row
+ * loaded once for the group).
  */
 #ifndef TINYGPT_ATTENTION_H
 #define TINYGPT_ATTENTION_H

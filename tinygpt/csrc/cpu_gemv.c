@@ -26,8 +26,8 @@
  * -O3 -march=native); bf16 widens the weights to float32, or, built for a CPU with
  * avx512_bf16, rounds x to bfloat16 and multiplies with VDPBF16PS (see "bfloat16 weights"
  * below), float32 sums either way; Q8_0 and Q4_1 quantize x to 8 bits per block of 32 and sum
- * in integers (AVX-512 VNNI where the CPU has it; see "integer dot products" below). Built and
- * loaded by tinygpt/cpu_kernels.py.
+ * in integers (AVX-512 VNNI where the CPU has it, else AVX2; see "integer dot products"
+ * below). Built and loaded by tinygpt/cpu_kernels.py.
  */
 #define _GNU_SOURCE             /* pthread_setname_np */
 #include <math.h>
@@ -68,10 +68,10 @@ int tg_use_portable(int on) {
  * decoding's verify pass) the rows' chains one after another made a product of 4 rows cost
  * 3.5x one row from the cache. f32_rows loads each pair of weight vectors once for all rows
  * and runs every row's two chains side by side (up to 8 independent chains; vectors as wide as
- * the registers, vec.h, so it compiles for any CPU). Each row's sums are the portable loop's, in the same
- * order (even columns into one sum, odd into the other, added at the end; multiply-adds fused
- * or not as the compiler fuses both), so the two give the same bits and a row's result does
- * not depend on how many rows share the product. */
+ * the registers, vec.h, so it compiles for any CPU). Each row's sums are the portable loop's,
+ * in the same order (even columns into one sum, odd into the other, added at the end;
+ * multiply-adds fused or not as the compiler fuses both), so the two give the same bits and a
+ * row's result does not depend on how many rows share the product. */
 static inline __attribute__((always_inline)) void f32_rows(
         const float *w, const float *x, float *y, long n, long k, long t0, long t1,
         const int rows) {
@@ -367,8 +367,9 @@ int tg_bf16_path(void) { return HAVE_BF16_DOT; }
  *   Q8_0  16 float16 wd, then 8 groups x 16 rows x 4 bytes: byte 64g + 4i + c = wq[i][4g+c] + 128
  *   Q4_1  16 float16 wd, 16 float16 wm, then 4 x 16 x 4 bytes: byte 64g + 4i + c holds
  *         wq[i][4g+c] in its low nibble and wq[i][16+4g+c] in its high one
- * The portable loops below compute the same integer sums without VNNI (any x86-64 compiler);
- * tg_use_portable(1) selects them at run time (the tests compare the two).
+ * The portable loops below compute the same integer sums without VNNI (any x86-64 compiler),
+ * and so do the AVX2 loops after the VNNI ones; tg_use_portable(1) selects the portable loops
+ * at run time (the tests compare them).
  */
 #define QBLOCK 32
 #define Q8_BLOCK_BYTES (TILE * 2 + QBLOCK * TILE)
