@@ -4,6 +4,8 @@ from, and tinygpt reads the Q4_1 blocks back unchanged."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,18 @@ from tinygpt import cpu_kernels as ck
 from tinygpt.model import ModelConfig, TinyGPT
 
 gguf = pytest.importorskip("gguf")
+
+
+def llama_cpp_or_skip():
+    """llama_cpp, or a skip with the reason it cannot run here (not installed, or built for
+    another CPU: tinygpt.bench.llamacpp.unavailable imports it in a child process first)."""
+    from tinygpt.bench.llamacpp import unavailable
+
+    if (why := unavailable()) is not None:
+        pytest.skip(why)
+    import llama_cpp
+
+    return llama_cpp
 
 
 def model() -> TinyGPT:
@@ -37,7 +51,7 @@ def test_q4_1_blocks_read_back_from_the_file_are_the_written_ones(tmp_path):
 
 
 def test_llama_cpp_computes_the_same_logits_from_the_f32_file(tmp_path):
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = llama_cpp_or_skip()
     from tinygpt.bench.llamacpp import write_gguf
 
     m = model()
@@ -57,7 +71,7 @@ def test_llama_cpp_computes_the_same_logits_from_the_f32_file(tmp_path):
 def test_llama_batched_decodes_every_sequence_as_tinygpt_does_alone(tmp_path):
     """The engine row's reference: llama.cpp with several sequences in each decode gives each
     the greedy tokens tinygpt's batch-1 generate() gives it."""
-    pytest.importorskip("llama_cpp")
+    llama_cpp_or_skip()
     from tinygpt.bench.llamacpp import llama_batched, write_gguf
     from tinygpt.generate import generate
     from tinygpt.sampling import SamplingParams
@@ -70,3 +84,23 @@ def test_llama_batched_decodes_every_sequence_as_tinygpt_does_alone(tmp_path):
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
     for prompt, out in zip(prompts, outputs, strict=True):
         assert out == generate(m, prompt, params).token_ids
+
+
+def test_a_llama_cpp_built_for_another_cpu_is_reported_not_fatal(tmp_path, monkeypatch):
+    """A llama_cpp whose import dies on an illegal instruction (a wheel compiled for another
+    CPU) makes the llama.cpp rows say why instead of killing the benchmark."""
+    from tinygpt.bench import llamacpp
+
+    fake = tmp_path / "llama_cpp"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGILL)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    llamacpp._probe.cache_clear()
+    try:
+        why = llamacpp.unavailable()
+    finally:
+        llamacpp._probe.cache_clear()
+    assert why is not None and "SIGILL" in why and "another CPU" in why
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)          # an import made to fail
+    assert llamacpp.unavailable() == "llama_cpp is not installed"

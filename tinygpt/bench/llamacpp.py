@@ -30,9 +30,13 @@ and picks the same next token at that many positions (target for Q4_1: >= 97%).
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import logging
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -54,6 +58,36 @@ ENGINE_TARGET = 1.0        # the Engine's tokens/s over llama.cpp F32 with every
 LONG_TARGET = 1.0          # generate() over llama.cpp F32 after a long prompt
 PROMPT_LEN = 8
 LONG_PROMPT_TOKENS = 64    # new tokens per request of the engine-long rows
+
+
+def unavailable() -> str | None:
+    """None when llama-cpp-python and gguf can run here, else why not. llama_cpp is first
+    imported in a child process (once per process: _probe): a build for another CPU (a wheel
+    compiled with -march=native elsewhere) dies on an illegal instruction as its CPU backend
+    loads, which would take this process with it."""
+    for name in ("gguf", "llama_cpp"):
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ValueError:              # None in sys.modules: an import made to fail
+            found = False
+        if not found:
+            return f"{name} is not installed"
+    return _probe()
+
+
+@functools.cache
+def _probe() -> str | None:
+    probe = subprocess.run([sys.executable, "-c", "import llama_cpp; "
+                            "llama_cpp.llama_backend_init(); llama_cpp.llama_print_system_info()"],
+                           capture_output=True, timeout=300, check=False)
+    if probe.returncode < 0:
+        name = signal.Signals(-probe.returncode).name
+        return (f"importing llama_cpp died with {name}"
+                + (" (built for another CPU: pip install llama-cpp-python==0.3.36 compiles it "
+                   "for this one)" if name == "SIGILL" else ""))
+    if probe.returncode:
+        return f"importing llama_cpp failed: {probe.stderr.decode(errors='replace')[-300:]}"
+    return None
 
 
 def _llama_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -340,13 +374,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.long_context + args.tokens + 1 > cfg.max_seq_len:
         parser.error(f"--long-context {args.long_context} + --tokens {args.tokens} + 1 exceeds the "
                      f"model's {cfg.max_seq_len} positions")
-    try:
-        import gguf  # noqa: F401
-        from llama_cpp import Llama
-    except ImportError as err:
-        print(f"error: {err}; pip install llama-cpp-python==0.3.36 gguf (compiles llama.cpp, "
+    if (why := unavailable()) is not None:
+        print(f"error: {why}; pip install llama-cpp-python==0.3.36 gguf (compiles llama.cpp, "
               f"about 25 minutes)", file=sys.stderr)
         return 2
+    from llama_cpp import Llama
     torch.set_num_threads(args.threads)
     model = TinyGPT(cfg, seed=0).eval()
     prompt = random_prompt(PROMPT_LEN, cfg.vocab_size, 0)

@@ -203,12 +203,11 @@ def serve_speed_rows(ctx: BenchContext, name: str, *, tokens: int, rounds: int,
 
 def _llama(model, path: Path, threads: int, tokens: int):
     """(a llama_cpp.Llama on `model` written as an F32 GGUF at `path`, None) or (None, why)."""
-    try:
-        import gguf  # noqa: F401
-        from llama_cpp import Llama
-    except ImportError as err:
-        return None, f"{err.name} is not installed"
-    from tinygpt.bench.llamacpp import write_gguf
+    from tinygpt.bench.llamacpp import unavailable, write_gguf
+
+    if (why := unavailable()) is not None:
+        return None, why
+    from llama_cpp import Llama
 
     write_gguf(model, path, "F32")
     llm = Llama(model_path=str(path), n_ctx=256 + tokens, n_threads=threads, n_batch=128,

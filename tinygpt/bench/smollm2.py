@@ -59,6 +59,7 @@ from tinygpt import cpu_kernels
 from tinygpt import quant as Q
 from tinygpt.bench.harness import Comparison, random_prompt
 from tinygpt.bench.llamacpp import engine_vs_llama, write_gguf
+from tinygpt.bench.llamacpp import unavailable as llama_unavailable
 from tinygpt.bench.models import model_info, smollm2_config
 from tinygpt.bench.registry import BenchContext, register
 from tinygpt.engine import Engine
@@ -291,12 +292,7 @@ def _engine_row(ctx: BenchContext, model: TinyGPT, *, quick: bool) -> Comparison
     ctx.log(f"smollm2_cpu: the engine and llama.cpp F32, {n_requests} concurrent requests of "
             f"{new} tokens, {rounds} round(s) in turn; then each request alone through "
             f"generate() ...")
-    try:
-        import gguf  # noqa: F401
-        import llama_cpp  # noqa: F401
-        missing = None
-    except ImportError as err:
-        missing = f"{err.name} is not installed"
+    missing = llama_unavailable()
     if missing is None:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "smollm2-shape-F32.gguf"
