@@ -169,15 +169,20 @@ def test_integer_products_on_extreme_values_and_model_widths(threads, fmt):
     zeros and blocks whose largest value sits at either end, at SmolLM2's widths (576 and
     1536 columns, a padded last tile): the integer sums cannot overflow or lose a sign."""
     for n, k in ((72, 576), (40, 1536)):
-        w = weights(n, k, seed=2)
-        w[0] = 1.0
-        w[1, ::2], w[1, 1::2] = -1.0, 1.0
-        w[2, :32] = torch.linspace(-1, 1, 32)
-        x = weights(2, k, seed=3)
-        x[0, :32], x[1, 32:64], x[1, 64] = 0, -1, 5
-        quant = ck.quantize_q8_0 if fmt == "q8_0" else ck.quantize_q4_1
-        deq = ck.dequantize_q8_0 if fmt == "q8_0" else ck.dequantize_q4_1
-        check_integer_product(ck.TiledLinear(w, fmt=fmt), x, deq(*quant(w)))
+        w, x, dequantized = extreme_case(n, k, 2, fmt)
+        check_integer_product(ck.TiledLinear(w, fmt=fmt), x, dequantized)
+
+
+def extreme_case(n: int, k: int, rows: int, fmt: str):
+    """(w, x, w as the format rounds it) with weights at the ends of their range and x with a
+    block of zeros, blocks whose largest value sits at either end and a block of ones"""
+    w = weights(n, k, seed=2)
+    w[0], w[1, ::2], w[1, 1::2], w[2, :32] = 1.0, -1.0, 1.0, torch.linspace(-1, 1, 32)
+    x = weights(rows, k, seed=3)
+    x[0, :32], x[1, 32:64], x[1, 64], x[-1, 96:128] = 0, -1, 5, 1
+    quant = ck.quantize_q8_0 if fmt == "q8_0" else ck.quantize_q4_1
+    deq = ck.dequantize_q8_0 if fmt == "q8_0" else ck.dequantize_q4_1
+    return w, x, deq(*quant(w))
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
@@ -192,13 +197,8 @@ def test_integer_products_without_avx512_use_avx2(fmt):
         pytest.skip(library.available())
     if ck.int_path(lib) != ck.INT_PATHS[1]:
         pytest.skip(f"this CPU's build without AVX-512 sums with {ck.int_path(lib)}")
-    quant = ck.quantize_q8_0 if fmt == "q8_0" else ck.quantize_q4_1
-    deq = ck.dequantize_q8_0 if fmt == "q8_0" else ck.dequantize_q4_1
     for n, k in ((72, 576), (40, 1536)):
-        w = weights(n, k, seed=2)
-        w[0], w[1, ::2], w[1, 1::2], w[2, :32] = 1.0, -1.0, 1.0, torch.linspace(-1, 1, 32)
-        x = weights(ck.MAX_ROWS, k, seed=3)
-        x[0, :32], x[1, 32:64], x[1, 64], x[3, 96:128] = 0, -1, 5, 1
+        w, x, dequantized = extreme_case(n, k, ck.MAX_ROWS, fmt)
         tiled = ck.TiledLinear(w, fmt=fmt)
         for portable in (0, 1):
             before = lib.tg_use_portable(portable)
@@ -208,7 +208,7 @@ def test_integer_products_without_avx512_use_avx2(fmt):
                     assert lib.tg_gemv(ck.FORMATS[fmt], tiled.tiled.data_ptr(), x.data_ptr(),
                                        y.data_ptr(), rows, tiled.n_pad, k) == 0
                     check_product(f"the {fmt} product on {ck.int_path(lib)}, {rows} rows",
-                                  y[:rows, :n], ck.kernel_input(x[:rows], fmt), deq(*quant(w)))
+                                  y[:rows, :n], ck.kernel_input(x[:rows], fmt), dequantized)
             finally:
                 lib.tg_use_portable(before)
 
