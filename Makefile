@@ -13,7 +13,8 @@ LAB_ARGS ?=
 PYTEST_ARGS ?=
 # pytest-xdist workers for make test (one torch thread each, so 2 workers fill 2 cores without
 # oversubscription): notebooks run whole on one worker each (nbval, loadfile);
-# the tests keep each day's nbgrader checks on one worker (loadgroup, see conftest.py).
+# the tests keep each day's checks, and each other module, on one worker (loadscope, as
+# conftest.py defines it).
 TEST_WORKERS ?= 2
 DAY ?=
 # Days for `make bench-grading`'s per-day table, comma-separated (default: every day).
@@ -67,7 +68,7 @@ test: $(STAMP) system-deps ## everything CI checks: package tests, nbval, drift 
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest solutions --nbval-lax -p no:cacheprovider \
 		-n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -p no:cacheprovider \
-		-n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+		-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## the quick part of make test (no notebooks, no nbgrader)
 	$(BIN)/python -m pytest tests -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)

@@ -19,8 +19,6 @@ from tinygpt.model import count_parameters
 from tinygpt.sampling import SamplingParams
 from tinygpt.testing import check_float32_error
 
-pytestmark = pytest.mark.xdist_group("smollm2")     # one worker loads the model once
-
 transformers = pytest.importorskip("transformers")
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
