@@ -9,11 +9,11 @@ nbgrader, the bench smoke run: minutes each) ahead of the rest, and `make test` 
 --no-loadscope-reorder so that the workers take the units in that order (xdist's default
 order, by number of tests, left a 300-second test for last while the other worker idled).
 
-xdist's own `--dist loadgroup` would do the grouping through `xdist_group` marks, but pytest-
-xdist 3.8 marks a group by rewriting `item._nodeid`, which pytest 9.2 no longer reads (a node
-id is `item._id`): every test became its own group, and each day's notebooks were graded on
-both workers. The scheduler below groups by the node ids the workers report, which are public.
-(nbval's notebooks run in their own pytest call with --dist loadfile.)
+xdist's own `--dist loadgroup` would do the grouping through `xdist_group` marks, but
+pytest-xdist 3.8 marks a group by rewriting `item._nodeid`, which pytest 9.2 no longer reads (a
+node id is `item._id`): every test became its own group, and each day's notebooks were graded
+on both workers. The scheduler below groups by the node ids the workers report, which are
+public. (nbval's notebooks run in their own pytest call with --dist loadfile.)
 """
 
 from __future__ import annotations
