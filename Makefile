@@ -83,7 +83,7 @@ bench: $(STAMP) ## the speed targets of SYLLABUS.md section 5 (JSON + table in b
 	$(BIN)/python -m tinygpt bench --json bench-results/inference.json \
 		--plot bench-results/timeline.png
 
-bench-quick: $(STAMP) ## a one-minute smoke run of make bench
+bench-quick: $(STAMP) ## a smoke run of every row of make bench (minutes, not a measurement)
 	$(BIN)/python -m tinygpt bench --quick --json bench-results/inference-quick.json
 
 bench-llamacpp: $(STAMP) ## llama.cpp beside tinygpt, same weights (needs llama-cpp-python, see README)

@@ -385,7 +385,7 @@ def test_standard_plans_keep_the_targets_workloads():
 
 @pytest.mark.slow
 def test_bench_quick_smoke(tmp_path, capsys):
-    """The real `python -m tinygpt bench --quick`: under a minute on 2 quiet cores."""
+    """The real `python -m tinygpt bench --quick`, every row group (4-5 minutes on 2 cores)."""
     from tinygpt.__main__ import main as dispatch
 
     threads = torch.get_num_threads()

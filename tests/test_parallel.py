@@ -142,6 +142,18 @@ def test_degree_3_on_the_smollm2_head_layout_is_exact():
     assert out["kv_heads"] == 1
 
 
+def _smollm2_layout_model() -> TinyGPT:
+    """A loader as the ranks get one (a module-level function: it is pickled to them)."""
+    return TinyGPT(SMOLLM2_LAYOUT, seed=7).eval()
+
+
+def test_a_loader_callable_as_the_source_is_exact():
+    """The source the real model's rows use (`functools.partial(load_model, "smollm2")`): each
+    rank calls it and shards what it returns."""
+    out = P.tp_check(_smollm2_layout_model, 3, PROMPTS[:1], max_new_tokens=3)
+    _check_against(_smollm2_layout_model(), out, PROMPTS[:1], 3)
+
+
 def test_degree_4_replicates_kv_heads_and_stays_exact():
     model, _ = load_pretrained()
     out = P.tp_check("shipped", 4, PROMPTS[:2], max_new_tokens=3)

