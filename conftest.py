@@ -7,7 +7,8 @@ goes with its module, so that a module's fixtures (a server, the SmolLM2 model, 
 checkpoint) start once. The long units go first: collection puts the `slow` tests (notebooks,
 nbgrader, the bench smoke run: minutes each) ahead of the rest, and `make test` passes
 --no-loadscope-reorder so that the workers take the units in that order (xdist's default
-order, by number of tests, left a 300-second test for last while the other worker idled).
+order, by number of tests, queues single long tests, up to 300 s each, last, where one keeps a
+worker busy while the other idles).
 
 xdist's own `--dist loadgroup` would do the grouping through `xdist_group` marks, but
 pytest-xdist 3.8 marks a group by rewriting `item._nodeid`, which pytest 9.2 no longer reads (a

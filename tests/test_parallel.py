@@ -135,16 +135,16 @@ def test_degree_2_on_the_shipped_model_is_exact():
     assert out["kv_heads"] == 1                               # 2 KV heads over 2 ranks
 
 
-def test_degree_3_on_the_smollm2_head_layout_is_exact():
-    model = TinyGPT(SMOLLM2_LAYOUT, seed=7).eval()
-    out = P.tp_check((SMOLLM2_LAYOUT, model.state_dict()), 3, PROMPTS, max_new_tokens=5)
-    _check_against(model, out, PROMPTS, 5)
-    assert out["kv_heads"] == 1
-
-
 def _smollm2_layout_model() -> TinyGPT:
     """A loader as the ranks get one (a module-level function: it is pickled to them)."""
     return TinyGPT(SMOLLM2_LAYOUT, seed=7).eval()
+
+
+def test_degree_3_on_the_smollm2_head_layout_is_exact():
+    model = _smollm2_layout_model()
+    out = P.tp_check((SMOLLM2_LAYOUT, model.state_dict()), 3, PROMPTS, max_new_tokens=5)
+    _check_against(model, out, PROMPTS, 5)
+    assert out["kv_heads"] == 1
 
 
 def test_a_loader_callable_as_the_source_is_exact():

@@ -176,7 +176,7 @@ def _hf_row(ctx, model, prompts, new_tokens, engine_s, engine_out, rounds, total
         return Comparison("engine_vs_hf_cb", "engine over transformers' continuous batching",
                           0.0, HF_TARGET, ">=", "x", False, f"transformers unavailable: {err}")
     ctx.log("engine: transformers' generate_batch on the same requests ...")
-    # transformers' continuous batching takes 20 s a call here on 2 cores: the quick plan
+    # transformers' continuous batching took 20-30 s a call on 2 AVX2 cores: the quick plan
     # times its first call
     seconds, outputs = _interleaved({"hf": lambda: hf_tokens(hf_model, prompts, new_tokens)},
                                     rounds, ctx.device, warm=not ctx.quick)
