@@ -261,3 +261,28 @@ def test_a_kernel_that_never_started_is_graded_again_and_nothing_else_is(monkeyp
             with pytest.raises(grading.GradingError):
                 grading.autograde(DAY, tmp_path, {"s": notebook})
         assert api.calls == calls
+
+
+def test_new_gradebooks_carry_the_revision_alembic_prints(tmp_path):
+    """settings.alembic_head stands in for nbgrader's `alembic heads` subprocess: it must give
+    the revision that command prints, and a gradebook made under the course's config carries
+    it in its alembic_version table."""
+    import sqlite3
+    import subprocess
+
+    import nbgrader.api
+    from nbgrader.dbutil import _temp_alembic_ini
+
+    from autograder.settings import alembic_head, ensure_venv_on_path, nbgrader_config
+
+    ensure_venv_on_path()
+    with _temp_alembic_ini(f"sqlite:///{tmp_path / 'unused.db'}") as ini:
+        printed = subprocess.check_output(["alembic", "-c", ini, "heads"], text=True).split()[0]
+    assert alembic_head() == printed
+
+    nbgrader_config(tmp_path)
+    assert nbgrader.api.get_alembic_version is alembic_head
+    with nbgrader.api.Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}", "tinygpt"):
+        pass
+    with sqlite3.connect(tmp_path / "gradebook.db") as db:
+        assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [(printed,)]
