@@ -14,6 +14,7 @@ from tinygpt.testing import (
     check_true,
     grading,
     inputs,
+    notebook_threads,
 )
 
 
@@ -166,3 +167,28 @@ def test_check_float32_error_measures_both_against_float64():
     with pytest.raises(CheckFailed, match="shapes differ"):
         check_float32_error("f()", reference[:3], reference, truth)
     assert check_float32_error("f()", truth, truth, truth) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("grading_flag,omp,preferred,want", [
+    ("0", None, 2, 2),        # a reader's lab: what the notebook asks for
+    ("1", None, 2, 1),        # grading: one thread
+    ("1", "4", 2, 1),
+    ("0", "1", 2, 1),         # make test: OMP_NUM_THREADS=1 caps it
+    ("0", "4", 2, 2),         # a cap above the wish changes nothing
+    ("0", "3,1", 8, 3),       # OpenMP's nested list: the outer level counts
+    ("0", "0", 2, 2),         # not a positive integer: ignored, as OpenMP does
+    ("0", "many", 2, 2),
+])
+def test_notebook_threads(monkeypatch, grading_flag, omp, preferred, want):
+    monkeypatch.setenv(GRADING_VARIABLE, grading_flag)
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    assert notebook_threads(preferred) == want
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_notebook_threads_names_a_bad_argument(bad):
+    with pytest.raises(ValueError, match="preferred must be an integer >= 1"):
+        notebook_threads(bad)

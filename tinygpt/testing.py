@@ -40,6 +40,24 @@ def grading() -> bool:
     return bool(os.environ.get("NBGRADER_EXECUTION"))
 
 
+def notebook_threads(preferred: int) -> int:
+    """How many torch threads a notebook's timing cells should take: `preferred` for a reader,
+    1 while grading (a grader's cores are shared), and never more than OMP_NUM_THREADS where
+    whoever runs the notebook sets it (`make test` runs two notebooks at once on two cores with
+    OMP_NUM_THREADS=1). Threads that wait on each other on a busy core make a cell several
+    times slower: day 21's streaming run took 4.2 s on one thread and 11.4 s on two beside one
+    busy process (AVX2 EPYC, 2 cores). An OMP_NUM_THREADS that is not a positive integer is
+    ignored, as OpenMP ignores it."""
+    if isinstance(preferred, bool) or not isinstance(preferred, int) or preferred < 1:
+        raise ValueError(f"preferred must be an integer >= 1, got {preferred!r}")
+    if grading():
+        return 1
+    cap = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if cap.isdigit() and int(cap) >= 1:
+        return min(preferred, int(cap))
+    return preferred
+
+
 class CheckFailed(AssertionError):
     """A course check failed; the message teaches what to fix."""
 
