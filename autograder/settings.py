@@ -89,7 +89,8 @@ def autograde_preprocessors() -> list:
 
 
 def ensure_venv_on_path() -> None:
-    """nbgrader starts `alembic` by name when it creates a gradebook: put our bin/ on PATH."""
+    """nbgrader starts `alembic` by name (`nbgrader db upgrade`, and a new gradebook in a
+    process that never built nbgrader_config): put our bin/ on PATH."""
     bindir = str(Path(sys.executable).parent)
     parts = os.environ.get("PATH", "").split(os.pathsep)
     if bindir not in parts:
