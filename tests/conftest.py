@@ -12,7 +12,7 @@ import nbformat
 import pytest
 
 from autograder.grading import CellGrade, autograde, generate_release
-from autograder.notebooks import days, solution_path
+from autograder.notebooks import days, release_path, solution_path
 from autograder.settings import REPO_ROOT, ensure_venv_on_path
 
 ensure_venv_on_path()
@@ -46,16 +46,32 @@ def noisy_copy(day: str, target: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def graded_days(tmp_path_factory):
-    """day -> DayGrading, computed on first use: generate the student version, then autograde
+def released_days(tmp_path_factory):
+    """day -> the student notebook nbgrader generates from solutions/, in a course root of its
+    own (generated on first use). Tests that only compare the release use this, not
+    graded_days: pytest-xdist may run them on another worker, which must not autograde again."""
+    cache: dict[str, Path] = {}
+
+    def get(day: str) -> Path:
+        if day not in cache:
+            cache[day] = generate_release(day, tmp_path_factory.mktemp(f"nbgrader-{day}"))
+        return cache[day]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def graded_days(released_days):
+    """day -> DayGrading, computed on first use: autograde, in the released day's course root,
     the solution ('solution'), the untouched student version ('blank') and, for the first day,
     a correct but noisy submission ('noisy')."""
     cache: dict[str, DayGrading] = {}
 
     def get(day: str) -> DayGrading:
         if day not in cache:
-            root = tmp_path_factory.mktemp(f"nbgrader-{day}")
-            release = generate_release(day, root)
+            release = released_days(day)
+            root = release.parents[2]           # the course root: root/course/<day>/<day>.ipynb
+            assert release_path(day, root) == release
             blank = root / "blank.ipynb"
             shutil.copy(release, blank)
             submissions = {"solution": solution_path(day), "blank": blank}

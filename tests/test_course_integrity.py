@@ -55,8 +55,8 @@ def test_solution_outputs_are_saved_and_clean(day):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("day", DAYS)
-def test_course_matches_nbgrader_output(day, graded_days):
-    generated = json.loads(graded_days(day).release.read_text())
+def test_course_matches_nbgrader_output(day, released_days):
+    generated = json.loads(released_days(day).read_text())
     committed = json.loads(release_path(day).read_text())
     assert committed == generated, (
         f"course/{day} is not what nbgrader generates from solutions/; {FIX}")
