@@ -76,20 +76,24 @@ class GrammarConstraint:
     tinygpt.generate.stream takes a constraint."""
 
     def __init__(self, matcher, vocab_size: int, eos_ids: Sequence[int]) -> None:
-        import llguidance.torch
+        # llguidance.numpy, not llguidance.torch: the same fill, and importing the latter
+        # compiles a helper with torch.compile, which loads torch's compiler stack (6-8 s on
+        # the 2-core development machine) in every server start for nothing we use
+        import llguidance.numpy
 
         self.matcher, self.vocab_size = matcher, vocab_size
         self.eos_ids = tuple(int(i) for i in eos_ids)
         if not self.eos_ids:
             raise ValueError("eos_ids: a constrained request needs an end-of-text id to end on")
-        self._fill = llguidance.torch.fill_next_token_bitmask
-        self._bits = llguidance.torch.allocate_token_bitmask(1, vocab_size)
+        self._fill = llguidance.numpy.fill_next_token_bitmask
+        self._words = llguidance.numpy.allocate_token_bitmask(1, vocab_size)
+        self._bits = torch.from_numpy(self._words)     # the same memory, read as a tensor
         self._shifts = torch.arange(32, dtype=torch.int32)
         self.finished = False
 
     def allowed(self) -> torch.Tensor:
         """(vocab_size,) bool: the tokens that may come next."""
-        self._fill(self.matcher, self._bits, 0)
+        self._fill(self.matcher, self._words, 0)
         if self.matcher.is_error():
             raise GrammarError(self.matcher.get_error())
         bits = (self._bits[0, :, None] >> self._shifts) & 1
