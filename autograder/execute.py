@@ -176,3 +176,18 @@ class SandboxExecute(NbGraderPreprocessor):
         if self.report_path:
             Path(self.report_path).write_text(json.dumps(report))
         return nb, resources
+
+
+def in_autograde(config, executor: type[SandboxExecute] = SandboxExecute, **traits) -> None:
+    """Make `config`'s nbgrader autograde run `executor` where nbgrader runs Execute, with
+    `traits` (cell_timeout, total_timeout, memory_bytes, sandbox, files_dir, report_path,
+    guard) set on it: how the grader's workers (autograder/worker.py) and the grading proofs
+    run a submission."""
+    from autograder.settings import autograde_preprocessors
+
+    config.Autograde.autograde_preprocessors = [
+        executor if pp.__name__ == "Execute" else pp for pp in autograde_preprocessors()]
+    for name, value in traits.items():
+        if not SandboxExecute.class_traits(config=True).get(name):
+            raise ValueError(f"SandboxExecute has no setting {name!r}")
+        setattr(config.SandboxExecute, name, value)

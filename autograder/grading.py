@@ -7,6 +7,7 @@ in a scratch copy so the repository's own folders are never touched by a check.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -25,12 +26,18 @@ class GradingError(RuntimeError):
     """nbgrader reported a failure; the message carries its log."""
 
 
-def _api(root: Path, db_url: str | None = None):
+def _api(root: Path, db_url: str | None = None, sandbox_execute: dict | None = None):
+    """nbgrader's API on the course root `root`; `sandbox_execute`: settings of the
+    SandboxExecute that then runs the notebooks autograde executes (autograder/execute.py)."""
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
 
     ensure_venv_on_path()
     config = nbgrader_config(root, db_url)
+    if sandbox_execute is not None:
+        from autograder.execute import in_autograde
+
+        in_autograde(config, **sandbox_execute)
     return NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
 
 
@@ -77,14 +84,33 @@ class CellGrade:
     max_score: float
 
 
-def autograde(day: str, workdir: Path, submissions: dict[str, Path]) -> dict[str, list[CellGrade]]:
+def autograde(day: str, workdir: Path, submissions: dict[str, Path], *,
+              guarded: bool = False) -> dict[str, list[CellGrade]]:
     """Autograde `submissions` (student id -> notebook) of `day` in the course root `workdir`
-    (already holding the generated assignment). Returns each student's graded cells."""
+    (already holding the generated assignment). Returns each student's graded cells.
+
+    guarded: run each notebook as `python -m autograder grade` does, in SandboxExecute (in
+    bubblewrap where it is installed) with the day's integrity guard, in place of nbgrader's
+    own Execute; its report (status, reason, evidence) is written to
+    workdir/reports/<student>.json (read it with `execution_report`)."""
     from nbgrader.api import Gradebook
 
+    from autograder.integrity import guard_spec
+    from autograder.notebooks import read
     from tinygpt.testing import GRADING_VARIABLE
 
     api = _api(workdir)
+
+    def api_for(student: str):
+        if not guarded:
+            return api
+        (workdir / "reports").mkdir(exist_ok=True)
+        release = release_path(day, workdir)
+        return _api(workdir, sandbox_execute=dict(
+            cell_timeout=300.0, total_timeout=1200.0, sandbox=shutil.which("bwrap") is not None,
+            files_dir=str(release.parent), guard=guard_spec(read(release)).to_json(),
+            report_path=str(execution_report_path(workdir, student))))
+
     saved = os.environ.get(GRADING_VARIABLE)
     # nbgrader's kernels inherit this process's environment: they run in grading mode (nbgrader
     # also sets NBGRADER_EXECUTION, which tinygpt.testing.grading() reads as well).
@@ -95,7 +121,7 @@ def autograde(day: str, workdir: Path, submissions: dict[str, Path]) -> dict[str
             target.mkdir(parents=True, exist_ok=True)
             shutil.copy(notebook, target / f"{day}.ipynb")
             for _ in range(KERNEL_START_TRIES):
-                result = api.autograde(day, student, force=True, create=True)
+                result = api_for(student).autograde(day, student, force=True, create=True)
                 if result.get("success") or not _kernel_did_not_start(result):
                     break
             _check(result, f"autograde {day} {student}")
@@ -112,6 +138,15 @@ def autograde(day: str, workdir: Path, submissions: dict[str, Path]) -> dict[str
                 (CellGrade(g.name, float(g.score), float(g.max_score)) for g in nb.grades),
                 key=lambda g: g.grade_id)
     return grades
+
+
+def execution_report_path(workdir: Path, student: str) -> Path:
+    return workdir / "reports" / f"{student}.json"
+
+
+def execution_report(workdir: Path, student: str) -> dict:
+    """The SandboxExecute report of `student`'s notebook from `autograde(..., guarded=True)`."""
+    return json.loads(execution_report_path(workdir, student).read_text())
 
 
 def execute_solution(day: str, root: Path = REPO_ROOT) -> Path:

@@ -70,20 +70,15 @@ def autograde_one(root: Path, day: str, student: str, args, executor) -> bool:
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
 
-    from autograder.settings import autograde_preprocessors, nbgrader_config
+    from autograder.execute import in_autograde
+    from autograder.settings import nbgrader_config
 
     report = root / "report.json"
     config = nbgrader_config(root)
-    config.Autograde.autograde_preprocessors = [
-        executor if pp.__name__ == "Execute" else pp for pp in autograde_preprocessors()]
-    config.SandboxExecute.cell_timeout = args.cell_timeout
-    config.SandboxExecute.total_timeout = args.total_timeout
-    config.SandboxExecute.memory_bytes = args.memory
-    config.SandboxExecute.sandbox = not args.no_sandbox
-    config.SandboxExecute.files_dir = args.files
-    config.SandboxExecute.report_path = str(report)
-    if args.guard is not None:
-        config.SandboxExecute.guard = args.guard.read_text()
+    in_autograde(config, executor, cell_timeout=args.cell_timeout,
+                 total_timeout=args.total_timeout, memory_bytes=args.memory,
+                 sandbox=not args.no_sandbox, files_dir=args.files, report_path=str(report),
+                 **({"guard": args.guard.read_text()} if args.guard is not None else {}))
     api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
     result = api.autograde(day, student, force=True, create=True)
     if not result.get("success"):

@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.grading import CellGrade, autograde, generate_release
+from autograder.grading import CellGrade, autograde, execution_report, generate_release
 from autograder.notebooks import days, release_path, solution_path
 from autograder.settings import REPO_ROOT, ensure_venv_on_path
 
@@ -35,6 +35,7 @@ NOISY_PRELUDE = (
 class DayGrading:
     release: Path  # the student notebook nbgrader generated from solutions/
     grades: dict[str, list[CellGrade]]  # student id -> graded cells
+    reports: dict[str, dict]  # student id -> SandboxExecute's report (status, evidence ...)
 
 
 def noisy_copy(day: str, target: Path) -> Path:
@@ -64,7 +65,8 @@ def released_days(tmp_path_factory):
 def graded_days(released_days):
     """day -> DayGrading, computed on first use: autograde, in the released day's course root,
     the solution ('solution'), the untouched student version ('blank') and, for the first day,
-    a correct but noisy submission ('noisy')."""
+    a correct but noisy submission ('noisy'), each run as the instructor's grader runs it (in
+    the sandbox, with the integrity guard: `autograde(guarded=True)`)."""
     cache: dict[str, DayGrading] = {}
 
     def get(day: str) -> DayGrading:
@@ -77,7 +79,9 @@ def graded_days(released_days):
             submissions = {"solution": solution_path(day), "blank": blank}
             if day == DAYS[0]:
                 submissions["noisy"] = noisy_copy(day, root / "noisy.ipynb")
-            cache[day] = DayGrading(release, autograde(day, root, submissions))
+            grades = autograde(day, root, submissions, guarded=True)
+            cache[day] = DayGrading(release, grades,
+                                    {s: execution_report(root, s) for s in submissions})
         return cache[day]
 
     return get

@@ -1,6 +1,7 @@
 """The three proofs that grading works, for every day (SYLLABUS.md, section 4):
 
-1. the solution notebook autogrades to full marks (real nbgrader, real gradebook);
+1. the solution notebook autogrades to full marks (real nbgrader, real gradebook, the notebook
+   run as the instructor's grader runs it: sandboxed, with the integrity guard);
 2. the generated student notebook, unsolved, scores zero on every graded cell;
 3. every recorded mistake, substituted for the solution, loses its exercise's points, and every
    exercise has at least one recorded mistake; a mistake that names later exercises in `keeps`
