@@ -109,8 +109,9 @@ def test_what_cannot_be_compiled_is_a_grammar_error_and_a_compile_is_cached(ship
 
 def test_a_constraint_does_not_load_torchs_compiler():
     """Every server start builds a constraint (the grammar engine's warm-up): importing
-    llguidance.torch there loaded torch._dynamo and inductor, 6-8 s of a 13-17 s start on the
-    2-core AVX2 EPYC. The constraint fills its mask through llguidance.numpy instead."""
+    llguidance.torch there loaded torch._dynamo and inductor: 6-8 s of a 13-17 s start on the
+    2-core AVX2 EPYC with tests running beside it. The constraint fills its mask through
+    llguidance.numpy instead."""
     code = ("import sys, torch\n"
             "from tinygpt import load_pretrained\n"
             "from tinygpt.structured import Grammars\n"
