@@ -27,8 +27,9 @@ class GradingError(RuntimeError):
 
 
 def _api(root: Path, db_url: str | None = None, sandbox_execute: dict | None = None):
-    """nbgrader's API on the course root `root`; `sandbox_execute`: settings of the
-    SandboxExecute that then runs the notebooks autograde executes (autograder/execute.py)."""
+    """nbgrader's API on the course root `root`; `sandbox_execute`: in_autograde's arguments
+    (autograder/execute.py: the executor class, default SandboxExecute, and its settings), which
+    then runs the notebooks autograde executes in place of nbgrader's Execute."""
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
 
@@ -100,16 +101,13 @@ def autograde(day: str, workdir: Path, submissions: dict[str, Path], *,
     from tinygpt.testing import GRADING_VARIABLE
 
     api = _api(workdir)
-
-    def api_for(student: str):
-        if not guarded:
-            return api
+    sandboxed = None
+    if guarded:
         (workdir / "reports").mkdir(exist_ok=True)
         release = release_path(day, workdir)
-        return _api(workdir, sandbox_execute=dict(
-            cell_timeout=300.0, total_timeout=1200.0, sandbox=shutil.which("bwrap") is not None,
-            files_dir=str(release.parent), guard=guard_spec(read(release)).to_json(),
-            report_path=str(execution_report_path(workdir, student))))
+        sandboxed = dict(cell_timeout=300.0, total_timeout=1200.0,
+                         sandbox=shutil.which("bwrap") is not None, files_dir=str(release.parent),
+                         guard=guard_spec(read(release)).to_json())
 
     saved = os.environ.get(GRADING_VARIABLE)
     # nbgrader's kernels inherit this process's environment: they run in grading mode (nbgrader
@@ -120,8 +118,10 @@ def autograde(day: str, workdir: Path, submissions: dict[str, Path], *,
             target = workdir / "submitted" / student / day
             target.mkdir(parents=True, exist_ok=True)
             shutil.copy(notebook, target / f"{day}.ipynb")
+            mine = api if sandboxed is None else _api(workdir, sandbox_execute={
+                **sandboxed, "report_path": str(execution_report_path(workdir, student))})
             for _ in range(KERNEL_START_TRIES):
-                result = api_for(student).autograde(day, student, force=True, create=True)
+                result = mine.autograde(day, student, force=True, create=True)
                 if result.get("success") or not _kernel_did_not_start(result):
                     break
             _check(result, f"autograde {day} {student}")

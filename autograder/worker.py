@@ -67,19 +67,14 @@ def autograde_one(root: Path, day: str, student: str, args, executor) -> bool:
     """nbgrader's autograde of one staged submission in its private course folder `root`, with
     `executor` (SandboxExecute or a subclass) in place of nbgrader's Execute. False (and an
     error report in root/report.json) when nbgrader fails."""
-    from nbgrader.apps import NbGraderAPI
-    from nbgrader.coursedir import CourseDirectory
-
-    from autograder.execute import in_autograde
-    from autograder.settings import nbgrader_config
+    from autograder.grading import _api
 
     report = root / "report.json"
-    config = nbgrader_config(root)
-    in_autograde(config, executor, cell_timeout=args.cell_timeout,
-                 total_timeout=args.total_timeout, memory_bytes=args.memory,
-                 sandbox=not args.no_sandbox, files_dir=args.files, report_path=str(report),
-                 **({"guard": args.guard.read_text()} if args.guard is not None else {}))
-    api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+    api = _api(root, sandbox_execute=dict(
+        executor=executor, cell_timeout=args.cell_timeout, total_timeout=args.total_timeout,
+        memory_bytes=args.memory, sandbox=not args.no_sandbox, files_dir=args.files,
+        report_path=str(report),
+        **({"guard": args.guard.read_text()} if args.guard is not None else {})))
     result = api.autograde(day, student, force=True, create=True)
     if not result.get("success"):
         report.write_text(json.dumps({"status": "error", "reason": "nbgrader failed: " + str(
