@@ -26,6 +26,30 @@ def test_a_decode_rate_counts_the_tokens_after_the_first():
             serving.decode_rate(bad)
 
 
+def test_the_one_stream_rows_take_the_median_of_each_rounds_own_ratio(monkeypatch):
+    """Scripted rates whose medians' ratios (20 / 30 and 20 / 25) are not the medians of the
+    rounds' own ratios (0.9, 0.9, 0.5 and 1.0, 1.0, 0.8): the rows take the latter, and the
+    order of the contenders rotates from round to round."""
+    order: list[str] = []
+    script = {"generate": iter([30.0, 10.0, 40.0]), "served": iter([27.0, 9.0, 20.0]),
+              "llama": iter([27.0, 9.0, 25.0])}
+
+    def take(name, result):
+        order.append(name)
+        return result(next(script[name]))
+
+    monkeypatch.setattr(serving, "generate_rate", lambda *a: take("generate", float))
+    monkeypatch.setattr(serving, "served_rate", lambda *a: take("served", lambda r: (r, "x")))
+    monkeypatch.setattr(serving, "llama_rate", lambda *a: take("llama", lambda r: (r, [])))
+    ctx = R.BenchContext(threads=1, log=lambda line: None)
+    one, llama = serving._one_stream(ctx, None, "url", "m", [1], "x", 8, 3, (object(), None))
+    assert order == ["generate", "served", "llama", "served", "llama", "generate",
+                     "llama", "generate", "served"]
+    assert one.value == pytest.approx(0.9) and llama.value == pytest.approx(1.0)
+    assert one.details["served_rate"] / one.details["generate_rate"] == pytest.approx(2 / 3)
+    assert not one.met and "median of 3 rounds' ratios" in one.reason and llama.met
+
+
 def test_the_quick_plan_and_other_devices_skip_the_group():
     import torch
 

@@ -10,7 +10,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
@@ -31,6 +31,29 @@ def parse_workers() -> int:
     one, 66-72 ms (the bench row structured_hostile_stall, AMD EPYC, 2026-11-27)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, (cores or 2) // 2)
+
+
+class CountResponses:
+    """ASGI middleware: counts every HTTP response by path and status as its start goes out.
+    Plain ASGI on purpose: Starlette's BaseHTTPMiddleware (`@app.middleware("http")`) passes
+    each chunk of a streamed response through a memory stream and a task of its own, CPU the
+    engine's decode step loses on a small machine, once per token."""
+
+    def __init__(self, app, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+
+        async def counted(message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.count(path, message["status"])
+            await send(message)
+
+        await self.app(scope, receive, counted)
 
 
 def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
@@ -76,11 +99,7 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
     app.openapi = lambda: openapi_schema(app)
     add_docs(app)
 
-    @app.middleware("http")
-    async def count(request: Request, call_next):
-        response = await call_next(request)
-        metrics.count(request.url.path, response.status_code)
-        return response
+    app.add_middleware(CountResponses, metrics=metrics)
 
     def error_response(err: APIError) -> JSONResponse:
         return JSONResponse(err.body(), status_code=err.status, headers=err.headers)

@@ -206,24 +206,39 @@ async def events(job: Job, requests: list, ident: str, stamp: int, prompts: Prom
                 yield {"index": choice.index, "delta": {"tool_calls": [delta]},
                        "logprobs": None, "finish_reason": None}
 
-    queue: asyncio.Queue = asyncio.Queue()
+    async def arrivals():
+        """(choice, event) in the order the engine's tokens arrive, until every choice ends.
+        One choice (most requests) reads its request directly: no task, no second queue."""
+        if len(choices) == 1:
+            async for event in choices[0].request:
+                yield choices[0], event
+            return
+        queue: asyncio.Queue = asyncio.Queue()
 
-    async def pump(choice: Choice) -> None:
-        async for event in choice.request:
-            await queue.put((choice, event))
-        await queue.put((choice, None))
+        async def pump(choice: Choice) -> None:
+            async for event in choice.request:
+                await queue.put((choice, event))
+            await queue.put((choice, None))
 
-    tasks = [asyncio.create_task(pump(c)) for c in choices]
+        tasks = [asyncio.create_task(pump(c)) for c in choices]
+        try:
+            open_choices = len(choices)
+            while open_choices:
+                choice, event = await queue.get()
+                if event is None:
+                    open_choices -= 1
+                else:
+                    yield choice, event
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    stream = arrivals()
     try:
         if job.chat:
             for choice in choices:
                 yield frame(piece(choice, "", None, first=True))
-        open_choices = len(choices)
-        while open_choices:
-            choice, event = await queue.get()
-            if event is None:
-                open_choices -= 1
-                continue
+        async for choice, event in stream:
             problem = failure(event, job)
             if problem is not None:
                 yield f"data: {json.dumps(problem.body())}\n\n"
@@ -259,5 +274,4 @@ async def events(job: Job, requests: list, ident: str, stamp: int, prompts: Prom
     finally:
         for request in requests:
             request.cancel()      # the client went away, or we are done: free the engine
-        for task in tasks:
-            task.cancel()
+        await stream.aclose()     # (its pumps too, when it has them)
