@@ -195,9 +195,11 @@ void tg_gemm_after_fork(void) { pool_after_fork(); }
  * (tinygpt/cpu_gemm.py holds a lock). */
 void tg_gemm(const float *w, const float *x, float *y, long m, long n, long k) {
     long tiles = n / TILE;
-    /* chunks of whole register blocks, about CHUNK_BYTES of weights each (at least 3 per
-     * thread) */
-    long chunk = (CHUNK_BYTES / (k * TILE * 4) + BLOCK_TILES - 1) / BLOCK_TILES * BLOCK_TILES;
+    /* chunks of whole register blocks, about CHUNK_BYTES of weights each up to 16 rows and
+     * proportionally fewer beyond (a prefill's hundreds of rows make a tile long work: a
+     * thread left waiting on another's last chunk idles that long), at least 3 per thread */
+    long bytes = m <= 16 ? CHUNK_BYTES : CHUNK_BYTES * 16 / m;
+    long chunk = (bytes / (k * TILE * 4) + BLOCK_TILES - 1) / BLOCK_TILES * BLOCK_TILES;
     if (chunk < BLOCK_TILES) chunk = BLOCK_TILES;
     while (chunk > BLOCK_TILES && tiles / chunk < 3L * (pool_helpers + 1)) chunk -= BLOCK_TILES;
     if ((tiles + chunk - 1) / chunk > POOL_MAX_CHUNKS)

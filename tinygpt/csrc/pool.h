@@ -14,8 +14,9 @@
  *   idle helpers  spin (with pause) for POOL_SPIN_NS after a job, then sleep on a condition
  *                 variable until the next one.
  *   stalls        when the caller waited POOL_STALL_NS for chunks a helper took and then lost
- *                 its core, POOL_STRIKES times in a row, the next POOL_SOLO_JOBS jobs run on
- *                 the calling thread alone (pool_solo says so), then the pool tries again.
+ *                 its core (and longer than two of its own chunks took: a long chunk is not a
+ *                 lost core), POOL_STRIKES times in a row, the next POOL_SOLO_JOBS jobs run
+ *                 on the calling thread alone (pool_solo says so), then the pool tries again.
  *
  * Not reentrant: one job at a time (the Python side holds a lock).
  */
@@ -76,14 +77,16 @@ static long pool_now_ns(void) {
     return ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 
-/* take chunks of generation `gen` until none is left */
-static void pool_take(uint32_t gen) {
+/* take chunks of generation `gen` until none is left; returns how many this thread ran */
+static long pool_take(uint32_t gen) {
+    long ran = 0;
     for (;;) {
         uint64_t v = atomic_load(&pool_ticket);
-        if (POOL_GEN(v) != gen || POOL_NEXT(v) >= POOL_TOTAL(v)) return;
+        if (POOL_GEN(v) != gen || POOL_NEXT(v) >= POOL_TOTAL(v)) return ran;
         if (!atomic_compare_exchange_weak(&pool_ticket, &v, v + 1)) continue;
         pool_fn(POOL_NEXT(v));
         atomic_fetch_add(&pool_done, 1);
+        ran++;
     }
 }
 
@@ -170,13 +173,16 @@ static void pool_run(long total, pool_chunk_fn fn) {
         pthread_cond_broadcast(&pool_wake);
         pthread_mutex_unlock(&pool_lock);
     }
-    pool_take(gen);
-    long waited_from = pool_now_ns();
+    long started = pool_now_ns(), ran = pool_take(gen), waited_from = pool_now_ns();
     for (int spins = 1; atomic_load(&pool_done) < total; spins++) {
         pool_pause();
         if (POOL_YIELD && spins % 256 == 0) sched_yield();
     }
-    if (pool_now_ns() - waited_from > POOL_STALL_NS) {
+    /* a helper still on its last chunk keeps the caller waiting up to a chunk's time: a stall
+     * is a wait beyond POOL_STALL_NS and beyond twice the caller's own time per chunk */
+    long per_chunk = ran ? (waited_from - started) / ran : 0;
+    if (pool_now_ns() - waited_from > (2 * per_chunk > POOL_STALL_NS ? 2 * per_chunk
+                                                                        : POOL_STALL_NS)) {
         if (++pool_strikes >= POOL_STRIKES) {
             pool_strikes = 0;
             pool_solo_left = POOL_SOLO_JOBS;
