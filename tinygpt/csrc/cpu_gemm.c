@@ -125,9 +125,9 @@ static const block_fn blocks[3][7] = {
 /* a thread's chunk of a product: every group but its first has its lines prefetched, so the
  * chunks are larger than the 96 KB they were before: 16 rows through SmolLM2's 30 layers'
  * products and its head (538 MB, each read once), two threads, medians of 9 runs taking
- * turns: 81.8 ms without prefetching, 74.4 with 96 KB chunks, 67.6 with 384 KB; 6 rows
- * 48.4, 41.3, 35.6 ms. (The machine's speed moves by a quarter between runs: a second run
- * gave 72.3 and 51.4 ms for 384 KB chunks without and with.) */
+ * turns (2026-11-29, AVX2 EPYC): 71.7 ms without prefetching in 96 KB chunks, 62.3 with,
+ * 51.5 with 384 KB chunks; 256 rows (a prefill's chunk), whose chunks shrink: 645, 622,
+ * 621 ms. The machine's speed moves by a quarter between runs; the order held in each. */
 #ifndef CHUNK_BYTES
 #define CHUNK_BYTES 393216L
 #endif
