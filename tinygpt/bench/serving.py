@@ -227,51 +227,50 @@ def _one_stream(ctx, model, url, model_id, prompt, expected, tokens, rounds, lla
     a shared 2-core machine one round's rates move by about 10%, a slow stretch moves every
     contender of that round together, and the ratio of two medians taken from different
     rounds does not cancel it."""
-    runs = {"generate": lambda: generate_rate(model, prompt, tokens),
-            "served": lambda: served_rate(url, model_id, prompt, tokens)}
+    texts = set()
+
+    def served_once() -> float:
+        rate, text = served_rate(url, model_id, prompt, tokens)
+        texts.add(text)
+        return rate
+
+    runs = {"generate": lambda: generate_rate(model, prompt, tokens), "served": served_once}
     if llama:
-        runs["llama"] = lambda: llama_rate(llama[0], prompt, tokens)
+        runs["llama"] = lambda: llama_rate(llama[0], prompt, tokens)[0]
     names = list(runs)
     rates: dict[str, list[float]] = {name: [] for name in names}
-    texts = set()
     ctx.log(f"serve_speed: one stream of {tokens} tokens, {rounds} rounds: generate(), the "
             f"server{', llama.cpp' if llama else ''}, in an order that rotates ...")
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            got = runs[name]()
-            if name == "served":
-                got, text = got
-                texts.add(text)
-            elif name == "llama":
-                got = got[0]
-            rates[name].append(got)
+            rates[name].append(runs[name]())
     median = statistics.median
-    served, gen = median(rates["served"]), median(rates["generate"])
+    served = median(rates["served"])
     same = texts == {expected}
-    ratio = median([a / b for a, b in zip(rates["served"], rates["generate"], strict=True)])
-    what = (f"median of {rounds} rounds' ratios; the rates' medians: served {served:.1f}, "
-            f"generate() {gen:.1f} decode tokens/s")
-    reasons = [] if same else ["the served text differs from batch-1 generate()'s"]
-    if ratio < STREAM_TARGET:
-        reasons.append(f"{ratio:.2f}x ({what})")
-    details = {"summary": what, "served_rate": served, "generate_rate": gen, "rounds": rates,
-               "identical_text": same}
-    rows = [Comparison("serve_stream_1", f"one streamed greedy completion of {tokens} tokens "
-                       f"through the server: its decode rate over generate()'s in process "
-                       f"({model_id}, float32)", ratio, STREAM_TARGET, ">=", "x", not reasons,
-                       "; ".join(reasons) or None, details)]
-    if llama:
-        theirs = median(rates["llama"])
-        ratio = median([a / b for a, b in zip(rates["served"], rates["llama"], strict=True)])
+
+    def row(name: str, over: str, label: str, target: float, description: str,
+            details: dict) -> Comparison:
+        """served over contender `over`: the median of the rounds' own ratios"""
+        theirs = median(rates[over])
+        ratio = median([a / b for a, b in zip(rates["served"], rates[over], strict=True)])
         what = (f"median of {rounds} rounds' ratios; the rates' medians: served {served:.1f}, "
-                f"llama.cpp {theirs:.1f} decode tokens/s")
+                f"{label} {theirs:.1f} decode tokens/s")
         reasons = [] if same else ["the served text differs from batch-1 generate()'s"]
-        if ratio < LLAMA_TARGET:
+        if ratio < target:
             reasons.append(f"{ratio:.2f}x ({what})")
-        rows.append(Comparison(
-            "serve_stream_1_llamacpp", f"the same stream's decode rate over llama.cpp F32's "
-            f"on the same weights ({ctx.threads} threads each)", ratio, LLAMA_TARGET, ">=", "x",
-            not reasons, "; ".join(reasons) or None, {"summary": what, "llama_rate": theirs}))
+        return Comparison(name, description, ratio, target, ">=", "x", not reasons,
+                          "; ".join(reasons) or None, {"summary": what, **details})
+
+    rows = [row("serve_stream_1", "generate", "generate()", STREAM_TARGET,
+                f"one streamed greedy completion of {tokens} tokens through the server: its "
+                f"decode rate over generate()'s in process ({model_id}, float32)",
+                {"served_rate": served, "generate_rate": median(rates["generate"]),
+                 "rounds": rates, "identical_text": same})]
+    if llama:
+        rows.append(row("serve_stream_1_llamacpp", "llama", "llama.cpp", LLAMA_TARGET,
+                        f"the same stream's decode rate over llama.cpp F32's on the same "
+                        f"weights ({ctx.threads} threads each)",
+                        {"llama_rate": median(rates["llama"])}))
     return rows
 
 

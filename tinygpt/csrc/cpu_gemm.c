@@ -137,15 +137,15 @@ static void tiles_range(const float *w, const float *x, float *y, long m, long n
     long calls = (BLOCK_VECS < VPT ? VPT / BLOCK_VECS : 1) * row_blocks;    /* per group */
     long lines = (BLOCK_TILES * k + calls - 1) / calls;      /* of the next group, per call */
     unsigned long step = PREFETCH && k >= 2 ? ((unsigned long)lines << 16) / (k / 2) : 0;
-    const float *end = w + t1 * k * TILE;
     long u = t0 * VPT, u1 = t1 * VPT, call = 0;
     for (; u + BLOCK_VECS <= u1; u += BLOCK_VECS) {
-        const float *next = w + (u / VPT / BLOCK_TILES + 1) * BLOCK_TILES * k * TILE;
+        long next = (u / VPT / BLOCK_TILES + 1) * BLOCK_TILES;    /* the next group's tile */
         for (long r = 0; r < m; r += BLOCK_ROWS, call++) {
             int rows = m - r < BLOCK_ROWS ? (int)(m - r) : BLOCK_ROWS;
-            const char *pf = (const char *)next + call % calls * lines * 64;
+            const char *pf = next < t1 ? (const char *)(w + next * k * TILE)
+                                             + call % calls * lines * 64 : (const char *)w;
             blocks[BLOCK_VECS][rows](w, x + r * k, y + r * n, n, k, u, pf,
-                                     next < end ? step : 0);
+                                     next < t1 ? step : 0);
         }
     }
     for (; u < u1; u++)
