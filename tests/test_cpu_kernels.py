@@ -598,11 +598,14 @@ def test_extend_runs_several_positions_of_one_sequence_as_the_forward_does():
         step.extend(torch.zeros(1, 64, dtype=torch.long))
 
 
-def test_layers_on_a_paged_pool_give_the_plain_cache_bits():
+@pytest.mark.parametrize("rows", [3, 9])
+def test_layers_on_a_paged_pool_give_the_plain_cache_bits(rows):
     """DecodeLayers.paged (the engine's pool: blocks of 4 positions in any order, each row its
     own sequence and position) computes what the plain cache's step computes, bit for bit: each
     of 3 sequences at its own position against a batch-1 plain cache holding the same keys and
-    values, x and the written rows equal; and the arguments are checked."""
+    values, x and the written rows equal; and the arguments are checked. 9 rows (more than
+    MAX_ROWS: cpu_gemm.c's register-blocked products, the attention split over the pool) give
+    every row the bits it gets alone too; bfloat16 layers take at most MAX_ROWS."""
     model = small_model()
     cfg, size = model.cfg, 4
     gen = torch.Generator().manual_seed(3)
@@ -610,15 +613,16 @@ def test_layers_on_a_paged_pool_give_the_plain_cache_bits():
     layers = step._layers.keep[0]
     shape = (cfg.n_kv_heads, size, cfg.head_dim)
     pools = [KVCache.for_model(model, 1, 16).layers[0] for _ in range(cfg.n_layers)]
-    for layer in pools:                  # 20 blocks of 4 positions in place of (1, Hkv, 16, hd)
-        layer.k, layer.v = (torch.randn(20, *shape, generator=gen) for _ in range(2))
+    for layer in pools:                  # 40 blocks of 4 positions in place of (1, Hkv, 16, hd)
+        layer.k, layer.v = (torch.randn(40, *shape, generator=gen) for _ in range(2))
     paged = ck.DecodeLayers(layers, pools, model.rope_cos, step._sin_signed, cfg.n_heads,
                             cfg.n_kv_heads, cfg.norm_eps, block_size=size)
-    tables = torch.randperm(20, generator=gen)[:12].view(3, 4).contiguous()
-    positions = torch.tensor([13, 2, 7])
-    x = torch.randn(3, cfg.d_model, generator=gen)
+    assert paged.max_rows is None                       # float32: any number of rows
+    tables = torch.randperm(40, generator=gen)[:4 * rows].view(rows, 4).contiguous()
+    positions = torch.tensor([13, 2, 7, 15, 0, 9, 4, 11, 6][:rows])
+    x = torch.randn(rows, cfg.d_model, generator=gen)
     want = []
-    for b in range(3):                   # the plain cache: the same keys, in position order
+    for b in range(rows):                # the plain cache: the same keys, in position order
         plain = KVCache.for_model(model, 1, 16)
         for layer, pool in zip(plain.layers, pools, strict=True):
             for name in ("k", "v"):
@@ -637,11 +641,11 @@ def test_layers_on_a_paged_pool_give_the_plain_cache_bits():
             assert torch.equal(pool.k[block, :, offset], layer.k[0, :, p])
             assert torch.equal(pool.v[block, :, offset], layer.v[0, :, p])
     with pytest.raises(ValueError, match="positions must be in"):
-        paged.paged(x, torch.tensor([16, 0, 0]), tables)
+        paged.paged(x, torch.tensor([16] + [0] * (rows - 1)), tables)
     with pytest.raises(ValueError, match="tables must name blocks in"):
         paged.paged(x, positions, tables + 20)
     with pytest.raises(ValueError, match="positions must be a contiguous int64"):
-        paged.paged(x, positions[:2], tables)
+        paged.paged(x, positions[:-1], tables)
     with pytest.raises(ValueError, match="paged pool: call paged"):
         paged(x, 0)
     with pytest.raises(ValueError, match="plain cache: call them with"):
@@ -649,6 +653,10 @@ def test_layers_on_a_paged_pool_give_the_plain_cache_bits():
     with pytest.raises(ValueError, match="block_size must be the pool's block size 4"):
         ck.DecodeLayers(layers, pools, model.rope_cos, step._sin_signed, cfg.n_heads,
                         cfg.n_kv_heads, cfg.norm_eps, block_size=8)
+    bf16 = small_model().to(torch.bfloat16)
+    wide = DecodeStep(bf16, KVCache.for_model(bf16, ck.MAX_ROWS + 1, 16))._layers
+    with pytest.raises(ValueError, match=f"1 <= B <= {ck.MAX_ROWS}, got"):
+        wide(torch.zeros(ck.MAX_ROWS + 1, cfg.d_model), 0)
 
 
 def test_a_tiled_linear_shares_existing_tiles_without_copying():

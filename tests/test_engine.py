@@ -279,8 +279,9 @@ def test_few_sequence_decodes_run_generates_step_with_its_bits(n_kv_heads):
     """A step that decodes one sequence runs generate()'s C layers (cpu_kernels.DecodeLayers)
     on the paged pool: its logits equal, bit for bit, those of the batch-1 tiled DecodeStep on
     a plain cache holding the same keys and values, and the key and value it writes too; the
-    blocks are scattered (another sequence took every other one); a step of two decodes takes
-    them too, each row with the bits it gets alone; a chunk, or more decodes than
+    blocks are scattered (the sequences' prefills took turns); a step of two decodes, and one
+    of six (more than MAX_ROWS: the C layers' many-row products and attention), take them
+    too, each row with the bits it gets alone; a chunk, or more decodes than
     decode_layers_rows, takes the batched road."""
     from tinygpt.kv_cache import DecodeStep, KVCache
 
@@ -292,7 +293,7 @@ def test_few_sequence_decodes_run_generates_step_with_its_bits(n_kv_heads):
     paged = runner.decode_layers.paged
     runner.decode_layers.paged = lambda *args: calls.append(1) or paged(*args)
     rng = random.Random(n_kv_heads)
-    ids = {0: [rng.randrange(61) for _ in range(30)], 1: [rng.randrange(61) for _ in range(30)]}
+    ids = {i: [rng.randrange(61) for _ in range(30)] for i in range(6)}
     for seq_id in ids:
         cache.add(seq_id)
     for start in range(0, 8, 4):                     # interleaved: scattered blocks
@@ -301,20 +302,23 @@ def test_few_sequence_decodes_run_generates_step_with_its_bits(n_kv_heads):
             runner.forward([(seq_id, ids[seq_id][start:start + 4], start)])
             cache.lengths[seq_id] = start + 4
     assert calls == []                               # prefill chunks: the batched road
-    cache.reserve(0, 1)
-    cache.reserve(1, 1)
+    for seq_id in ids:
+        cache.reserve(seq_id, 1)
     two = [(0, [ids[0][8]], 8), (1, [ids[1][8]], 8)]
     runner.decode_layers_rows = 1
     runner.forward(two)
     assert calls == []                       # more decodes than decode_layers_rows: batched
-    del runner.decode_layers_rows                    # the default, up to MAX_ROWS decodes
-    assert runner.decode_layers_rows == MAX_ROWS
-    both = runner.forward(two)
-    assert calls == [1]
-    alone = torch.cat([runner.forward([w]) for w in two])    # writes the same keys and values
-    assert torch.equal(both, alone)                  # a row's bits do not depend on the others
-    calls.clear()
-    cache.lengths[0] = cache.lengths[1] = 9
+    del runner.decode_layers_rows                    # the default, up to 32 decodes
+    assert runner.decode_layers_rows == 32 > MAX_ROWS
+    six = [(i, [ids[i][8]], 8) for i in ids]
+    for work in (two, six):
+        together = runner.forward(work)
+        assert calls == [1]
+        alone = torch.cat([runner.forward([w]) for w in work])  # the same keys and values
+        assert torch.equal(together, alone)          # a row's bits do not depend on the others
+        calls.clear()
+    for seq_id in ids:
+        cache.lengths[seq_id] = 9
     plain = KVCache.for_model(model, 1, 32)
     step = DecodeStep(model, plain)
     assert step._layers is not None

@@ -429,11 +429,14 @@ class _CacheRows:
         self.block = k.shape[2]          # max_len of a plain cache
         self.slots = k.shape[0]          # the plain cache's sequences, or the pool's blocks
 
+    max_rows: int | None = MAX_ROWS      # rows of x per call (None: any number)
+
     def _check_x(self, x: torch.Tensor) -> int:
-        rows = x.shape[0]
+        rows, limit = x.shape[0], self.max_rows
         if x.dtype != torch.float32 or x.ndim != 2 or not x.is_contiguous() \
-                or not 0 < rows <= MAX_ROWS:
-            raise ValueError(f"x must be contiguous float32 (B, D), B <= {MAX_ROWS}, got "
+                or not 0 < rows <= (rows if limit is None else limit):
+            bound = "B >= 1" if limit is None else f"1 <= B <= {limit}"
+            raise ValueError(f"x must be contiguous float32 (B, D), {bound}, got "
                              f"{x.dtype} {tuple(x.shape)}")
         return rows
 
@@ -490,7 +493,8 @@ class DecodeLayers(_CacheRows):
     cache_layers: objects with .k and .v (cache_batch, kv_heads, max_len, head_dim), float32
     or bfloat16; cos, sin_signed: (max_seq_len, head_dim) rotation tables. The norm weights
     and tables are copied to float32 (a float32 one is used as it is). Call it with x (B, D)
-    float32 contiguous, B <= MAX_ROWS, and the position: x becomes the last layer's output
+    float32 contiguous, B <= MAX_ROWS (any B with float32 products: max_rows), and the
+    position: x becomes the last layer's output
     and every layer's cache holds the new keys and values at the position. With
     consecutive=True the B rows are instead positions pos .. pos + B - 1 of sequence 0, each
     attending causally to the positions up to its own (several tokens of one sequence).
@@ -535,6 +539,10 @@ class DecodeLayers(_CacheRows):
         first = layers[0]
         self._final_norm_ptr = None if self.final_norm is None else self.final_norm.data_ptr()
         self.code = first[1].code
+        # float32 layers take any number of rows: beyond MAX_ROWS their products are the
+        # register-blocked tiles of cpu_gemm.c (the same bits per row) and their attention
+        # is split over the pool
+        self.max_rows = None if first[1].fmt == "fp32" else MAX_ROWS
         self.sizes = (first[1].n_pad, first[2].n_pad, first[4].n_pad, first[5].n_pad)
         self.arrays = [pointers(t[i] for t in layers) for i in (0, 3)] + \
             [pointers(t[i].tiled for t in layers) for i in (1, 2, 4, 5)] + \

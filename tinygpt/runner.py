@@ -60,7 +60,7 @@ import torch
 import torch.nn.functional as F
 
 from tinygpt import cpu_gemm
-from tinygpt.cpu_kernels import MAX_ROWS, DecodeLayers, TiledLinear
+from tinygpt.cpu_kernels import DecodeLayers, TiledLinear
 from tinygpt.model import TinyGPT
 from tinygpt.paged import PagedKVCache
 
@@ -77,7 +77,7 @@ class ModelRunner:
     chosen expert once over its rows.
     """
 
-    decode_layers_rows = MAX_ROWS    # steps of at most this many decodes take the C layers
+    decode_layers_rows = 32    # steps of at most this many decodes take the C layers
 
     def __init__(self, model: TinyGPT, cache: PagedKVCache, *, batched: bool = True) -> None:
         if not isinstance(model, TinyGPT):
@@ -115,7 +115,7 @@ class ModelRunner:
             self._decode_layers()
 
     def _decode_layers(self) -> None:
-        """A step that decodes up to decode_layers_rows (MAX_ROWS) sequences runs generate()'s
+        """A step that decodes up to decode_layers_rows (32) sequences runs generate()'s
         layers: cpu_kernels.DecodeLayers, one C call for the layers, the final norm and the
         head, over the batched products' own tiles (no second copy) and the paged pool in
         place. decode_layers_reason says why not where they cannot.
@@ -126,7 +126,13 @@ class ModelRunner:
         80.6 / 111.7 / 132.5 at 2 / 3 / 4 (their float32 products ran one row after another),
         so only one sequence took them; since their products run every row side by side
         (2026-11-28), 108-116 / 142-143 / 170-180 against 92-93 / 130-131 / 166-169.
-        Five or more decodes, and any step with a prefill chunk, take the batched road."""
+        Beyond 4 rows (MAX_ROWS) the C layers' float32 products are the batched road's own
+        register-blocked tiles (cpu_gemm.c, the same bits per row) and their attention is
+        split over the pool, so only the Python between the products is saved: on
+        2026-11-29 (same machine, 64 tokens, medians of 4-6 runs taking turns) 107.6 against
+        87.3 tokens/s at 5 requests, 123.0 / 105.6 at 8, 163.1 / 147.5 at 16, 159.6 / 154.6
+        at 32. Steps of up to decode_layers_rows decodes take them; more, and any step with a
+        prefill chunk, take the batched road."""
         model, cache = self.model, self.cache
         if cache.latent or model.cfg.sliding_window:
             self.decode_layers_reason = ("latent attention and sliding windows run the batched "
@@ -325,7 +331,7 @@ class ModelRunner:
         return q_index, real_q, torch.where(real_q[:, :, None], seen,
                                             keys[None, None, :] == 0)[:, None]
 
-    # -- one sequence decoding: generate()'s C layers on the paged pool ---------------------
+    # -- decodes only: generate()'s C layers on the paged pool ------------------------------
 
     def _decode_rows(self, ids: list[int], starts: list[int], tables: torch.Tensor
                      ) -> torch.Tensor:

@@ -28,6 +28,11 @@
  * below), float32 sums either way; Q8_0 and Q4_1 quantize x to 8 bits per block of 32 and sum
  * in integers (AVX-512 VNNI where the CPU has it, else AVX2; see "integer dot products"
  * below). Built and loaded by tinygpt/cpu_kernels.py.
+ *
+ * float32 products of more than MAX_ROWS rows (the engine's decode steps of 5 or more
+ * sequences, through the decode layers below) run cpu_gemm.c's register-blocked tiles
+ * (gemm_tiles.h), whose sums go in the same order: a row's outputs have the same bits however
+ * many rows are multiplied with it.
  */
 #define _GNU_SOURCE             /* pthread_setname_np */
 #include <math.h>
@@ -39,7 +44,8 @@
 #include "vec.h"                 /* vf: VW floats, the registers' width; loadv, storev */
 
 #define TILE 16
-#define MAX_ROWS 4      /* rows of x per product */
+#define MAX_ROWS 4      /* rows of x per product (float32: any number, beyond these the gemm's) */
+#include "gemm_tiles.h"          /* float32 products of many rows: tiles_range, gemm_chunk */
 
 /* fn(..., rows) with rows a constant 1 .. MAX_ROWS, so each case compiles its own loop */
 #define ROWS_SWITCH(fn, ...)                                                                  \
@@ -698,18 +704,25 @@ int tg_int_path(void) { return HAVE_VNNI ? 2 : HAVE_AVX2_INT ? 1 : 0; }
 /* the pool: one job at a time, handed out in chunks of tiles by an atomic counter           */
 
 typedef struct {
-    int dtype;       /* 0: float32 weights, 1: bfloat16, 2: Q8_0 blocks, 3: Q4_1 blocks */
+    int dtype;       /* 0: float32 weights, 1: bfloat16, 2: Q8_0 blocks, 3: Q4_1 blocks,
+                        4: float32 beyond MAX_ROWS rows (gemm_tiles.h), 5: attention units */
     const void *w;
     const float *x;
     float *y;
     long m, n, k, tiles, chunk;
+    struct attend_job *attention;            /* dtype 5 */
 } job_t;
 
 static job_t job;
+static void attend_unit(long unit);
 
 static void run_chunk(long c) {
     long t0 = c * job.chunk, t1 = t0 + job.chunk < job.tiles ? t0 + job.chunk : job.tiles;
-    if (job.dtype == 0)
+    if (job.dtype == 5)
+        for (long u = t0; u < t1; u++) attend_unit(u);
+    else if (job.dtype == 4)
+        tiles_range((const float *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
+    else if (job.dtype == 0)
         tiles_f32((const float *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
     else if (job.dtype == 1)
         tiles_bf16((const uint32_t *)job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
@@ -728,12 +741,25 @@ void tg_after_fork(void) { pool_after_fork(); }
 void tg_stop(void) { pool_stop(); }
 
 /* y (m, n) = x (m, k) @ W^T with W tiled (n / 16 tiles); n must be a multiple of 16 (and k of
- * 32 for dtypes 2 and 3, whose x is quantized to 8 bits first), 1 <= m <= MAX_ROWS.
+ * 32 for dtypes 2 and 3, whose x is quantized to 8 bits first), 1 <= m <= MAX_ROWS, or any
+ * m >= 1 for float32 weights (dtype 0; beyond MAX_ROWS the register-blocked tiles).
  * Returns 0, -1 when memory for the quantized (or bfloat16-rounded) x ran out, -2 for m out
  * of range.
  * Not reentrant: one product at a time (the Python side holds a lock). */
 int tg_gemv(int dtype, const void *w, const float *x, float *y, long m, long n, long k) {
     long tiles = n / TILE;
+    if (dtype == 0 && m > MAX_ROWS) {
+        job.dtype = 4; job.w = w; job.x = x; job.y = y; job.m = m; job.n = n; job.k = k;
+        job.tiles = tiles;
+        job.chunk = gemm_chunk(m, k, tiles);
+        if (tiles <= job.chunk || pool_solo()) {
+            job.chunk = tiles;
+            run_chunk(0);
+        } else {
+            pool_run((tiles + job.chunk - 1) / job.chunk, run_chunk);
+        }
+        return 0;
+    }
     if (m < 1 || m > MAX_ROWS) return -2;
     if (dtype >= 2 && quantize_x(x, m, k) != 0) return -1;
 #if HAVE_BF16_DOT
@@ -818,13 +844,66 @@ static inline void store_row(void *cache, long at, int bf16, const float *in, lo
  * sin_signed are the whole rotation tables. Rows of one sequence (speculative decoding's
  * verify pass) share a table and go in position order, so each sees the keys the rows before
  * it wrote. scores holds heads / kv_heads * (row_pos + 1) floats. */
+struct attend_job {                 /* the pool's share of attend: see attend_unit */
+    const float *q;                 /* (rows, heads, hd), rotated */
+    void *kc, *vc;
+    int bf16;
+    const long *row_pos, *tables;
+    long width, block, heads, kv_heads, hd;
+    float scale, *out;
+};
+
+#define STACK_SCORES 8192
+
+/* one (row, kv head) of attend's many-row form: its group of query heads over the positions
+ * up to the row's own, on whichever thread takes it (scores on that thread's stack) */
+static void attend_unit(long unit) {
+    const struct attend_job *a = job.attention;
+    long b = unit / a->kv_heads, g = unit % a->kv_heads, group = a->heads / a->kv_heads;
+    long length = a->row_pos[b] + 1;
+    float stack[STACK_SCORES];
+    float *scores = length * group <= STACK_SCORES ? stack
+                    : (float *)__builtin_alloca(sizeof(float) * length * group);
+    attend_group(a->q + (b * a->heads + g * group) * a->hd, group, a->kc, a->vc, a->bf16,
+                 a->tables + b * a->width, a->block, a->kv_heads, g, length, a->hd, a->scale,
+                 scores, a->out + (b * a->heads + g * group) * a->hd);
+}
+
+/* ... and so, beyond MAX_ROWS rows, every row's keys and values are written first and the
+ * (row, kv head) units of attention then go to the pool, the rotated queries in q_buf (rows *
+ * heads * hd floats): each unit reads only positions up to its row's own, so it sees what the
+ * one-thread order shows it, and computes it the same way (the same bits). */
 static void attend(const float *yqkv, long ystride, void *kc, void *vc, int bf16,
                    const long *row_pos, const long *tables, long width, long block,
                    const float *cos, const float *sin_signed, float *out, long rows,
-                   long heads, long kv_heads, long hd, float *scores) {
+                   long heads, long kv_heads, long hd, float *scores, float *q_buf) {
     long group = heads / kv_heads;
     float scale = 1.0f / sqrtf((float)hd);
     float q[group * hd], row[hd];
+    if (rows > MAX_ROWS) {
+        for (long b = 0; b < rows; b++) {
+            const float *yb = yqkv + b * ystride;
+            long at_pos = row_pos[b];
+            const float *cb = cos + at_pos * hd, *sb = sin_signed + at_pos * hd;
+            for (long g = 0; g < kv_heads; g++) {
+                long at = cache_at(tables + b * width, block, kv_heads, g, at_pos, hd);
+                rope(yb + (heads + g) * hd, cb, sb, row, hd);
+                store_row(kc, at, bf16, row, hd);
+                store_row(vc, at, bf16, yb + (heads + kv_heads + g) * hd, hd);
+            }
+            for (long h = 0; h < heads; h++)
+                rope(yb + h * hd, cb, sb, q_buf + (b * heads + h) * hd, hd);
+        }
+        struct attend_job a = {q_buf, kc, vc, bf16, row_pos, tables, width, block, heads,
+                               kv_heads, hd, scale, out};
+        job.dtype = 5; job.attention = &a; job.tiles = rows * kv_heads; job.chunk = 1;
+        if (pool_solo()) {
+            for (long u = 0; u < job.tiles; u++) attend_unit(u);
+        } else {
+            pool_run(job.tiles, run_chunk);
+        }
+        return;
+    }
     for (long b = 0; b < rows; b++) {
         const float *yb = yqkv + b * ystride;
         const long *table = tables + b * width;
@@ -865,7 +944,7 @@ int tg_layer(int dtype, float *x, long rows, long d, const float *attention_norm
              void *kc, void *vc, int cache_bf16, const long *row_pos, const long *tables,
              long width, long block, const float *cos, const float *sin_signed,
              long heads, long kv_heads, long hd, long d_ff) {
-    long need = rows * (d + n_qkv + heads * hd + n_o + n_gate_up + d_ff + n_down)
+    long need = rows * (d + n_qkv + 2 * heads * hd + n_o + n_gate_up + d_ff + n_down)
                 + heads / kv_heads * width * block;
     if (need > scratch_capacity) {
         float *grown = realloc(scratch, need * sizeof(float));
@@ -875,12 +954,13 @@ int tg_layer(int dtype, float *x, long rows, long d, const float *attention_norm
     }
     float *h = scratch, *yqkv = h + rows * d, *att = yqkv + rows * n_qkv;
     float *yo = att + rows * heads * hd, *ygu = yo + rows * n_o, *act = ygu + rows * n_gate_up;
-    float *ydown = act + rows * d_ff, *scores = ydown + rows * n_down;
+    float *ydown = act + rows * d_ff, *q_buf = ydown + rows * n_down;
+    float *scores = q_buf + rows * heads * hd;
     int status;
     rms_norm_rows(x, attention_norm, h, rows, d, eps);
     if ((status = tg_gemv(dtype, w_qkv, h, yqkv, rows, n_qkv, d))) return status;
     attend(yqkv, n_qkv, kc, vc, cache_bf16, row_pos, tables, width, block, cos, sin_signed,
-           att, rows, heads, kv_heads, hd, scores);
+           att, rows, heads, kv_heads, hd, scores, q_buf);
     if ((status = tg_gemv(dtype, w_o, att, yo, rows, n_o, heads * hd))) return status;
     add_rows(x, yo, rows, d, n_o);
     rms_norm_rows(x, ffn_norm, h, rows, d, eps);
@@ -942,7 +1022,7 @@ int tg_attention(int dtype, float *x, float *h, long rows, long d, const float *
                  const long *row_pos, const long *tables, long width, long block,
                  const float *cos, const float *sin_signed, long heads, long kv_heads,
                  long hd) {
-    long need = rows * (d + n_qkv + heads * hd + n_o) + heads / kv_heads * width * block;
+    long need = rows * (d + n_qkv + 2 * heads * hd + n_o) + heads / kv_heads * width * block;
     if (need > scratch_capacity) {
         float *grown = realloc(scratch, need * sizeof(float));
         if (grown == NULL) return -1;
@@ -950,12 +1030,13 @@ int tg_attention(int dtype, float *x, float *h, long rows, long d, const float *
         scratch_capacity = need;
     }
     float *hn = scratch, *yqkv = hn + rows * d, *att = yqkv + rows * n_qkv;
-    float *yo = att + rows * heads * hd, *scores = yo + rows * n_o;
+    float *yo = att + rows * heads * hd, *q_buf = yo + rows * n_o;
+    float *scores = q_buf + rows * heads * hd;
     int status;
     rms_norm_rows(x, attention_norm, hn, rows, d, eps);
     if ((status = tg_gemv(dtype, w_qkv, hn, yqkv, rows, n_qkv, d))) return status;
     attend(yqkv, n_qkv, kc, vc, cache_bf16, row_pos, tables, width, block, cos, sin_signed,
-           att, rows, heads, kv_heads, hd, scores);
+           att, rows, heads, kv_heads, hd, scores, q_buf);
     if ((status = tg_gemv(dtype, w_o, att, yo, rows, n_o, heads * hd))) return status;
     add_rows(x, yo, rows, d, n_o);
     rms_norm_rows(x, ffn_norm, h, rows, d, eps);
