@@ -50,6 +50,28 @@ def test_the_one_stream_rows_take_the_median_of_each_rounds_own_ratio(monkeypatc
     assert not one.met and "median of 3 rounds' ratios" in one.reason and llama.met
 
 
+def test_the_several_stream_rows_take_the_median_of_each_rounds_own_ratio(monkeypatch):
+    """The same statistic for 2 streams of 4 tokens: throughputs 8 / t for scripted seconds
+    whose medians' ratio (8/4 over 8/3: 0.75) is not the median of the rounds' own ratios
+    (1.0, 0.5, 1.0): the row takes the latter; who goes first alternates; a text that differs
+    from the expected one fails the row."""
+    from tinygpt.bench import llamacpp, load
+
+    order: list[str] = []
+    seconds = {"served": iter([2.0, 6.0, 4.0]), "llama": iter([2.0, 3.0, 4.0])}
+    served_texts = iter([["a", "b"], ["a", "b"], ["a", "c"]])
+    monkeypatch.setattr(llamacpp, "llama_batched", lambda *a: (
+        order.append("llama") or (next(seconds["llama"]), [])))
+    monkeypatch.setattr(load, "run_concurrent_streams", lambda *a, **k: (
+        order.append("served") or (next(seconds["served"]), next(served_texts))))
+    ctx = R.BenchContext(threads=1, log=lambda line: None)
+    row = serving._streams(ctx, "url", "m", [[1], [2]], ["a", "b"], 4, 3, (None, "path"))
+    assert order == ["llama", "served", "served", "llama", "llama", "served"]
+    assert row.value == pytest.approx(1.0) and row.details["llama_tokens_per_s"] == 8 / 3
+    assert "median of 3 rounds' ratios" in row.details["summary"]
+    assert not row.met and "differs from batch-1" in row.reason
+
+
 def test_the_quick_plan_and_other_devices_skip_the_group():
     import torch
 
