@@ -197,12 +197,14 @@ def serve_speed_rows(ctx: BenchContext, name: str, *, tokens: int, rounds: int,
     ctx.log("serve_speed: `tinygpt chat --stats`, one reply ...")
     chat = chat_rate(name, tokens, ctx.threads)
     gen = rows[0].details["generate_rate"]
+    summary = f"chat {chat:.1f} vs generate() {gen:.1f} decode tokens/s"
+    met = chat / gen >= STREAM_TARGET          # printed, never counted (information only)
     rows.append(Comparison(
         "chat_stream_1", f"`python -m tinygpt chat --stats`, one greedy reply of up to "
         f"{tokens} tokens: its decode rate over generate()'s ({info.model_id}; chat runs "
-        f"generate(), the reply's own prompt)", chat / gen, STREAM_TARGET, ">=", "x", True, None,
-        {"summary": f"chat {chat:.1f} vs generate() {gen:.1f} decode tokens/s",
-         "chat_rate": chat}, targeted=False))
+        f"generate(), the reply's own prompt, one run)", chat / gen, STREAM_TARGET, ">=", "x",
+        met, None if met else f"{chat / gen:.2f}x ({summary}; one run against the one-stream "
+        f"rounds' median)", {"summary": summary, "chat_rate": chat}, targeted=False))
     return rows
 
 
