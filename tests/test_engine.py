@@ -171,10 +171,12 @@ def test_runner_logits_equal_the_model_on_each_sequence(n_kv_heads, batched, mon
     """Random steps of decodes and chunks; both roads split a step's attention into the
     decodes (paged, in place, on the batched road; a padded batch of one query each on the
     plain one) and the chunks (a padded batch of their own): steps with only decodes, only
-    chunks and both run."""
+    chunks and both run. Chunks of ALONE_ROWS tokens or more (2 here) attend as batches of
+    their own, the smaller ones share one: steps with two chunk parts run too."""
     model = tiny_model(n_kv_heads)
     cache = PagedKVCache.for_model(model, num_blocks=40, block_size=4)
     runner = ModelRunner(model, cache, batched=batched)
+    monkeypatch.setattr(runner_module, "ALONE_ROWS", 2)
     assert runner.batched == (batched and cpu_gemm.available() is None)
     # four sequences: their decode-only steps would take the C layers (the test below);
     # here the batched road's decode attention is what is checked
@@ -182,7 +184,9 @@ def test_runner_logits_equal_the_model_on_each_sequence(n_kv_heads, batched, mon
     kinds = set()
     split = runner_module.split_attention
     monkeypatch.setattr(runner_module, "split_attention", lambda q, k, v, parts, *args: (
-        kinds.add(tuple(part is not None for part in parts)) or split(q, k, v, parts, *args)))
+        kinds.add((parts[0] is not None, len(parts) > 1)) or chunk_parts.append(len(parts) - 1)
+        or split(q, k, v, parts, *args)))
+    chunk_parts: list[int] = []
     rng = random.Random(n_kv_heads)
     seqs = {i: [rng.randrange(61) for _ in range(n)] for i, n in enumerate((3, 17, 9, 1))}
     done = dict.fromkeys(seqs, 0)
@@ -218,6 +222,7 @@ def test_runner_logits_equal_the_model_on_each_sequence(n_kv_heads, batched, mon
                         torch.stack(truth), factor=4, floor=RUNNER_FLOOR)
     # (decodes, chunks): decodes only, chunks only, both
     assert kinds == {(True, False), (False, True), (True, True)}
+    assert max(chunk_parts) >= 2                 # a chunk alone beside another part
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
