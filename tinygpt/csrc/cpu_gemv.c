@@ -838,12 +838,19 @@ static inline void store_row(void *cache, long at, int bf16, const float *in, lo
     }
 }
 
-/* Row b is the token at position row_pos[b] of the sequence whose block table is
- * tables[b * width ..]: its key and value are written there, then it attends to its own
- * position and every one before it (attend_group, attention.h, per kv head). cos and
- * sin_signed are the whole rotation tables. Rows of one sequence (speculative decoding's
- * verify pass) share a table and go in position order, so each sees the keys the rows before
- * it wrote. scores holds heads / kv_heads * (row_pos + 1) floats. */
+/* row b's key (rotated) and value for each kv head into the cache at its position */
+static void write_kv(const float *yb, void *kc, void *vc, int bf16, const long *table,
+                     long at_pos, long block, const float *cb, const float *sb, long heads,
+                     long kv_heads, long hd) {
+    float row[hd];
+    for (long g = 0; g < kv_heads; g++) {
+        long at = cache_at(table, block, kv_heads, g, at_pos, hd);
+        rope(yb + (heads + g) * hd, cb, sb, row, hd);
+        store_row(kc, at, bf16, row, hd);
+        store_row(vc, at, bf16, yb + (heads + kv_heads + g) * hd, hd);
+    }
+}
+
 struct attend_job {                 /* the pool's share of attend: see attend_unit */
     const float *q;                 /* (rows, heads, hd), rotated */
     void *kc, *vc;
@@ -869,28 +876,30 @@ static void attend_unit(long unit) {
                  scores, a->out + (b * a->heads + g * group) * a->hd);
 }
 
-/* ... and so, beyond MAX_ROWS rows, every row's keys and values are written first and the
- * (row, kv head) units of attention then go to the pool, the rotated queries in q_buf (rows *
- * heads * hd floats): each unit reads only positions up to its row's own, so it sees what the
- * one-thread order shows it, and computes it the same way (the same bits). */
+/* Row b is the token at position row_pos[b] of the sequence whose block table is
+ * tables[b * width ..]: its key and value are written there, then it attends to its own
+ * position and every one before it (attend_group, attention.h, per kv head). cos and
+ * sin_signed are the whole rotation tables. Rows of one sequence (speculative decoding's
+ * verify pass) share a table and go in position order, so each sees the keys the rows before
+ * it wrote. scores holds heads / kv_heads * (row_pos + 1) floats. Beyond MAX_ROWS rows every
+ * row's keys and values are written first and the (row, kv head) units of attention then go
+ * to the pool (attend_unit), the rotated queries in q_buf (rows * heads * hd floats): each
+ * unit reads only positions up to its row's own, so it sees what the one-thread order shows
+ * it, and computes it the same way (the same bits). */
 static void attend(const float *yqkv, long ystride, void *kc, void *vc, int bf16,
                    const long *row_pos, const long *tables, long width, long block,
                    const float *cos, const float *sin_signed, float *out, long rows,
                    long heads, long kv_heads, long hd, float *scores, float *q_buf) {
     long group = heads / kv_heads;
     float scale = 1.0f / sqrtf((float)hd);
-    float q[group * hd], row[hd];
+    float q[group * hd];
     if (rows > MAX_ROWS) {
         for (long b = 0; b < rows; b++) {
             const float *yb = yqkv + b * ystride;
             long at_pos = row_pos[b];
             const float *cb = cos + at_pos * hd, *sb = sin_signed + at_pos * hd;
-            for (long g = 0; g < kv_heads; g++) {
-                long at = cache_at(tables + b * width, block, kv_heads, g, at_pos, hd);
-                rope(yb + (heads + g) * hd, cb, sb, row, hd);
-                store_row(kc, at, bf16, row, hd);
-                store_row(vc, at, bf16, yb + (heads + kv_heads + g) * hd, hd);
-            }
+            write_kv(yb, kc, vc, bf16, tables + b * width, at_pos, block, cb, sb, heads,
+                     kv_heads, hd);
             for (long h = 0; h < heads; h++)
                 rope(yb + h * hd, cb, sb, q_buf + (b * heads + h) * hd, hd);
         }
@@ -909,12 +918,7 @@ static void attend(const float *yqkv, long ystride, void *kc, void *vc, int bf16
         const long *table = tables + b * width;
         long at_pos = row_pos[b];
         const float *cb = cos + at_pos * hd, *sb = sin_signed + at_pos * hd;
-        for (long g = 0; g < kv_heads; g++) {
-            long at = cache_at(table, block, kv_heads, g, at_pos, hd);
-            rope(yb + (heads + g) * hd, cb, sb, row, hd);
-            store_row(kc, at, bf16, row, hd);
-            store_row(vc, at, bf16, yb + (heads + kv_heads + g) * hd, hd);
-        }
+        write_kv(yb, kc, vc, bf16, table, at_pos, block, cb, sb, heads, kv_heads, hd);
         for (long g = 0; g < kv_heads; g++) {
             for (long j = 0; j < group; j++)
                 rope(yb + (g * group + j) * hd, cb, sb, q + j * hd, hd);
