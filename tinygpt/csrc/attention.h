@@ -242,4 +242,18 @@ static void attend_group(const float *q, long group, const void *kc, const void 
                  row);
 }
 
+#define STACK_SCORES 8192
+
+/* attend_group with its scores on the calling thread's stack (a fixed array while they fit,
+ * alloca beyond): what one unit of the pool's paged attention runs */
+static void attend_group_on_stack(const float *q, long group, const void *kc, const void *vc,
+                                  int bf16, const long *table, long block, long kv_heads, long g,
+                                  long span, long hd, float scale, float *out) {
+    float stack[STACK_SCORES];
+    float *scores = span * group <= STACK_SCORES ? stack
+                    : (float *)__builtin_alloca(sizeof(float) * span * group);
+    attend_group(q, group, kc, vc, bf16, table, block, kv_heads, g, span, hd, scale, scores,
+                 out);
+}
+
 #endif

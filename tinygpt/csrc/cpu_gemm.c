@@ -100,19 +100,15 @@ void tg_gemm(const float *w, const float *x, float *y, long m, long n, long k) {
 /* ---------------------------------------------------------------------------------------- */
 /* paged decode attention: one new query per sequence against its keys in the block pool     */
 
-#define STACK_SCORES 8192
-
 /* unit = (sequence, kv head): attend_group (attention.h) for the query heads that share the kv
  * head, over positions 0 .. length - 1 of the sequence */
 static void attend(long unit) {
     long seq = unit / job.kv_heads, h = unit % job.kv_heads;
-    long d = job.dim, group = job.heads / job.kv_heads, length = job.lengths[seq];
-    float stack[STACK_SCORES];
-    float *scores = length * group <= STACK_SCORES ? stack
-                    : (float *)__builtin_alloca(sizeof(float) * length * group);
-    attend_group(job.x + seq * job.m + h * group * d, group, job.kp, job.vp, 0,
-                 job.tables + seq * job.width, job.block, job.kv_heads, h, length, d,
-                 job.scale, scores, job.y + (seq * job.heads + h * group) * d);
+    long d = job.dim, group = job.heads / job.kv_heads;
+    attend_group_on_stack(job.x + seq * job.m + h * group * d, group, job.kp, job.vp, 0,
+                          job.tables + seq * job.width, job.block, job.kv_heads, h,
+                          job.lengths[seq], d, job.scale,
+                          job.y + (seq * job.heads + h * group) * d);
 }
 
 /* y (n_seq, heads, dim) = attention of q (n_seq, heads, dim; sequence s's row at q + s * ldq),

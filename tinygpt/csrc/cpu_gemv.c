@@ -860,20 +860,15 @@ struct attend_job {                 /* the pool's share of attend: see attend_un
     float scale, *out;
 };
 
-#define STACK_SCORES 8192
-
 /* one (row, kv head) of attend's many-row form: its group of query heads over the positions
- * up to the row's own, on whichever thread takes it (scores on that thread's stack) */
+ * up to the row's own, on whichever thread takes it */
 static void attend_unit(long unit) {
     const struct attend_job *a = job.attention;
     long b = unit / a->kv_heads, g = unit % a->kv_heads, group = a->heads / a->kv_heads;
-    long length = a->row_pos[b] + 1;
-    float stack[STACK_SCORES];
-    float *scores = length * group <= STACK_SCORES ? stack
-                    : (float *)__builtin_alloca(sizeof(float) * length * group);
-    attend_group(a->q + (b * a->heads + g * group) * a->hd, group, a->kc, a->vc, a->bf16,
-                 a->tables + b * a->width, a->block, a->kv_heads, g, length, a->hd, a->scale,
-                 scores, a->out + (b * a->heads + g * group) * a->hd);
+    attend_group_on_stack(a->q + (b * a->heads + g * group) * a->hd, group, a->kc, a->vc,
+                          a->bf16, a->tables + b * a->width, a->block, a->kv_heads, g,
+                          a->row_pos[b] + 1, a->hd, a->scale,
+                          a->out + (b * a->heads + g * group) * a->hd);
 }
 
 /* Row b is the token at position row_pos[b] of the sequence whose block table is
