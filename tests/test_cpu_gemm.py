@@ -1,11 +1,12 @@
-"""Tests of tinygpt.cpu_gemm, the engine's batched CPU products and paged decode attention.
+"""Tests of tinygpt.cpu_gemm, the engine's batched CPU products, paged decode attention and
+prefill chunks' attention.
 
 Oracles: F.linear for the products (float rounding: summation order only, so each product is
 checked against the float64 product, as close to it as F.linear's float32 one), and a row of
 a many-row product equals, bit for bit, the same row through cpu_kernels' batch-1 kernel (the
 kernel `generate()` uses); the padded-batch attention of tinygpt.runner (the plain path) for
-the paged attention (both measured against the padded path in float64). The engine on top
-is checked against batch-1 generate in tests/test_engine.py."""
+the paged attention and the chunks' attention (both measured against the padded path in
+float64). The engine on top is checked against batch-1 generate in tests/test_engine.py."""
 
 from __future__ import annotations
 
@@ -130,6 +131,71 @@ def test_paged_attention_equals_the_padded_batch(threads, heads, kv_heads, dim):
     check_float32_error("paged_attention", got, want, exact, factor=4, floor=5e-7)
 
 
+def _chunk_case(heads: int, kv_heads: int, dim: int, block: int, chunks: list[tuple[int, int]],
+                seed: int):
+    """Pools, tables, starts, counts, queries and the padded batch (the plain path's form)
+    of `chunks` (start, count) of as many sequences, blocks anywhere in the pool"""
+    rng = random.Random(seed)
+    width = max(-(-(start + count) // block) for start, count in chunks)
+    num_blocks = width * len(chunks) + 3
+    k_pool, v_pool = _pools(num_blocks, kv_heads, block, dim, seed=seed)
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    tables = torch.tensor([[free.pop() for _ in range(width)] for _ in chunks])
+    starts = torch.tensor([start for start, _ in chunks])
+    counts = torch.tensor([count for _, count in chunks])
+    q = randn(int(counts.sum()), heads, dim, seed=seed + 2) * 20
+    t_q = int(counts.max())
+    first = torch.cumsum(counts, 0) - counts
+    real_q = torch.arange(t_q)[None, :] < counts[:, None]                       # (N, Tq)
+    q_index = (first[:, None] + torch.arange(t_q)[None, :]).where(real_q, 0)
+    positions = starts[:, None] + torch.arange(t_q)[None, :]
+    mask = torch.arange(width * block)[None, None, :] <= positions[:, :, None]
+    mask &= real_q[:, :, None]
+    mask[:, :, 0] |= ~real_q                             # a padding query sees key 0 only
+    return k_pool, v_pool, tables, starts, counts, q, (q_index, real_q, mask[:, None])
+
+
+# chunks (start, count): at a block's start or inside one, one token, a whole run of rows per
+# unit of work and more, a long one (several units of work, blocks far past the first ones)
+CHUNKS = [(0, 1), (3, 7), (8, 40), (0, 53), (130, 96), (5, 2)]
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 4, 16), (9, 3, 64), (8, 2, 32), (4, 1, 20),
+                                                (3, 1, 128), (20, 1, 12), (6, 3, 64)])
+@pytest.mark.parametrize("block", [4, 16])
+def test_chunk_attention_equals_the_padded_batch(threads, heads, kv_heads, dim, block):
+    k_pool, v_pool, tables, starts, counts, q, padded = _chunk_case(
+        heads, kv_heads, dim, block, CHUNKS, seed=heads + dim + block)
+    got = cpu_gemm.chunk_attention(q, k_pool, v_pool, tables, starts, counts, 0.2)
+    want = padded_attention(q, k_pool, v_pool, tables, padded, 0.2)
+    exact = padded_attention(q.double(), k_pool.double(), v_pool.double(), tables, padded, 0.2)
+    assert got.shape == q.shape
+    # as close to the float64 padded path as its float32 run, with the paged attention's
+    # allowance above (4x plus 5e-7). Measured on the AVX2 AMD EPYC, 2026-11-29, these cases:
+    # ours 3.4e-7 to 3.6e-6 from float64, the padded path 3.2e-7 to 3.9e-6. A query seeing
+    # one key too many or too few, or another sequence's block, is off by about 1 or more.
+    check_float32_error("chunk_attention", got, want, exact, factor=4, floor=5e-7)
+
+
+def test_chunk_attention_refuses_bad_input():
+    k_pool, v_pool, tables, starts, counts, q, _ = _chunk_case(4, 2, 16, 4, [(0, 3), (5, 4)],
+                                                               seed=0)
+    attend = cpu_gemm.chunk_attention
+    with pytest.raises(ValueError, match="sum to q's 7 rows"):
+        attend(q, k_pool, v_pool, tables, starts, torch.tensor([3, 3]), 1.0)
+    with pytest.raises(ValueError, match="at least 1"):
+        attend(q, k_pool, v_pool, tables, starts, torch.tensor([0, 7]), 1.0)
+    with pytest.raises(ValueError, match="end inside its table"):
+        attend(q, k_pool, v_pool, tables, torch.tensor([0, 9]), counts, 1.0)
+    with pytest.raises(ValueError, match="int64"):
+        attend(q, k_pool, v_pool, tables.int(), starts, counts, 1.0)
+    with pytest.raises(ValueError, match="does not fit"):
+        attend(randn(7, 3, 16), k_pool, v_pool, tables, starts, counts, 1.0)
+    with pytest.raises(ValueError, match="float32"):
+        attend(q.double(), k_pool, v_pool, tables, starts, counts, 1.0)
+
+
 def _attention_on(lib, q, k_pool, v_pool, tables, lengths, scale) -> torch.Tensor:
     """tg_paged_attention of another build of the library (cpu_gemm.build)"""
     n_seq, heads, dim = q.shape
@@ -148,9 +214,10 @@ def test_narrower_vectors_keep_the_products_and_attentions_bits(flag):
     package's on a CPU without AVX-512); built for SSE's 4 (-mno-avx, which also leaves out
     fused multiply-adds) the bits of cpu_kernels' row-by-row loop built the same way. Rows
     1-13 and 7 tiles: whole register blocks of 6 rows and remainders. The paged attention
-    (head_dim 32, 64, 128: attention.h's register blocks at each width) stays as close to the
-    float64 padded path as the package's (its softmax sum is reduced at the vector's width, so
-    its bits may differ between widths)."""
+    (head_dim 32, 64, 128: attention.h's register blocks at each width) and the chunks'
+    attention (rows of 20 floats: padded to whole vectors at 8 and 16) stay as close to the
+    float64 padded path as the package's (their softmax sums are reduced at the vector's
+    width, so their bits may differ between widths)."""
     library = cpu_gemm.build(flag)
     lib = library.load()
     if lib is None:
@@ -192,6 +259,19 @@ def test_narrower_vectors_keep_the_products_and_attentions_bits(flag):
                             padded_attention(q, k_pool, v_pool, tables, padded, 0.25),
                             padded_attention(q.double(), k_pool.double(), v_pool.double(),
                                              tables, padded, 0.25), factor=4, floor=5e-7)
+    for heads, kv_heads, dim in [(9, 3, 64), (8, 2, 32), (4, 1, 20)]:
+        k_pool, v_pool, tables, starts, counts, q, padded = _chunk_case(
+            heads, kv_heads, dim, 16, CHUNKS, seed=dim)
+        y = torch.empty_like(q)
+        first = torch.cumsum(counts, 0) - counts
+        lib.tg_chunk_attention(q.data_ptr(), q.stride(0), k_pool.data_ptr(), v_pool.data_ptr(),
+                               tables.data_ptr(), tables.shape[1], first.data_ptr(),
+                               starts.data_ptr(), counts.data_ptr(), len(CHUNKS), y.data_ptr(),
+                               heads, kv_heads, dim, 16, 0.2)
+        check_float32_error(f"chunk attention built with {flag}", y,
+                            padded_attention(q, k_pool, v_pool, tables, padded, 0.2),
+                            padded_attention(q.double(), k_pool.double(), v_pool.double(),
+                                             tables, padded, 0.2), factor=4, floor=5e-7)
 
 
 def test_paged_attention_refuses_bad_input():

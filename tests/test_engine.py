@@ -170,9 +170,11 @@ def test_scheduler_refuses_what_can_never_fit():
 def test_runner_logits_equal_the_model_on_each_sequence(n_kv_heads, batched, monkeypatch):
     """Random steps of decodes and chunks; both roads split a step's attention into the
     decodes (paged, in place, on the batched road; a padded batch of one query each on the
-    plain one) and the chunks (a padded batch of their own): steps with only decodes, only
-    chunks and both run. Chunks of ALONE_ROWS tokens or more (2 here) attend as batches of
-    their own, the smaller ones share one: steps with two chunk parts run too."""
+    plain one) and the chunks (on the batched road all in one cpu_gemm.chunk_attention, in
+    place; on the plain one padded batches of their own): steps with only decodes, only
+    chunks and both run. On the plain road chunks of ALONE_ROWS tokens or more (2 here)
+    attend as batches of their own, the smaller ones share one: steps with two chunk parts
+    run too."""
     model = tiny_model(n_kv_heads)
     cache = PagedKVCache.for_model(model, num_blocks=40, block_size=4)
     runner = ModelRunner(model, cache, batched=batched)
@@ -184,9 +186,9 @@ def test_runner_logits_equal_the_model_on_each_sequence(n_kv_heads, batched, mon
     kinds = set()
     split = runner_module.split_attention
     monkeypatch.setattr(runner_module, "split_attention", lambda q, k, v, parts, *args: (
-        kinds.add((parts[0] is not None, len(parts) > 1)) or chunk_parts.append(len(parts) - 1)
-        or split(q, k, v, parts, *args)))
-    chunk_parts: list[int] = []
+        kinds.add((parts[0] is not None, len(parts) > 1))
+        or chunk_parts.append([part[0] for part in parts[1:]]) or split(q, k, v, parts, *args)))
+    chunk_parts: list[list[str]] = []
     rng = random.Random(n_kv_heads)
     seqs = {i: [rng.randrange(61) for _ in range(n)] for i, n in enumerate((3, 17, 9, 1))}
     done = dict.fromkeys(seqs, 0)
@@ -222,42 +224,41 @@ def test_runner_logits_equal_the_model_on_each_sequence(n_kv_heads, batched, mon
                         torch.stack(truth), factor=4, floor=RUNNER_FLOOR)
     # (decodes, chunks): decodes only, chunks only, both
     assert kinds == {(True, False), (False, True), (True, True)}
-    assert max(chunk_parts) >= 2                 # a chunk alone beside another part
+    if runner.batched:                           # the chunks in one C call
+        assert {tuple(part) for part in chunk_parts} == {(), ("chunks",)}
+    else:                                        # a chunk alone beside another part
+        assert max(len(part) for part in chunk_parts) >= 2
 
 
+@pytest.mark.skipif(cpu_gemm.available() is not None, reason=str(cpu_gemm.available()))
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_long_chunks_beside_decodes_split_their_attention_over_threads(threads):
-    """A step with two long prefill chunks (enough rows for padded_attention to slice them
-    over `threads` threads) and two decodes: each sequence's logits as close to the float64
-    model as the model's float32 forward, whatever the number of threads."""
+def test_long_chunks_beside_decodes_on_any_number_of_threads(threads):
+    """A step with two long prefill chunks (several units of cpu_gemm.chunk_attention's work
+    each, handed to `threads` threads) and two decodes: each sequence's logits as close to
+    the float64 model as the model's float32 forward, whatever the number of threads."""
     model = tiny_model(2)
     max_len = model.cfg.max_seq_len
     cache = PagedKVCache.for_model(model, num_blocks=100, block_size=4)
     runner = ModelRunner(model, cache)
-    runner.threads = threads
-    rng = random.Random(threads)
-    seqs = {i: [rng.randrange(61) for _ in range(max_len)] for i in range(4)}
-    fed = {0: 90, 1: 30, 2: 5, 3: 60}            # tokens already in the cache before the step
-    for seq_id, n in fed.items():
-        cache.add(seq_id)
-        cache.reserve(seq_id, n)
-        runner.forward([(seq_id, seqs[seq_id][:n], 0)])
-        cache.lengths[seq_id] = n
-    step = {0: 1, 1: 66, 2: 1, 3: 35}            # decodes beside chunks of 66 and 35 rows
-    work = []
-    for seq_id, n in step.items():
-        cache.reserve(seq_id, n)
-        work.append((seq_id, seqs[seq_id][fed[seq_id]:fed[seq_id] + n], fed[seq_id]))
-    calls = []
-    if threads > 1:
-        made = runner_module.attention_threads(threads)
-        real_submit = made.submit
-        made.submit = lambda *args, **kwargs: calls.append(1) or real_submit(*args, **kwargs)
+    assert runner.batched
+    before = cpu_gemm.set_threads(threads)
     try:
+        rng = random.Random(threads)
+        seqs = {i: [rng.randrange(61) for _ in range(max_len)] for i in range(4)}
+        fed = {0: 90, 1: 30, 2: 5, 3: 60}        # tokens already in the cache before the step
+        for seq_id, n in fed.items():
+            cache.add(seq_id)
+            cache.reserve(seq_id, n)
+            runner.forward([(seq_id, seqs[seq_id][:n], 0)])
+            cache.lengths[seq_id] = n
+        step = {0: 1, 1: 66, 2: 1, 3: 35}        # decodes beside chunks of 66 and 35 rows
+        work = []
+        for seq_id, n in step.items():
+            cache.reserve(seq_id, n)
+            work.append((seq_id, seqs[seq_id][fed[seq_id]:fed[seq_id] + n], fed[seq_id]))
         got = runner.forward(work)
     finally:
-        if threads > 1:
-            del made.submit
+        cpu_gemm.set_threads(before)
     exact = copy.deepcopy(model).double()
     with torch.inference_mode():
         ends = [torch.tensor([seqs[i][:fed[i] + n]]) for i, n in step.items()]
@@ -265,10 +266,6 @@ def test_long_chunks_beside_decodes_split_their_attention_over_threads(threads):
         truth = torch.stack([exact(context)[0, -1] for context in ends])
     check_float32_error("the runner's logits", got, want, truth, factor=4,
                         floor=RUNNER_FLOOR)
-    # the 66-row padded batch holds both chunks: sliced over threads only when each slice
-    # gets SLICE_ROWS rows (3 threads x 32 > 66: one slice on the calling thread)
-    sliced = 66 >= runner_module.SLICE_ROWS * threads and threads > 1
-    assert len(calls) == (runner.cache.n_layers * threads if sliced else 0)
 
 
 def test_runner_rejects_empty_work():

@@ -41,6 +41,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tg_paged_attention.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 5 \
         + [ctypes.c_long] * 6 + [ctypes.c_float]
     lib.tg_paged_attention.restype = None
+    lib.tg_chunk_attention.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 3 \
+        + [ctypes.c_long] + [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_void_p] \
+        + [ctypes.c_long] * 4 + [ctypes.c_float]
+    lib.tg_chunk_attention.restype = None
     lib.tg_rope_store.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] + [ctypes.c_void_p] * 2 \
         + [ctypes.c_long] * 4 + [ctypes.c_void_p] * 3
     lib.tg_rope_store.restype = None
@@ -173,6 +177,62 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                                    v_pool.data_ptr(),
                                    tables.data_ptr(), lengths.data_ptr(), y.data_ptr(), n_seq,
                                    heads, kv_heads, dim, block, tables.shape[1], scale)
+    return y
+
+
+def chunk_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                    tables: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor,
+                    scale: float, *, checked: bool = False) -> torch.Tensor:
+    """Prefill chunks' queries against their sequences' keys in a paged pool, causally
+    (tinygpt/csrc/chunk_attention.h: the scores in register blocks, a running softmax).
+
+    q (T, H, d) float32, the chunks' rows one chunk after another: chunk c is counts[c]
+    tokens at positions starts[c] .. starts[c] + counts[c] - 1 (their keys and values already
+    in the pools), T = counts.sum(); k_pool, v_pool (num_blocks, H_kv, block_size, d) float32;
+    tables (C, W) int64, chunk c's blocks in position order. Query j of chunk c sees positions
+    0 .. starts[c] + j; query head h uses kv head h // (H / H_kv). Returns (T, H, d) float32,
+    the function of runner.padded_attention up to float rounding. checked=True skips the check
+    that every chunk's last position is inside its table (the runner checks it once a step)."""
+    n_tokens, heads, dim = q.shape
+    _, kv_heads, block, _ = k_pool.shape
+    if q.dtype != torch.float32 or k_pool.dtype != torch.float32 \
+            or v_pool.dtype != torch.float32:
+        raise ValueError(f"chunk_attention takes float32 q and pools, got {q.dtype}, "
+                         f"{k_pool.dtype}, {v_pool.dtype}")
+    if k_pool.shape != v_pool.shape or k_pool.shape[-1] != dim or heads % kv_heads:
+        raise ValueError(f"chunk_attention: q {tuple(q.shape)} does not fit pools "
+                         f"{tuple(k_pool.shape)} / {tuple(v_pool.shape)}")
+    n_chunks = tables.shape[0]
+    if tables.dtype != torch.int64 or tables.ndim != 2 or starts.dtype != torch.int64 \
+            or counts.dtype != torch.int64 or starts.shape != (n_chunks,) \
+            or counts.shape != (n_chunks,):
+        raise ValueError(f"chunk_attention needs int64 tables (C, W), starts (C,) and counts "
+                         f"(C,), got {tables.dtype} {tuple(tables.shape)}, {starts.dtype} "
+                         f"{tuple(starts.shape)}, {counts.dtype} {tuple(counts.shape)}")
+    if n_chunks and not checked:
+        if int(counts.min()) < 1 or int(counts.sum()) != n_tokens or int(starts.min()) < 0:
+            raise ValueError(f"counts must be at least 1 and sum to q's {n_tokens} rows, "
+                             f"starts at least 0: got counts {counts.tolist()}, starts "
+                             f"{starts.tolist()}")
+        if int((starts + counts).max()) > tables.shape[1] * block:
+            raise ValueError(f"every chunk must end inside its table of {tables.shape[1]} "
+                             f"blocks of {block}: ends {(starts + counts).tolist()}")
+    lib = load()
+    if lib is None:
+        raise RuntimeError(available())
+    if q.stride(2) != 1 or q.stride(1) != dim:             # rows may be apart (a view)
+        q = q.contiguous()
+    tables, starts, counts = tables.contiguous(), starts.contiguous(), counts.contiguous()
+    first = torch.zeros(n_chunks, dtype=torch.int64)
+    torch.cumsum(counts[:-1], 0, out=first[1:])
+    k_pool, v_pool = k_pool.contiguous(), v_pool.contiguous()
+    y = torch.empty(n_tokens, heads, dim)
+    if n_chunks:
+        with _library.lock:
+            lib.tg_chunk_attention(q.data_ptr(), q.stride(0), k_pool.data_ptr(),
+                                   v_pool.data_ptr(), tables.data_ptr(), tables.shape[1],
+                                   first.data_ptr(), starts.data_ptr(), counts.data_ptr(),
+                                   n_chunks, y.data_ptr(), heads, kv_heads, dim, block, scale)
     return y
 
 

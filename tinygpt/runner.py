@@ -26,10 +26,10 @@ On the CPU with a float32 model the runner takes a faster road by default (batch
                F.linear at 16 rows reaches about half of one core's multiply-add rate)
     attention  the decodes (one token each) through cpu_gemm's paged attention, which reads
                each sequence's keys and values in place from its blocks (no gathered
-               copies, no padding, no mask); the prefill chunks' padded batch sliced over
-               the cores. 16 decodes beside a 256-token chunk, 1,000 positions each, all in
-               one padded batch took 3.2 s a step on SmolLM2 (the 2-core AMD EPYC,
-               2026-11-27), 0.5 s split
+               copies, no padding, no mask), and the prefill chunks through its chunk
+               attention (their scores in register blocks, in place too). 16 decodes beside
+               a 256-token chunk, 1,000 positions each, all in one padded batch took 3.2 s a
+               step on SmolLM2 (the 2-core AMD EPYC, 2026-11-27), 0.5 s split
     the rest   RMSNorm in one call (cpu_gemm.rms_norm; torch's is seven operations), RoPE as
                roll(x) * signed sin, as the batch-1 decode step computes it
                (tinygpt.kv_cache.DecodeStep), all on one torch thread (Engine.step)
@@ -49,11 +49,7 @@ oracle.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
-from itertools import pairwise
 from types import SimpleNamespace
 
 import torch
@@ -93,9 +89,6 @@ class ModelRunner:
                              f"tinygpt.generate (TinyGPT.forward recomputes them)")
         self.model, self.cache = model, cache
         self.device = cache.k.device
-        # the cores the batched road's prefill attention splits over (cpu_gemm's pool also
-        # starts with torch's thread count)
-        self.threads = torch.get_num_threads()
         self.batched, self.batched_reason = False, "batched=False: the plain products run"
         self._products = None
         if batched:
@@ -208,7 +201,6 @@ class ModelRunner:
         # pay for the chunk's queries); latent attention keeps one padded batch
         if not cache.latent:
             parts = self._attention_parts(counts, starts, ends, first, r_tables)
-            threads = self.threads if self.batched else 1     # (the plain road: torch's own)
         else:
             padded = self._padded_batch(counts, starts, first, width)
 
@@ -233,7 +225,7 @@ class ModelRunner:
                 head_dim = k.shape[-1]
                 k_pool.view(-1, head_dim).index_copy_(0, slots, k.reshape(-1, head_dim))
                 v_pool.view(-1, head_dim).index_copy_(0, slots, v.reshape(-1, head_dim))
-            y = split_attention(q, k_pool, v_pool, parts, scale, threads,
+            y = split_attention(q, k_pool, v_pool, parts, scale,
                                 bool(model.cfg.layer_window(layer_index)))
             y = y.reshape(1, y.shape[0], -1)                                     # (1, T, H*d)
             if self.batched:
@@ -274,50 +266,59 @@ class ModelRunner:
                          first: torch.Tensor, tables: torch.Tensor) -> tuple:
         """A step's attention in parts: (the decodes' part, then the prefill chunks' parts),
         the decodes (one token each) None when the step has none, a part being (kind, rows,
-        tables, a, b), rows its packed tokens' rows: ("paged", rows, tables, lengths, None)
-        for cpu_gemm.paged_attention (the decodes on the batched road, no sliding window), or
-        ("padded", rows, tables, padded, windowed) for padded_attention, windowed the same
-        batch's mask with the sliding window (day 21) or None. Decodes never share a padded
-        batch with a chunk: padded to a chunk of 256 tokens, a decode would cost 256 query
-        rows against all its keys (16 decodes beside one chunk, 1,000 positions each: 16
-        times the chunk's own attention, seconds a step on SmolLM2). Nor does a chunk of
-        ALONE_ROWS tokens or more share one with other chunks (below). 16 prompts of 1,000-1,015
-        tokens and 32 new tokens each, SmolLM2's shape, AVX2 EPYC, 2026-11-29, two runs each
-        taking turns: the chunks' attention 13.2 and 16.2 s of the engine's 54.9 and 68.3 s
-        when they shared, 11.1 and 12.0 s of 54.1 and 58.9 s apart."""
+        tables, a, b), rows its packed tokens' rows.
+
+        The batched road (never a sliding window: cpu_gemm.refusal) reads the pool in place,
+        in C: ("paged", rows, tables, lengths, None) for the decodes (cpu_gemm.paged_attention)
+        and ("chunks", rows, tables, starts, counts) for every chunk at once
+        (cpu_gemm.chunk_attention: register-blocked scores, no padding, no mask). 16 prompts
+        of 1,000-1,015 tokens and 64 new tokens each, SmolLM2's shape, AVX2 EPYC, 2026-11-29,
+        two runs each taking turns: the chunks' attention 13.4 and 12.4 s of the engine's 72.7
+        and 66.8 s as padded batches sliced over two Python threads, 7.5 and 6.2 s of 67.0
+        and 51.1 s in C (the machine's speed moved between the runs).
+
+        The plain road: ("padded", rows, tables, padded, windowed) for padded_attention,
+        windowed the same batch's mask with the sliding window (day 21) or None. Decodes
+        never share a padded batch with a chunk: padded to a chunk of 256 tokens, a decode
+        would cost 256 query rows against all its keys. Nor does a chunk of ALONE_ROWS tokens
+        or more share one with other chunks: beside it, a shorter chunk's queries would be
+        padded to its length and see its keys (a prompt's last 241 tokens beside the next
+        prompt's first 15: twice the work); the smaller chunks share one."""
         as_long = dict(dtype=torch.long, device=self.device)
         window = self.model.cfg.sliding_window
 
-        def padded(which: list[int], rows: torch.Tensor) -> tuple:
+        def rows_of(which: list[int]) -> torch.Tensor:
+            return torch.cat([torch.arange(int(first[i]), int(first[i]) + counts[i], **as_long)
+                              for i in which])
+
+        def padded(which: list[int]) -> tuple:
             index = torch.tensor(which, **as_long)
             sizes, own_starts = [counts[i] for i in which], [starts[i] for i in which]
             width = max(-(-ends[i] // self.cache.block_size) for i in which)
             own_first = torch.tensor([0, *sizes[:-1]], **as_long).cumsum(0)
-            return ("padded", rows, tables[index, :width],
+            return ("padded", rows_of(which), tables[index, :width],
                     self._padded_batch(sizes, own_starts, own_first, width),
                     self._padded_batch(sizes, own_starts, own_first, width, window)
                     if window else None)
 
         ones = [i for i, n in enumerate(counts) if n == 1]
         chunks = [i for i, n in enumerate(counts) if n > 1]
+        if not self.batched:
+            groups = [[i] for i in chunks if counts[i] >= ALONE_ROWS]
+            if small := [i for i in chunks if counts[i] < ALONE_ROWS]:
+                groups.append(small)
+            return padded(ones) if ones else None, *(padded(group) for group in groups)
         decodes = None
         if ones:
             index = torch.tensor(ones, **as_long)
-            if self.batched and not window:
-                decodes = ("paged", first[index], tables[index],
-                           torch.tensor([ends[i] for i in ones], **as_long), None)
-            else:
-                decodes = padded(ones, first[index])
-        # a chunk of ALONE_ROWS queries or more attends as a batch of its own: beside another
-        # chunk, the shorter one's queries are padded to the longer one's and see its keys (a
-        # prompt's last 241 tokens beside the next prompt's first 15: twice the work); the
-        # smaller chunks share one padded batch
-        groups = [[i] for i in chunks if counts[i] >= ALONE_ROWS]
-        if small := [i for i in chunks if counts[i] < ALONE_ROWS]:
-            groups.append(small)
-        return decodes, *(padded(group, torch.cat([
-            torch.arange(int(first[i]), int(first[i]) + counts[i], **as_long)
-            for i in group])) for group in groups)
+            decodes = ("paged", first[index], tables[index],
+                       torch.tensor([ends[i] for i in ones], **as_long), None)
+        if not chunks:
+            return (decodes,)
+        index = torch.tensor(chunks, **as_long)
+        return decodes, ("chunks", rows_of(chunks), tables[index],
+                         torch.tensor([starts[i] for i in chunks], **as_long),
+                         torch.tensor([counts[i] for i in chunks], **as_long))
 
     def _padded_batch(self, counts: list[int], starts: list[int], first: torch.Tensor,
                       width: int, window: int = 0
@@ -391,19 +392,21 @@ class ModelRunner:
 
 
 def split_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                    parts: tuple, scale: float, threads: int = 1, windowed: bool = False
-                    ) -> torch.Tensor:
+                    parts: tuple, scale: float, windowed: bool = False) -> torch.Tensor:
     """A step's attention of the packed queries q (T, H, d) -> (T, H, d), the decodes and
     the chunks apart (parts: ModelRunner._attention_parts; the runner checked every table
-    covers its end): cpu_gemm.paged_attention or padded_attention, the latter split over
-    `threads` threads and with the sliding window's mask in a windowed layer."""
+    covers its end): cpu_gemm.paged_attention and cpu_gemm.chunk_attention on the batched
+    road, padded_attention on the plain one (with the sliding window's mask in a windowed
+    layer)."""
     def attend(part: tuple, queries: torch.Tensor) -> torch.Tensor:
         kind, _, tables, a, b = part
         if kind == "paged":
             return cpu_gemm.paged_attention(queries, k_pool, v_pool, tables, a, scale,
                                             checked=True)
-        return padded_attention(queries, k_pool, v_pool, tables, b if windowed else a, scale,
-                                threads=threads)
+        if kind == "chunks":
+            return cpu_gemm.chunk_attention(queries, k_pool, v_pool, tables, a, b, scale,
+                                            checked=True)
+        return padded_attention(queries, k_pool, v_pool, tables, b if windowed else a, scale)
 
     present = [part for part in parts if part is not None]
     if len(present) == 1:                       # its rows are all of them, in order
@@ -415,19 +418,12 @@ def split_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
 
 
 def padded_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                     tables: torch.Tensor, padded: tuple, scale: float, *, threads: int = 1
-                     ) -> torch.Tensor:
+                     tables: torch.Tensor, padded: tuple, scale: float) -> torch.Tensor:
     """Attention of the packed queries q (T, H, d) over each sequence's blocks (tables (N, W)),
     as a padded batch (padded: ModelRunner._padded_batch's q_index, real_q, mask) -> (T, H, d).
     Query head h reads kv head h // (H / H_kv) (enable_gqa: no copies of the keys); torch's
     scaled_dot_product_attention runs it in tiles, never holding a (Tq, Tk) score matrix.
-
-    threads > 1 splits the padded queries into that many slices, each on a Python thread of
-    its own: the batched road runs torch on one thread (Engine.step), and a prefill chunk's
-    attention is then the largest thing in its step. Measured on the 2-core AMD EPYC
-    (2026-11-27, 256 queries at positions 744-999 of SmolLM2's shape, one layer): scores,
-    bias and softmax written out 12.6 ms on two torch threads; scaled_dot_product_attention
-    8.0 ms on one; two slices on two Python threads, one torch thread each, 4.7 ms."""
+    The plain road's attention, and the oracle of cpu_gemm's two."""
     q_index, real_q, mask = padded
     t_q = real_q.shape[1]
     keys = gather_blocks(k_pool, tables)                                   # (N, Hkv, Tk, d)
@@ -436,31 +432,13 @@ def padded_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
         queries = q[:, :, None]                                                   # (N,H,1,d)
     else:
         queries = q[q_index].transpose(1, 2)                                     # (N,H,Tq,d)
-    attend = partial(F.scaled_dot_product_attention, scale=scale, enable_gqa=True)
-    if threads > 1 and t_q >= SLICE_ROWS * threads:
-        cuts = [t_q * i // threads for i in range(threads + 1)]
-        slices = [attention_threads(threads).submit(
-            attend, queries[:, :, a:b], keys, values, attn_mask=mask[:, :, a:b])
-            for a, b in pairwise(cuts)]
-        y = torch.cat([part.result() for part in slices], 2)
-    else:
-        y = attend(queries, keys, values, attn_mask=mask)                        # (N,H,Tq,d)
+    y = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale,
+                                       enable_gqa=True)                          # (N,H,Tq,d)
     y = y.transpose(1, 2)                                                        # (N,Tq,H,d)
     return y[:, 0] if t_q == 1 else y[real_q]                                     # (T, H, d)
 
 
-SLICE_ROWS = 32          # the fewest padded queries a thread of padded_attention gets
-ALONE_ROWS = 64          # a prefill chunk of this many tokens attends in a batch of its own
-_THREADS: dict[tuple[int, int], ThreadPoolExecutor] = {}
-
-
-def attention_threads(threads: int) -> ThreadPoolExecutor:
-    """padded_attention's `threads` Python threads, made on first use in each process (a
-    forked child has none of its parent's threads, so it makes its own)."""
-    key = (os.getpid(), threads)
-    if key not in _THREADS:
-        _THREADS[key] = ThreadPoolExecutor(threads, thread_name_prefix="tinygpt-attention")
-    return _THREADS[key]
+ALONE_ROWS = 64          # on the plain road a chunk of this many tokens attends on its own
 
 
 def gather_blocks(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:

@@ -40,6 +40,7 @@
 #define POOL_SOLO_JOBS 256
 #include "pool.h"
 #include "attention.h"     /* attend_group: one group of query heads over the pool */
+#include "chunk_attention.h"  /* a prefill chunk's queries over the pool */
 
 #include "vec.h"           /* vf: VW floats, the registers' width; VPT of them per tile row */
 
@@ -51,7 +52,7 @@
 /* the pool: one product at a time, handed out in chunks of tiles                            */
 
 typedef struct {
-    int kind;                       /* 0: a product, 1: paged attention */
+    int kind;                       /* 0: a product, 1: paged attention, 2: chunks' attention */
     const float *w, *x;
     float *y;
     long m, n, k, tiles, chunk;
@@ -60,6 +61,7 @@ typedef struct {
     const long *tables, *lengths;
     long heads, kv_heads, dim, block, width;
     float scale;
+    const struct chunk_job *chunks;
 } job_t;
 
 static void attend(long unit);
@@ -70,8 +72,10 @@ static void run_chunk(long c) {
     long t0 = c * job.chunk, t1 = t0 + job.chunk < job.tiles ? t0 + job.chunk : job.tiles;
     if (job.kind == 0)
         tiles_range(job.w, job.x, job.y, job.m, job.n, job.k, t0, t1);
-    else
+    else if (job.kind == 1)
         for (long u = t0; u < t1; u++) attend(u);
+    else
+        for (long u = t0; u < t1; u++) chunk_attention_unit(job.chunks, u);
 }
 
 /* start `n` - 1 helper threads (the caller is the n-th); returns the threads now working */
@@ -180,3 +184,35 @@ void tg_rope_store(float *q, float *k, const float *v, long ld, const float *cos
         }
     }
 }
+
+/* ---------------------------------------------------------------------------------------- */
+/* prefill chunks' attention: chunk_attention.h                                              */
+
+/* y (T, heads, dim) = the attention of n_chunks chunks' queries q (T, heads, dim; row r at
+ * q + r * ldq) over the pools k, v (blocks, kv_heads, block, dim): chunk c's rows first[c] ..
+ * first[c] + count[c] - 1 are the tokens at positions start[c] .., each seeing the positions
+ * up to its own, the sequence's blocks listed in tables[c * width ..]. heads is a multiple of
+ * kv_heads; every count is at least 1. */
+void tg_chunk_attention(const float *q, long ldq, const float *k, const float *v,
+                        const long *tables, long width, const long *first, const long *start,
+                        const long *count, long n_chunks, float *y, long heads, long kv_heads,
+                        long dim, long block, float scale) {
+    long group = heads / kv_heads, rows = UNIT_QUERIES / group > 1 ? UNIT_QUERIES / group : 1;
+    long units_before[n_chunks + 1];
+    units_before[0] = 0;
+    for (long c = 0; c < n_chunks; c++)
+        units_before[c + 1] = units_before[c] + (count[c] + rows - 1) / rows * kv_heads;
+    struct chunk_job a = {q, ldq, k, v, tables, width, first, start, count, units_before,
+                          n_chunks, heads, kv_heads, dim, block, rows, scale, y};
+    long units = units_before[n_chunks];
+    if (units == 1 || pool_solo()) {
+        for (long u = 0; u < units; u++) chunk_attention_unit(&a, u);
+        return;
+    }
+    job.kind = 2;
+    job.chunks = &a;
+    job.tiles = units;
+    job.chunk = 1;
+    pool_run(units, run_chunk);
+}
+
