@@ -4,20 +4,29 @@
  * keys and values already in the pool; query j sees positions 0 .. start + j. A decode's one
  * query reads each key once and does a dot product with it (attention.h); a chunk's hundreds
  * of queries read the same keys, so their scores are a matrix product, and this file does
- * them the way gemm_tiles.h does the weights' products: a register block of QROWS query
- * vectors against one vector of keys, the running sums in registers.
+ * them the way gemm_tiles.h does the weights' products, with register blocks.
  *
  *   a unit of work   one kv head and a run of the chunk's rows: the query heads that share
  *                  the kv head times those rows are the unit's query vectors (about
- *                  UNIT_QUERIES), scaled, copied together; the pool's threads take units
- *                  (each chunk's last rows first: they see the most keys).
- *   per key block  the block's keys transposed (kt: head_dim rows of the block's positions),
- *                  the scores s = q kt, each query's running softmax updated (its maximum so
- *                  far and the total of its weights; what it has summed is rescaled when the
- *                  maximum grows), then its weights times the block's values added in. Blocks
- *                  past the unit's last position are never read; positions a query may not
- *                  see weigh 0.
+ *                  UNIT_QUERIES), scaled and stored transposed (qt: head_dim rows of them);
+ *                  the pool's threads take units (each chunk's last rows first: they see the
+ *                  most keys).
+ *   per span of keys  about SPAN_KEYS positions, block by block from the pool: the scores
+ *                  s (keys, queries) = keys qt, KROWS keys against KQ vectors of queries at a
+ *                  time (a key's column broadcast, the queries in the vector's lanes); each
+ *                  query's running softmax updated in the lanes (its maximum so far and the
+ *                  total of its weights; what it has summed is rescaled when the maximum
+ *                  grows); then the weights times the values, QROWS queries against two
+ *                  vectors of columns at a time. Spans past the unit's last position are never
+ *                  read; a position a query may not see weighs 0.
  *   the end        each query's sum divided by its total.
+ *
+ * One layer, 256 queries at positions 744-999 of SmolLM2's shape (9 heads, 3 kv heads,
+ * head_dim 64), the 2-core AVX2 EPYC, 2026-11-29, counting only the causal products: 87-90
+ * GFLOP/s on two threads, 52-55 on one (torch's scaled_dot_product_attention on the padded
+ * batch: 46-54 on one thread, 49-51 in two slices on two Python threads); with one span per
+ * block of 16 keys 3-4% slower, and 43 on one thread while the keys were transposed instead
+ * of the queries (once per block, not once per unit).
  *
  * The sums run in another order than a decode's (and than torch's): the oracle is the plain
  * attention within float32 rounding (tests/test_cpu_gemm.py). Include after pool.h and
@@ -29,7 +38,12 @@
 #define KROWS 4               /* scores: keys per register block, */
 #define KQ 3                  /* against this many vectors of queries */
 #define QROWS 6               /* values: queries per register block (np is a multiple) */
+#ifndef SPAN_KEYS
+#define SPAN_KEYS 64          /* keys per step of the running softmax, about */
+#endif
+#ifndef UNIT_QUERIES
 #define UNIT_QUERIES 48       /* query vectors per unit of work, about */
+#endif
 
 struct chunk_job {
     const float *q;                   /* (T, heads, d), row r at q + r * ldq */
@@ -80,16 +94,18 @@ static inline vf exp_nonpositive_v(vf x) {
     return (vf)((vi)(p * (vf)bits) & ~under);
 }
 
-/* o (QROWS queries, NV vectors of columns, row stride dp) += p (n keys, those queries, row
- * stride nq)^T @ v (n, NV vectors, row stride dv) */
+/* o (QROWS queries, NV vectors of columns from col, row stride dp) += p (n keys, those
+ * queries, row stride nq)^T @ the n value rows at vrow[t] (their columns from col) */
 static inline __attribute__((always_inline)) void values_block(int nv, const float *p, long nq,
-                                                               const float *v, long dv, long n,
-                                                               float *o, long dp) {
+                                                               const float *const *vrow,
+                                                               long col, long n, float *o,
+                                                               long dp) {
     vf a[QROWS][2];
     for (int r = 0; r < QROWS; r++)
-        for (int j = 0; j < nv; j++) a[r][j] = loadv(o + r * dp + j * VW);
+        for (int j = 0; j < nv; j++) a[r][j] = loadv(o + r * dp + col + j * VW);
     for (long t = 0; t < n; t++) {
-        vf v0 = loadv(v + t * dv), v1 = nv > 1 ? loadv(v + t * dv + VW) : v0;
+        const float *v = vrow[t] + col;
+        vf v0 = loadv(v), v1 = nv > 1 ? loadv(v + VW) : v0;
         for (int r = 0; r < QROWS; r++) {
             float pr = p[t * nq + r];
             a[r][0] += v0 * pr;
@@ -97,7 +113,7 @@ static inline __attribute__((always_inline)) void values_block(int nv, const flo
         }
     }
     for (int r = 0; r < QROWS; r++)
-        for (int j = 0; j < nv; j++) storev(o + r * dp + j * VW, a[r][j]);
+        for (int j = 0; j < nv; j++) storev(o + r * dp + col + j * VW, a[r][j]);
 }
 
 /* rows r0 .. r1 - 1 of chunk c, kv head g (see the opening comment) */
@@ -105,8 +121,10 @@ static void chunk_unit(const struct chunk_job *a, long c, long g, long r0, long 
     long d = a->d, group = a->heads / a->kv_heads, block = a->block;
     long dp = (d + VW - 1) / VW * VW;                  /* a row of o or v in whole vectors */
     long nq = (r1 - r0) * group, np = (nq + KQ * VW - 1) / (KQ * VW) * (KQ * VW);
-    float qt[d * np], o[np * dp], s[block * np], top[np], total[np];
-    float vpad[d % VW ? block * dp : 1];
+    long span = SPAN_KEYS > block ? SPAN_KEYS / block * block : block;    /* keys a step */
+    float qt[d * np], o[np * dp], s[span * np], top[np], total[np];
+    float vpad[d % VW ? span * dp : 1];
+    const float *vrow[span];
     long pos0 = a->start[c] + r0, last = pos0 + (r1 - r0) - 1;
     const long *table = a->tables + c * a->width;
     memset(qt, 0, sizeof(qt));
@@ -121,23 +139,27 @@ static void chunk_unit(const struct chunk_job *a, long c, long g, long r0, long 
         top[i] = -INFINITY;
         total[i] = 0;
     }
-    for (long t0 = 0; t0 <= last; t0 += block) {
-        long n = last + 1 - t0 < block ? last + 1 - t0 : block;
-        long at = cache_at(table, block, a->kv_heads, g, t0, d);
-        const float *keys = a->k + at, *values = a->v + at;
-        long dv = d;
-        if (d % VW) {                                  /* rows padded to whole vectors */
-            for (long t = 0; t < n; t++) memcpy(vpad + t * dp, values + t * d, d * 4);
-            values = vpad;
-            dv = dp;
+    for (long t0 = 0; t0 <= last; t0 += span) {
+        long n = last + 1 - t0 < span ? last + 1 - t0 : span, t;
+        for (long b0 = 0; b0 < n; b0 += block) {       /* the span's blocks, one by one */
+            long nb = n - b0 < block ? n - b0 : block;
+            long at = cache_at(table, block, a->kv_heads, g, t0 + b0, d);
+            const float *keys = a->k + at;
+            float *sb = s + b0 * np;
+            for (t = 0; t < nb; t++) {
+                vrow[b0 + t] = a->v + at + t * d;
+                if (d % VW) {                          /* rows padded to whole vectors */
+                    memcpy(vpad + (b0 + t) * dp, vrow[b0 + t], d * 4);
+                    vrow[b0 + t] = vpad + (b0 + t) * dp;
+                }
+            }
+            for (t = 0; t + KROWS <= nb; t += KROWS)
+                for (long i = 0; i < np; i += KQ * VW)
+                    scores_block(KROWS, keys + t * d, d, qt + i, np, sb + t * np + i);
+            for (; t < nb; t++)
+                for (long i = 0; i < np; i += KQ * VW)
+                    scores_block(1, keys + t * d, d, qt + i, np, sb + t * np + i);
         }
-        long t = 0;
-        for (; t + KROWS <= n; t += KROWS)
-            for (long i = 0; i < np; i += KQ * VW)
-                scores_block(KROWS, keys + t * d, d, qt + i, np, s + t * np + i);
-        for (; t < n; t++)
-            for (long i = 0; i < np; i += KQ * VW)
-                scores_block(1, keys + t * d, d, qt + i, np, s + t * np + i);
         if (t0 + n - 1 > pos0)                /* a query may not see every key here */
             for (t = 0; t < n; t++)
                 for (long i = 0; i < nq; i++)
@@ -173,9 +195,9 @@ static void chunk_unit(const struct chunk_job *a, long c, long g, long r0, long 
         for (long i0 = 0; i0 + QROWS <= np; i0 += QROWS) {
             long col = 0;
             for (; col + 2 * VW <= dp; col += 2 * VW)
-                values_block(2, s + i0, np, values + col, dv, n, o + i0 * dp + col, dp);
+                values_block(2, s + i0, np, vrow, col, n, o + i0 * dp, dp);
             for (; col < dp; col += VW)
-                values_block(1, s + i0, np, values + col, dv, n, o + i0 * dp + col, dp);
+                values_block(1, s + i0, np, vrow, col, n, o + i0 * dp, dp);
         }
     }
     for (long i = 0; i < nq; i++) {
