@@ -24,7 +24,7 @@
  * One layer, 256 queries at positions 744-999 of SmolLM2's shape (9 heads, 3 kv heads,
  * head_dim 64), the 2-core AVX2 EPYC, 2026-11-29, counting only the causal products: 87-90
  * GFLOP/s on two threads, 52-55 on one (torch's scaled_dot_product_attention on the padded
- * batch: 46-54 on one thread, 49-51 in two slices on two Python threads); with one span per
+ * batch: about 54 on one thread, 49-52 in two slices on two Python threads); with one span per
  * block of 16 keys 3-4% slower, and 43 on one thread while the keys were transposed instead
  * of the queries (once per block, not once per unit).
  *
