@@ -133,6 +133,33 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return y
 
 
+def _check_pools(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
+                 ) -> tuple[int, int]:
+    """What both pool attentions check first: float32 q (rows, H, d) and pools (num_blocks,
+    H_kv, block_size, d) that fit it. Returns (H_kv, block_size)."""
+    _, kv_heads, block, _ = k_pool.shape
+    if q.dtype != torch.float32 or k_pool.dtype != torch.float32 \
+            or v_pool.dtype != torch.float32:
+        raise ValueError(f"{what} takes float32 q and pools, got {q.dtype}, "
+                         f"{k_pool.dtype}, {v_pool.dtype}")
+    if k_pool.shape != v_pool.shape or k_pool.shape[-1] != q.shape[2] \
+            or q.shape[1] % kv_heads:
+        raise ValueError(f"{what}: q {tuple(q.shape)} does not fit pools "
+                         f"{tuple(k_pool.shape)} / {tuple(v_pool.shape)}")
+    return kv_heads, block
+
+
+def _loaded(q: torch.Tensor) -> tuple:
+    """The library (or why not), and q (rows, H, d) with each row's heads contiguous (rows
+    may be apart: a view)."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError(available())
+    if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
+        q = q.contiguous()
+    return lib, q
+
+
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                     tables: torch.Tensor, lengths: torch.Tensor, scale: float, *,
                     checked: bool = False) -> torch.Tensor:
@@ -146,14 +173,7 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     float rounding: the sums run in another order). checked=True skips the check of the
     lengths' range (the runner checks them once per step, not once per layer)."""
     n_seq, heads, dim = q.shape
-    _, kv_heads, block, _ = k_pool.shape
-    if q.dtype != torch.float32 or k_pool.dtype != torch.float32 \
-            or v_pool.dtype != torch.float32:
-        raise ValueError(f"paged_attention takes float32 q and pools, got {q.dtype}, "
-                         f"{k_pool.dtype}, {v_pool.dtype}")
-    if k_pool.shape != v_pool.shape or k_pool.shape[-1] != dim or heads % kv_heads:
-        raise ValueError(f"paged_attention: q {tuple(q.shape)} does not fit pools "
-                         f"{tuple(k_pool.shape)} / {tuple(v_pool.shape)}")
+    kv_heads, block = _check_pools("paged_attention", q, k_pool, v_pool)
     if tables.dtype != torch.int64 or lengths.dtype != torch.int64 \
             or tables.shape[0] != n_seq or lengths.shape != (n_seq,):
         raise ValueError(f"paged_attention needs int64 tables (N, W) and lengths (N,) for "
@@ -163,11 +183,7 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                                   or int(lengths.max()) > tables.shape[1] * block):
         raise ValueError(f"lengths must be in [1, {tables.shape[1] * block}], got "
                          f"{lengths.tolist()}")
-    lib = load()
-    if lib is None:
-        raise RuntimeError(available())
-    if q.stride(2) != 1 or q.stride(1) != dim:             # rows may be apart (a view)
-        q = q.contiguous()
+    lib, q = _loaded(q)
     tables, lengths = tables.contiguous(), lengths.contiguous()
     k_pool, v_pool = k_pool.contiguous(), v_pool.contiguous()
     y = torch.empty(n_seq, heads, dim)
@@ -194,14 +210,7 @@ def chunk_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     the function of runner.padded_attention up to float rounding. checked=True skips the check
     that every chunk's last position is inside its table (the runner checks it once a step)."""
     n_tokens, heads, dim = q.shape
-    _, kv_heads, block, _ = k_pool.shape
-    if q.dtype != torch.float32 or k_pool.dtype != torch.float32 \
-            or v_pool.dtype != torch.float32:
-        raise ValueError(f"chunk_attention takes float32 q and pools, got {q.dtype}, "
-                         f"{k_pool.dtype}, {v_pool.dtype}")
-    if k_pool.shape != v_pool.shape or k_pool.shape[-1] != dim or heads % kv_heads:
-        raise ValueError(f"chunk_attention: q {tuple(q.shape)} does not fit pools "
-                         f"{tuple(k_pool.shape)} / {tuple(v_pool.shape)}")
+    kv_heads, block = _check_pools("chunk_attention", q, k_pool, v_pool)
     n_chunks = tables.shape[0]
     if tables.dtype != torch.int64 or tables.ndim != 2 or starts.dtype != torch.int64 \
             or counts.dtype != torch.int64 or starts.shape != (n_chunks,) \
@@ -217,11 +226,7 @@ def chunk_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         if int((starts + counts).max()) > tables.shape[1] * block:
             raise ValueError(f"every chunk must end inside its table of {tables.shape[1]} "
                              f"blocks of {block}: ends {(starts + counts).tolist()}")
-    lib = load()
-    if lib is None:
-        raise RuntimeError(available())
-    if q.stride(2) != 1 or q.stride(1) != dim:             # rows may be apart (a view)
-        q = q.contiguous()
+    lib, q = _loaded(q)
     tables, starts, counts = tables.contiguous(), starts.contiguous(), counts.contiguous()
     first = torch.zeros(n_chunks, dtype=torch.int64)
     torch.cumsum(counts[:-1], 0, out=first[1:])
