@@ -354,12 +354,49 @@ def test_cli_writes_json_and_plot(micro_report, monkeypatch, tmp_path, capsys):
     assert B.main([]) == 0 and B.main(["--strict"]) == 1
 
 
+def test_a_benchs_server_gets_the_environment_without_the_benchs_own_settings(monkeypatch):
+    """running_server starts `python -m tinygpt serve` in the environment the user gave the
+    bench: the keys the bench command added for itself (TINYGPT_ENV_ADDED) are left out, a
+    key the user set stays, and an explicit env is passed as it is."""
+    from tinygpt.bench import load
+
+    seen = []
+
+    class Exited:                        # a server that exits at once: running_server raises
+        def __init__(self, args, env=None, **kwargs):
+            seen.append(env)
+
+        def poll(self):
+            return 1
+
+        def kill(self):
+            pass
+
+        def wait(self, timeout=None):
+            return 1
+
+    monkeypatch.setattr(load.subprocess, "Popen", Exited)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "200000")
+    monkeypatch.setenv("TINYGPT_ENV_ADDED", "OMP_WAIT_POLICY")          # the user set the other
+    for env in (None, {"A": "1"}):
+        with pytest.raises(RuntimeError, match="did not start"), \
+                load.running_server(timeout=1, env=env):
+            pass
+    default, explicit = seen
+    assert "OMP_WAIT_POLICY" not in default and "TINYGPT_ENV_ADDED" not in default
+    assert default["GOMP_SPINCOUNT"] == "200000" and default["PATH"] == os.environ["PATH"]
+    assert explicit == {"A": "1"}
+
+
 def test_bench_cli_sets_the_openmp_wait_policy_only_before_torch_loads(monkeypatch):
     probe = ("import os; from tinygpt.__main__ import main; main(['bench', '--help']); "
              "print('policy', os.environ.get('OMP_WAIT_POLICY'), "
-             "os.environ.get('GOMP_SPINCOUNT'))")
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    for preset, expected in ((None, "ACTIVE 200000"), ("PASSIVE", "PASSIVE 200000")):
+             "os.environ.get('GOMP_SPINCOUNT'), os.environ.get('TINYGPT_ENV_ADDED'))")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TINYGPT_ENV_ADDED")}
+    for preset, expected in ((None, "ACTIVE 200000 OMP_WAIT_POLICY,GOMP_SPINCOUNT"),
+                             ("PASSIVE", "PASSIVE 200000 GOMP_SPINCOUNT")):
         run_env = env if preset is None else {**env, "OMP_WAIT_POLICY": preset}
         out = subprocess.run([sys.executable, "-c", probe], env=run_env, capture_output=True,
                              text=True, check=True).stdout

@@ -26,8 +26,11 @@ COMMANDS = {
 # that ran one parallel region (a prefill, an argmax over the vocabulary) kept spinning through
 # the whole decode that followed, half a core taken from tinygpt.cpu_kernels' product threads
 # (measured per thread: 0.53-0.64 of a core against 0.18 bounded). An explicit setting is never
-# changed.
+# changed. The keys a command added are listed in ENV_ADDED, so that the processes it starts
+# (the benchmarks' servers: tinygpt.bench.load.running_server) run in the environment the user
+# gave it: a server's spinning OpenMP workers would take a core from its own product threads.
 ENV_DEFAULTS = {"bench": {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "200000"}}
+ENV_ADDED = "TINYGPT_ENV_ADDED"
 
 
 def usage() -> str:
@@ -48,8 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         print(usage(), file=sys.stderr)
         return 2
     if "torch" not in sys.modules:  # too late once torch (and its OpenMP runtime) has loaded
-        for key, value in ENV_DEFAULTS.get(name, {}).items():
-            os.environ.setdefault(key, value)
+        added = [key for key in ENV_DEFAULTS.get(name, {}) if key not in os.environ]
+        for key in added:
+            os.environ[key] = ENV_DEFAULTS[name][key]
+        if added:
+            os.environ[ENV_ADDED] = ",".join(added)
     module = importlib.import_module(COMMANDS[name][0])
     return int(module.main(rest) or 0)
 

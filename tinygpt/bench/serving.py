@@ -29,6 +29,7 @@ pool (256 MiB, 5,824 of SmolLM2's positions) would hold five of the long rows' s
 
 from __future__ import annotations
 
+import http.client
 import io
 import json
 import re
@@ -36,6 +37,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from tinygpt.bench.harness import Comparison
 from tinygpt.bench.registry import BenchContext, register
@@ -65,17 +67,25 @@ def generate_rate(model, prompt: list[int], tokens: int) -> float:
 
 def served_rate(url: str, model_id: str, prompt: list[int], tokens: int) -> tuple[float, str]:
     """One greedy streamed completion: (its decode rate, its text). A chunk is stamped when it
-    arrives; the server sends one per token (usage's completion_tokens is checked)."""
-    import httpx
+    arrives; the server sends one per token (usage's completion_tokens is checked).
 
+    The client is the standard library's http.client, reading the event stream line by line:
+    it shares the two cores with the server's two product threads, and its CPU is taken from
+    them. Per 128-token stream on the AVX2 EPYC (2026-11-29, six rounds each, taking turns):
+    0.031 s of CPU and 34.0 tokens/s served, against httpx's 0.087 s and 32.9."""
     body = {"model": model_id, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     stamps, pieces, usage = [], [], None
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"HTTP {response.status_code}: {response.read()!r}")
-        for line in response.iter_lines():
-            if not line.startswith("data: {"):
+    where = urlsplit(url)
+    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=300)
+    try:
+        connection.request("POST", "/v1/completions", json.dumps(body),
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {response.read()!r}")
+        while line := response.readline():
+            if not line.startswith(b"data: {"):
                 continue
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
@@ -83,6 +93,8 @@ def served_rate(url: str, model_id: str, prompt: list[int], tokens: int) -> tupl
             if chunk["choices"]:
                 stamps.append(time.perf_counter())
                 pieces.append(chunk["choices"][0]["text"])
+    finally:
+        connection.close()
     if usage != tokens or len(stamps) != tokens:
         raise RuntimeError(f"expected {tokens} tokens in as many chunks, got {usage} tokens in "
                            f"{len(stamps)} chunks")
