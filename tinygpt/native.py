@@ -48,6 +48,14 @@ import torch
 
 FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp-simd", "-shared",
          "-fPIC", "-pthread")
+# GCC's tuning for AMD's Zen cores (what -march=native picks on the EPYC kinds) turns some
+# loops' chains of 128- and 256-bit multiply-adds into a multiply and an add, two roundings
+# instead of one: on the AVX2 EPYC, and in the AVX2 build on the AVX-512 one, a product's
+# one-row register block summed differently from its six-row block and from the 512-bit
+# build (tests/test_cpu_gemm.py compares the builds bit for bit). The kernels promise the same
+# sums everywhere, so GCC builds keep every multiply-add fused. (Clang fuses `a += b * c`
+# without such a tuning and knows no such parameter.)
+GCC_FLAGS = ("--param=avoid-fma-max-bits=0",)
 
 
 def cache_dir() -> Path:
@@ -78,10 +86,13 @@ def compile_source(source: Path, flags: tuple[str, ...] = FLAGS) -> Path:
     compiler = _compiler()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              check=False).stdout
+    macros = target_macros(flags)
+    if "#define __GNUC__ " in macros and "#define __clang__ " not in macros:
+        flags = (*flags, *GCC_FLAGS)
     headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
     key = hashlib.sha256(source.read_bytes() + headers + version.encode()
                          + " ".join(flags).encode() + platform.machine().encode()
-                         + target_macros(flags).encode()).hexdigest()[:16]
+                         + macros.encode()).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{key}.so"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
