@@ -106,3 +106,29 @@ def test_the_rows_on_the_shipped_model_without_llama_cpp(monkeypatch):
     assert chat.met == (chat.value >= serving.STREAM_TARGET)     # printed as it is, not counted
     assert chat.met or "one run against" in chat.reason
     assert any("llama.cpp not measured" in line for line in logged)
+
+
+def test_the_chat_row_runs_the_chat_as_a_user_does(monkeypatch):
+    """chat_rate runs `python -m tinygpt chat` as a process of its own, in the environment the
+    user gave the bench (without the settings the bench added for itself), and reads the rate
+    from its stats line; a chat that prints no stats is an error naming its exit status."""
+    seen = {}
+
+    class Done:
+        returncode, stderr = 0, ""
+        stdout = "> A story.\n[12 tokens: prompt 3.0 ms, then 41.5 tokens/s)\n"
+
+    def run(args, **kwargs):
+        seen.update(args=args, **kwargs)
+        return Done
+
+    monkeypatch.setattr(serving.subprocess, "run", run)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    monkeypatch.setenv("TINYGPT_ENV_ADDED", "OMP_WAIT_POLICY")
+    assert serving.chat_rate("smollm2", 16, 2) == 41.5
+    assert seen["args"][:4] == [sys.executable, "-m", "tinygpt", "chat"]
+    assert "--stats" in seen["args"] and seen["args"][seen["args"].index("--threads") + 1] == "2"
+    assert "OMP_WAIT_POLICY" not in seen["env"] and "TINYGPT_ENV_ADDED" not in seen["env"]
+    Done.returncode, Done.stdout = 1, "no model"
+    with pytest.raises(RuntimeError, match="exit 1"):
+        serving.chat_rate("smollm2", 16, 2)

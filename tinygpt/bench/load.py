@@ -132,6 +132,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def user_environment() -> dict[str, str]:
+    """This process's environment without the settings `python -m tinygpt bench` added for
+    itself (tinygpt.__main__.ENV_DEFAULTS, listed in ENV_ADDED): the environment a user's own
+    `python -m tinygpt serve` or `chat` would have."""
+    from tinygpt.__main__ import ENV_ADDED
+
+    added = set(filter(None, os.environ.get(ENV_ADDED, "").split(","))) | {ENV_ADDED}
+    return {key: value for key, value in os.environ.items() if key not in added}
+
+
 @contextmanager
 def running_server(*args: str, timeout: float = 120.0, env: dict | None = None,
                    log: str | os.PathLike | None = None
@@ -139,10 +149,8 @@ def running_server(*args: str, timeout: float = 120.0, env: dict | None = None,
     """`python -m tinygpt serve --port <free> *args` in a subprocess; yields (its base URL,
     the process) once /health answers, and stops it with SIGTERM (then kill) on exit.
     RuntimeError, with the server's last output, if it exits or stays silent for `timeout`
-    seconds. env: the server's environment (default: this one's without the settings
-    `python -m tinygpt bench` added for itself, tinygpt.__main__.ENV_DEFAULTS: a user's
-    `python -m tinygpt serve` has none of them). log: a file that gets the server's output
-    (default: a temporary file, removed after).
+    seconds. env: the server's environment (default: user_environment()). log: a file that
+    gets the server's output (default: a temporary file, removed after).
 
     The output goes to a file, not to a pipe: uvicorn writes a line per request, and once a
     pipe that nobody reads holds 64 KiB (about 1,100 requests) the server blocks in that
@@ -150,10 +158,7 @@ def running_server(*args: str, timeout: float = 120.0, env: dict | None = None,
     import httpx
 
     if env is None:
-        from tinygpt.__main__ import ENV_ADDED
-
-        added = set(filter(None, os.environ.get(ENV_ADDED, "").split(","))) | {ENV_ADDED}
-        env = {key: value for key, value in os.environ.items() if key not in added}
+        env = user_environment()
     port = free_port()
     out = open(log, "w+b") if log is not None else tempfile.TemporaryFile()  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-m", "tinygpt", "serve", "--port", str(port),

@@ -30,10 +30,11 @@ pool (256 MiB, 5,824 of SmolLM2's positions) would hold five of the long rows' s
 from __future__ import annotations
 
 import http.client
-import io
 import json
 import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -118,19 +119,21 @@ def llama_rate(llm, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
 
 
 def chat_rate(name: str, tokens: int, threads: int) -> float:
-    """`python -m tinygpt chat --model name --stats` in this process, one greedy reply: its
-    decode rate as the stats line prints it."""
-    from tinygpt import chat
+    """`python -m tinygpt chat --model name --stats` as a user runs it (a process of its own,
+    in the user's environment: load.user_environment), one greedy reply: its decode rate as
+    the stats line prints it."""
+    from tinygpt.bench.load import user_environment
 
-    stdout = io.StringIO()
-    code = chat.main(["--model", name, "--temperature", "0", "--max-tokens", str(tokens),
-                      "--threads", str(threads), "--stats"],
-                     stdin=io.StringIO("Tell me a long story about a dog and a cat.\n"),
-                     stdout=stdout)
-    found = re.search(r"then (\d+\.\d) tokens/s\)", stdout.getvalue())
-    if code != 0 or found is None:
-        raise RuntimeError(f"the chat did not print its stats (exit {code}): "
-                           f"{stdout.getvalue()[-500:]!r}")
+    done = subprocess.run([sys.executable, "-m", "tinygpt", "chat", "--model", name,
+                           "--temperature", "0", "--max-tokens", str(tokens), "--threads",
+                           str(threads), "--stats"],
+                          input="Tell me a long story about a dog and a cat.\n",
+                          capture_output=True, text=True, env=user_environment(),
+                          timeout=600, check=False)
+    found = re.search(r"then (\d+\.\d) tokens/s\)", done.stdout)
+    if done.returncode != 0 or found is None:
+        raise RuntimeError(f"the chat did not print its stats (exit {done.returncode}): "
+                           f"{(done.stdout + done.stderr)[-500:]!r}")
     return float(found.group(1))
 
 
