@@ -35,9 +35,19 @@
 #ifndef TINYGPT_CHUNK_ATTENTION_H
 #define TINYGPT_CHUNK_ATTENTION_H
 
-#define KROWS 4               /* scores: keys per register block, */
+/* scores: keys per register block (KROWS x KQ running sums: 24 of AVX-512's 32 registers,
+ * 12 of AVX2's 16; the layer below on the AVX-512 EPYC, 2026-11-29: 8 keys 117-118 GFLOP/s
+ * on two threads and 74-75 on one, 4 keys 105-111 and 69-70, torch's padded batch 71-92 and
+ * 49-51), */
+#ifndef KROWS
+#define KROWS (VW == 16 ? 8 : 4)
+#endif
+#ifndef KQ
 #define KQ 3                  /* against this many vectors of queries */
+#endif
+#ifndef QROWS
 #define QROWS 6               /* values: queries per register block (np is a multiple) */
+#endif
 #ifndef SPAN_KEYS
 #define SPAN_KEYS 64          /* keys per step of the running softmax, about */
 #endif
@@ -156,6 +166,9 @@ static void chunk_unit(const struct chunk_job *a, long c, long g, long r0, long 
             for (t = 0; t + KROWS <= nb; t += KROWS)
                 for (long i = 0; i < np; i += KQ * VW)
                     scores_block(KROWS, keys + t * d, d, qt + i, np, sb + t * np + i);
+            for (; KROWS > 4 && t + 4 <= nb; t += 4)      /* a block of fewer than KROWS */
+                for (long i = 0; i < np; i += KQ * VW)
+                    scores_block(4, keys + t * d, d, qt + i, np, sb + t * np + i);
             for (; t < nb; t++)
                 for (long i = 0; i < np; i += KQ * VW)
                     scores_block(1, keys + t * d, d, qt + i, np, sb + t * np + i);
