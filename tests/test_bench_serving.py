@@ -104,7 +104,10 @@ def test_the_rows_on_the_shipped_model_without_llama_cpp(monkeypatch):
     assert two.value == two.details["served_tokens_per_s"] > 0 and two.met
     assert chat.details["chat_rate"] > 0
     assert chat.met == (chat.value >= serving.STREAM_TARGET)     # printed as it is, not counted
-    assert chat.met or "one run against" in chat.reason
+    assert len(chat.details["rounds"]["chat"]) == len(chat.details["rounds"]["generate"]) == 1
+    assert chat.value == pytest.approx(chat.details["rounds"]["chat"][0]
+                                       / chat.details["rounds"]["generate"][0])
+    assert chat.met or "rounds' ratios" in chat.reason
     assert any("llama.cpp not measured" in line for line in logged)
 
 
