@@ -150,6 +150,33 @@ def test_the_bfloat16_tiles_hold_column_pairs():
     assert tiles[1, 0, 4].tolist() == [0.0, 0.0]                   # a padding row
 
 
+def test_gcc_builds_keep_every_multiply_add_fused(tmp_path, monkeypatch):
+    """GCC's tuning for AMD's Zen cores splits some multiply-add chains in two (other bits
+    than the fused ones the kernels promise on every width): a GCC build gets GCC_FLAGS, a
+    clang build (which defines __GNUC__ too, and knows no such parameter) does not."""
+    import subprocess
+
+    from tinygpt import native
+
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path))
+    commands = []
+
+    def run(command, **kwargs):
+        commands.append(command)
+        if "-o" in command:
+            Path(command[command.index("-o") + 1]).write_bytes(b"")
+        return subprocess.CompletedProcess(command, 0, "a compiler", "")
+
+    monkeypatch.setattr(native.subprocess, "run", run)
+    source = tmp_path / "one.c"
+    source.write_text("int one(void) { return 1; }\n")
+    for macros, fused in (("#define __GNUC__ 12", True),
+                          ("#define __GNUC__ 4\n#define __clang__ 1", False)):
+        monkeypatch.setattr(native, "target_macros", lambda flags, m=macros: m)
+        native.compile_source(source)
+        assert all(flag in commands[-1] for flag in native.GCC_FLAGS) == fused
+
+
 def test_the_cache_keeps_one_build_per_cpu_kind(tmp_path, monkeypatch):
     """The path is chosen when the library compiles (-march=native); a cache that another CPU
     kind filled (a home directory shared by an AMD and an Intel machine) must not hand this one
