@@ -27,8 +27,9 @@ COMMANDS = {
 # the whole decode that followed, half a core taken from tinygpt.cpu_kernels' product threads
 # (measured per thread: 0.53-0.64 of a core against 0.18 bounded). An explicit setting is never
 # changed. The keys a command added are listed in ENV_ADDED, so that the processes it starts
-# (the benchmarks' servers: tinygpt.bench.load.running_server) run in the environment the user
-# gave it: a server's spinning OpenMP workers would take a core from its own product threads.
+# (the benchmarks' servers and chat: tinygpt.bench.load.user_environment) run in the
+# environment the user gave it: a server's spinning OpenMP workers would take a core from
+# its own product threads.
 ENV_DEFAULTS = {"bench": {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "200000"}}
 ENV_ADDED = "TINYGPT_ENV_ADDED"
 
