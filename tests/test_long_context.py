@@ -193,6 +193,14 @@ def test_streaming_refuses_models_it_does_not_run(model):
         LC.streaming_nll(windowed, IDS, window=8)
     with pytest.raises(TypeError, match="TinyGPT"):
         LC.streaming_nll(torch.nn.Linear(2, 2), IDS, window=8)
+    # dynamic RoPE changes its frequencies with the length: refused; a fixed scaling runs
+    dynamic = TinyGPT(dataclasses.replace(CFG, rope_scaling={
+        "rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 64}))
+    with pytest.raises(ValueError, match="dynamic RoPE"):
+        LC.streaming_nll(dynamic, IDS, window=8)
+    linear = TinyGPT(dataclasses.replace(CFG, rope_scaling={"rope_type": "linear",
+                                                            "factor": 2.0}))
+    assert torch.isfinite(LC.streaming_nll(linear, IDS, window=8)).all()
 
 
 def test_perplexity_and_long_text():

@@ -188,7 +188,7 @@ def _check_streaming(model, window: int | None, sinks: int) -> None:
     if cfg.attention != "gqa" or cfg.sliding_window:
         raise ValueError("streaming evaluation runs models of plain grouped-query attention "
                          "(cfg.attention 'gqa', no sliding_window of their own)")
-    if cfg.rope_scaling is not None and dict(cfg.rope_scaling).get("type") == "dynamic":
+    if dict(cfg.rope_scaling).get("rope_type") == "dynamic":
         raise ValueError("dynamic RoPE scaling changes the frequencies with the length: not "
                          "supported by streaming evaluation")
     if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
