@@ -220,8 +220,9 @@ def smollm2_cpu(ctx: BenchContext) -> list[Comparison]:
                           f"loaded machine a product's share of the second core comes late"),
         {**fp, "copy_bandwidth": bw, "round_copy_bandwidth": copy_bw,
          "round_utilization": utilization, "new_tokens": new, "rounds": rounds, "model": info,
-         "summary": f"{fp['tokens_per_s']:.1f} tokens/s, {fp['gb_per_s']:.1f} GB/s of "
-                    f"{bw / 1e9:.1f} GB/s copy, {fp['decode_path']}"}))
+         "summary": f"the median of {rounds} rounds' shares; the medians: "
+                    f"{fp['tokens_per_s']:.1f} tokens/s, {fp['gb_per_s']:.1f} GB/s of "
+                    f"{bw / 1e9:.1f} GB/s copy; {fp['decode_path']}"}))
     bf16_path, int_path = cpu_kernels.bf16_path(), cpu_kernels.int_path()
     labels = {"bf16": f"the model in bfloat16 (products: {bf16_path})",
               "q8_0": f"Q8_0 weights, every linear and the head (integer sums: {int_path})",

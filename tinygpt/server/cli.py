@@ -69,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tokens one step may feed; long prompts are prefilled in chunks "
                              "(default 256)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
-                        help="split the model over N local ranks (tinygpt.parallel; gloo on a "
-                             "CPU, NCCL on GPUs); N must divide the heads (default 1)")
+                        help="split the model over N local ranks (tinygpt.parallel; gloo ranks, "
+                             "CPU only); N must divide the heads (default 1)")
     parser.add_argument("--kv-blocks", type=int, default=None,
                         help="KV-cache blocks of 16 positions (default: room for --max-running "
                              "sequences of 512 positions)")
