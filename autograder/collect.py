@@ -99,8 +99,13 @@ def _collect_folder(source: Path, root: Path, known: list[str], report: CollectR
                 report.unmatched.append((rel, f"{day_dir.name!r} is not a day of this course "
                                               f"({', '.join(known)})"))
                 continue
-            files = {p.name: p.read_bytes() for p in day_dir.iterdir() if p.is_file()
-                     and p.stat().st_size <= MAX_NOTEBOOK_BYTES}
+            files = {}
+            for path in sorted(p for p in day_dir.iterdir() if p.is_file()):
+                if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+                    report.unmatched.append((f"{rel}/{path.name}", f"larger than "
+                                             f"{MAX_NOTEBOOK_BYTES // 2**20} MiB"))
+                else:
+                    files[path.name] = path.read_bytes()
             newest = max((p.stat().st_mtime for p in day_dir.iterdir() if p.is_file()),
                          default=0.0)
             _store(root, student, day, files, dt.datetime.fromtimestamp(newest, dt.UTC))

@@ -85,13 +85,17 @@ def test_collect_folder_reports_what_it_cannot_place(tmp_path):
     (src / "ben" / "day99_nothing").mkdir(parents=True)
     (src / "ben" / "day99_nothing" / "x.ipynb").write_text("{}")
     (src / "stray.ipynb").write_text("{}")
+    with open(src / "ann" / "day01" / "huge.ipynb", "wb") as huge:   # sparse: never read
+        huge.truncate(51 * 2**20)
     report = collect(src, root)
     assert report.imported == [("ann", DAY, "ann/day01")]
     assert (root / "submitted" / "ann" / DAY / f"{DAY}.ipynb").exists()
+    assert not (root / "submitted" / "ann" / DAY / "huge.ipynb").exists()
     assert (root / "submitted" / "ann" / DAY / "timestamp.txt").exists()
     reasons = dict(report.unmatched)
     assert "not a day of this course" in reasons["ben/day99_nothing"]
     assert "expected <student>/<day>/<file>" in reasons["stray.ipynb"]
+    assert reasons["ann/day01/huge.ipynb"] == "larger than 50 MiB"
 
 
 def test_collect_zip_as_an_lms_exports_it(tmp_path):
