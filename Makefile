@@ -70,7 +70,7 @@ test: $(STAMP) system-deps ## everything CI checks: package tests, nbval, drift 
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -p no:cacheprovider \
 		-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
-test-fast: $(STAMP) ## the quick part of make test (no notebooks, no nbgrader)
+test-fast: $(STAMP) ## the quick part of make test (tests/ without the slow ones; no notebooks)
 	$(BIN)/python -m pytest tests -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
 
 release: $(STAMP) ## regenerate course/ from solutions/ with nbgrader
