@@ -275,6 +275,12 @@ def test_report_schema(micro_report, tmp_path):
     path = tmp_path / "bench.json"
     B.write_json(report, str(path))
     assert json.loads(path.read_text()) == json.loads(json.dumps(report))
+    # a ratio over a zero or a figure not measured here: null in strict JSON, never a crash
+    report["comparisons"][0]["value"] = math.inf
+    report["comparisons"][0]["details"]["not_measured"] = [1.0, math.nan]
+    B.write_json(report, str(path))
+    written = json.loads(path.read_text())["comparisons"][0]
+    assert written["value"] is None and written["details"]["not_measured"] == [1.0, None]
 
 
 @pytest.mark.gpu

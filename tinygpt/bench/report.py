@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from tinygpt.metrics import RequestTrace, inter_token_latencies, tpot
@@ -87,11 +88,23 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _finite(value):
+    """value with every infinite or NaN float replaced by None (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
 def write_json(report: dict, path: str) -> None:
-    """Write the report as indented JSON (no NaN: missing values are null)."""
+    """Write the report as indented JSON, strict: an infinite or NaN figure (a ratio over a
+    zero, a quantity not measured on this system) is written as null."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
-        json.dump(report, handle, indent=2, allow_nan=False)
+        json.dump(_finite(report), handle, indent=2, allow_nan=False)
         handle.write("\n")
 
 
