@@ -83,8 +83,10 @@ def _draw(dist: torch.Tensor, params: SamplingParams, generator) -> int:
 class SpeculativeStats:
     gamma: int
     passes: int = 0                       # target forward passes after the prefill
-    proposed: list[int] = field(default_factory=list)   # per draft position: times proposed
-    accepted: list[int] = field(default_factory=list)   # per draft position: times accepted
+    # per draft position: times a draft there was judged (proposed, and every draft before it
+    # accepted: a round stops judging at its first rejection), and times it was accepted
+    proposed: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
 
     @property
     def acceptance_rate(self) -> float:
