@@ -13,9 +13,10 @@ What `name_or_path` may be:
     a path to a .gguf     any Llama-architecture GGUF file (tinygpt.gguf)
     a folder              a TinyGPT checkpoint (tinygpt.train.save_checkpoint's), or a Hugging
                           Face folder: config.json with a model_type of
-                          tinygpt.hf_models.MODEL_TYPES ("llama"; day 20's mixtures of experts
-                          "qwen3_moe" and "mixtral", per-expert or fused expert weights; day
-                          21's "deepseek_v3", latent attention, tinygpt.hf_deepseek),
+                          tinygpt.hf_models.MODEL_TYPES ("llama"; "mistral", a Llama with a
+                          sliding window; day 20's mixtures of experts "qwen3_moe" and
+                          "mixtral", per-expert or fused expert weights; day 21's
+                          "deepseek_v3", latent attention, tinygpt.hf_deepseek),
                           *.safetensors weights and its tokenizer files, read from disk only
                           (tinygpt.hf_models.from_hf converts them)
 

@@ -1,8 +1,10 @@
 """Day 11's rows on a GPU: the decode loop captured in CUDA graphs (tinygpt.captured).
 
 On the plan's GPU model in bf16 (the full plan's: ~1B parameters,
-models.cuda_bandwidth_model_config), a 512-token prompt and 128 new tokens, each round beside
-a fresh copy-bandwidth measurement, the median round kept:
+models.cuda_bandwidth_model_config), a 512-token prompt and 128 new tokens. The first four
+rows are measured in rounds, each beside a fresh copy-bandwidth measurement, and each row keeps
+its own median round (harness.median_round, chosen per row, so two rows may come from different
+rounds); captured_new_lengths and captured_step_compiled are single runs:
 
     captured_step_bandwidth   batch 1: bytes a step must read (flops.decode_step_bytes) over
                               the replayed step's time, over the copy bandwidth (>= 70%)
@@ -17,7 +19,8 @@ a fresh copy-bandwidth measurement, the median round kept:
                               fused kernels inside the captured graph; one compilation)
 
 CUDA only: on other devices the group says so and returns no rows. measure_steps and
-measure_generate take capture=False, which is how tests/test_captured.py runs them on the CPU.
+measure_generate take a CapturedDecoder; one built with capture=False (the default off CUDA)
+runs its steps eagerly, which is how tests/test_captured.py runs them on the CPU.
 """
 
 from __future__ import annotations
@@ -96,8 +99,10 @@ def _ratio_row(name: str, description: str, value: float, target: float, details
 
 @register("captured_decode", day=11)
 def captured_decode_rows(ctx: BenchContext) -> list[Comparison]:
-    """The captured decode loop against the GPU's copy bandwidth, at batch 1 and 32, and over
-    new prompt lengths."""
+    """CUDA graphs: the captured decode loop against the GPU's copy bandwidth (CUDA only).
+
+    Batch 1 and 32, greedy and sampled generation, and new prompt lengths; see the module's
+    docstring for the rows."""
     if ctx.device.type != "cuda":
         ctx.log(f"captured_decode: skipped: CUDA graphs need a GPU, not {ctx.device}")
         return []

@@ -19,8 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure TTFT, TPOT, tokens/s, goodput and the course's speed targets "
                     "side by side; print a table, optionally write JSON.")
     parser.add_argument("--quick", action="store_true",
-                        help="small models and few repeats: a smoke run of every row (4 minutes "
-                             "on 2 AVX2 cores)")
+                        help="small models and few repeats: a smoke run of every row (165 s "
+                             "alone on one thread of a 2-core AVX2 machine, 200 s beside make "
+                             "test's other worker; see bench_plan)")
     parser.add_argument("--json", metavar="PATH", default=None, help="write the JSON report")
     parser.add_argument("--plot", metavar="PATH", default=None,
                         help="save a timeline plot of one request (PNG)")

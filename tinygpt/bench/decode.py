@@ -1,5 +1,7 @@
 """The rows of days 11 and 12: the KV cache, Hugging Face generate, decode bandwidth and the
-roofline's prediction. run.py calls them in interleaved rounds (see run_bench).
+roofline's prediction. run.py calls each group once (see run_bench); decode_bandwidth_rows
+measures the bandwidths and the decode step in interleaved rounds and reports each row's median
+round.
 
     kv_cache_speedup       cached vs uncached generate, 512-token prompt, 128 new tokens
     hf_generate_speedup    tinygpt cached greedy vs transformers LlamaForCausalLM.generate

@@ -266,8 +266,10 @@ PREFIX_TTFT_TARGET = 3.0     # mean TTFT without the prefix cache over with it
 
 @register("serve_prefix_cache", day=17)
 def serve_prefix_cache(ctx: BenchContext) -> list[Comparison]:
-    """Multi-turn chat behind the server: mean TTFT without prefix caching over with it, on
-    SmolLM2-135M-Instruct (the target) and on the shipped model (information)."""
+    """Multi-turn chat behind the server: mean TTFT without prefix caching over with it.
+
+    On SmolLM2-135M-Instruct (the target, full plan only) and on the shipped model
+    (information)."""
     rows = [_serve_prefix_cache(ctx, "tinygpt")]
     if ctx.quick:       # two more server starts of a 135M model: the full plan only
         ctx.log("serve_prefix_cache: the SmolLM2 row runs in the full plan only")
@@ -335,8 +337,10 @@ def _serve_prefix_cache(ctx: BenchContext, name: str) -> Comparison:
 
 @register("serve_overhead", day=17)
 def serve_overhead(ctx: BenchContext) -> list[Comparison]:
-    """The HTTP layer's cost: 32 concurrent streams behind the server over the engine in
-    process, tokens/s, on the shipped model and on SmolLM2-135M-Instruct (when installed)."""
+    """The HTTP layer's cost: 32 streams' tokens/s behind the server over the engine's own.
+
+    The same requests on the engine in process, on the shipped model and on
+    SmolLM2-135M-Instruct (when installed); information only, in the full plan only."""
     if ctx.quick:       # server starts for figures with no target: the full plan only
         ctx.log("serve_overhead: skipped in the quick plan (information only)")
         return []

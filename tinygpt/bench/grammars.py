@@ -12,8 +12,8 @@ would, and prints one table. Columns:
               of 3 tokens and consuming them again, EOS allowed, EOS ends the match
     invalid   the `invalid` instance (valid JSON breaking the schema: a number over its maximum,
               a wrong enum, a missing field) refused at some token; LEAK: taken whole
-    refusal   forbidden tokens offered to the engine's own consume/validate call and refused
-              (3 per example): with `invalid`, the walk cannot pass on an all-ones mask
+    refusal   forbidden tokens offered to the engine's own consume/validate call, 3 per example
+              (probes offered, not refusals: one it takes fails the walk, as an all-ones mask does)
     compile   schema -> first mask (compile, fresh matcher, first fill), p50/p99/max, warm
     mask      one bitmask fill, every walked step (mean/p99 us); consume: one advance (mean)
     forced    share of steps whose mask allows exactly one token; specials: steps allowing a

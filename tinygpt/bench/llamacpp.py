@@ -23,8 +23,11 @@ decoded by both engines in turn, round after round:
 The file stores every linear weight in the format (the tied embedding too) and the norms in
 float32. Query and key rows are reordered the way llama.cpp's converter does for Llama models,
 so both engines compute the same function; the F32 row checks it (greedy tokens compared).
-Each row also prints teacher-forced agreement: our decode path reads llama.cpp's greedy tokens
-and picks the same next token at that many positions (target for Q4_1: >= 97%).
+Each format row (F32, F16, Q8_0, Q4_1) also prints teacher-forced agreement: our decode path
+reads llama.cpp's greedy tokens and picks the same next token at that many positions (target for
+Q4_1: >= 97%); the long row prints the greedy tokens that agree, the engine rows the requests.
+A row's ratio is the median of the rounds' own ratios; the tokens/s printed beside it are each
+engine's median over the rounds, so the ratio need not equal their quotient.
 """
 
 from __future__ import annotations
@@ -467,10 +470,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{1 / statistics.median(long_row['ours']):14.1f} {ratio:6.2f}x "
               f"{f'>={LONG_TARGET}x':>7}  {long_row['same']}/{args.tokens}  {verdict}  (after a "
               f"{args.long_context}-token prompt)")
+    print(f"tok/s: 1 / the median over {args.rounds} rounds of each round's median seconds per "
+          f"token; ratio: the median of the {args.rounds} rounds' own ratios (tinygpt over "
+          f"llama.cpp), not the quotient of the tok/s columns")
     if engine is not None or long_engine:
         print(f"\nthe engine, concurrent greedy requests (llama.cpp: every sequence in each "
               f"llama_decode; tokens/s from the first prefill to the last token); load "
               f"average {os.getloadavg()[0]:.2f}")
+        print(f"tokens/s: the median of {args.rounds} rounds' tokens/s for each; ratio: the "
+              f"median of the rounds' own ratios (engine over llama.cpp)")
     if engine is not None:
         print_engine_row("engine", engine, f"{args.engine_requests} requests of "
                          f"{PROMPT_LEN}-{PROMPT_LEN + args.engine_requests - 1}-token prompts, "

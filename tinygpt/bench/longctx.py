@@ -34,7 +34,7 @@
                       at least 2x worse (StreamingLLM's finding on Llama-2 and others)
 
 The quick plan (CI's smoke run) runs every row on small shapes, for information only, except
-the bytes per token and the window's tokens.
+mla_kv_bytes and the whole window_kv_flat row (its flat blocks and its tokens both judged).
 """
 
 from __future__ import annotations
@@ -187,7 +187,8 @@ def mla_decode_row(ctx: BenchContext, model: TinyGPT, context: int, *, rounds: i
          "parameters": total, "max_logit_difference": diff, "max_abs_logit": scale,
          "same_greedy_token": same_token, "baseline": "MLAttention.decode='naive'",
          "layer0_attention_s": layer_s,
-         "summary": f"absorbed {a_s * 1e3:.1f} ms, naive {n_s * 1e3:.1f} ms per step; logits "
+         "summary": f"the median of {rounds} rounds' ratios; the medians: absorbed "
+                    f"{a_s * 1e3:.1f} ms, naive {n_s * 1e3:.1f} ms per step; logits "
                     f"differ by at most {diff:.2e} (largest |logit| {scale:.2f}), same token: "
                     f"{same_token}; layer 0's attention: absorbed "
                     f"{layer_s['absorbed'] * 1e3:.2f} ms, naive {layer_s['naive'] * 1e3:.1f} "

@@ -67,6 +67,7 @@ def tp_row(name: str, description: str, source, degree: int, new_tokens: int) ->
 
 @register("tensor_parallel", day=18)
 def tensor_parallel_rows(ctx: BenchContext) -> list[Comparison]:
+    """Tensor-parallel greedy decode over gloo ranks against one process, with the cost model."""
     if not ctx.on_cpu:
         ctx.log("tensor_parallel: the rows measure gloo ranks on the CPU; skipped on "
                 f"{ctx.device} (the NCCL path needs several GPUs and has not been run yet)")

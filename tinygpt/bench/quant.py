@@ -3,15 +3,17 @@ torchao's implementation of the same schemes.
 
     quant_int8_decode     int8 per-channel weights through fbgemm's dynamically quantized
                           linear (tinygpt.quant.QuantizedDecodeStep, kernel="dynamic": the
-                          activations are rounded to int8 too, one scale per call) over the
-                          float32 step the bandwidth row uses (DecodeStep(pack_weights=True),
-                          oneDNN prepacked weights) on the 152M model, CPU: >= 1.8x, AND the
+                          activations are rounded to int8 too, one scale per call) over this
+                          group's float32 step, DecodeStep(pack_weights=True) with oneDNN
+                          prepacked weights (the decode_bandwidth row times the default tiled
+                          step instead), on the 152M model, CPU: >= 1.8x, AND the
                           held-out loss of the shipped checkpoint quantized the same way (same
                           kernel) within 1% of float32's
     quant_int8_weight_only_decode
                           (information) the same int8 weights through torch's weight-only
                           aten._weight_int8pack_mm (bfloat16 activations), with its loss
-    quant_int4_decode     (information) int4, groups of 128 (aten._weight_int4pack_mm_for_cpu)
+    quant_int4_g128_decode
+                          (information) int4, groups of 128 (aten._weight_int4pack_mm_for_cpu)
     quant_torchao_<s>     for each scheme torchao runs on the device: our relative logit error
                           over torchao's on the 152M model (<= 1.25x + 0.005 absolute, the
                           tolerance tests/test_quant.py states), both steps' tokens/s beside it
@@ -208,7 +210,9 @@ def _cpu_rows(ctx: BenchContext) -> list[Comparison]:
         met = ours_err <= TORCHAO_ERROR_RATIO * theirs_err + TORCHAO_ERROR_SLACK
         theirs_tps = tps[f"torchao_{scheme}"]
         rows.append(Comparison(
-            name, f"{scheme}: our relative logit error over torchao's (same model), CPU",
+            name, f"{scheme}: our relative logit error over torchao's (same model), CPU; met "
+            f"when ours <= {TORCHAO_ERROR_RATIO}x torchao's + {TORCHAO_ERROR_SLACK} (an absolute "
+            f"slack)",
             value, TORCHAO_ERROR_RATIO, "<=", "x", met,
             None if met else f"error {ours_err:.4f} vs torchao's {theirs_err:.4f}",
             {"our_logit_error": ours_err, "torchao_logit_error": theirs_err,
@@ -232,16 +236,23 @@ def _cuda_rows(ctx: BenchContext) -> list[Comparison]:
                                 ctx.seed)
     seconds = interleaved_steps(timers, steps, rounds)
     rows = []
+    bf16_tps = 1 / statistics.median(seconds["bf16"])
     for scheme, target in CUDA_TARGETS.items():
         r = _median_ratio(seconds["bf16"], seconds[scheme])
+        tps = 1 / statistics.median(seconds[scheme])
+        stat = (f"median of {rounds} rounds' ratios; the tokens/s (1 / median step): bf16 "
+                f"{bf16_tps:.1f}, {scheme} {tps:.1f}")
         rows.append(Comparison(
             f"quant_cuda_{scheme.replace('-', '_')}",
             f"{scheme} decode step over bf16, tokens/s, ~1B model, {ctx.device}", r, target,
             ">=", "x", r >= target, None if r >= target else
-            f"{r:.2f}x is below {target}x (eager steps; gpt-fast's figures use torch.compile)",
-            {"tokens_per_s_bf16": 1 / statistics.median(seconds["bf16"]),
-             f"tokens_per_s_{scheme}": 1 / statistics.median(seconds[scheme]),
-             "kernels": timers[scheme].step.kernels, "model": model_info(model)}))
+            f"{r:.2f}x is below {target}x ({stat}; eager steps; gpt-fast's figures use "
+            f"torch.compile)",
+            {"tokens_per_s_bf16": bf16_tps, f"tokens_per_s_{scheme}": tps,
+             "round_ratios": [b / o for b, o in zip(seconds["bf16"], seconds[scheme],
+                                                     strict=True)],
+             "summary": stat, "kernels": timers[scheme].step.kernels,
+             "model": model_info(model)}))
     return rows
 
 

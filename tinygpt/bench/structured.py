@@ -9,7 +9,7 @@ take.
     structured_compile          grammar compile time over the schema set, p99; target <= 1 s;
                                 a second request for a schema must compile nothing
     structured_mask_cost        the constraint's time per token (mask and advance) over the
-                                batch-1 decode step, both measured in the same runs; <= 5%
+                                batch-1 step's (separate unconstrained runs, same prompts); <= 5%
     structured_batch_mask_cost  16 constrained requests in one engine: the constraints' time
                                 over the engine's step time; <= 10%
     structured_time_per_token   decode time per output token of a constrained reply over an
@@ -28,8 +28,8 @@ take.
                                 whole; the same streams alone are the baseline it prints
 
 The quick plan (CI's smoke run) measures a few schemas with fewer tokens and shows every row
-except the cache check for information only: timings there run beside other tests, and a
-greedy reply can change with a CPU's float rounding.
+except structured_compile (its p99 and its cache check) for information only: timings there
+run beside other tests, and a greedy reply can change with a CPU's float rounding.
 """
 
 from __future__ import annotations
