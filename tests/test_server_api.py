@@ -277,6 +277,80 @@ def test_no_op_fields_are_accepted(small):
     assert chat.json()["choices"][0]["logprobs"] is None
 
 
+HI = [{"role": "user", "content": "hi"}]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+NESTED = [   # an unknown key inside an object that shapes the reply: a 400 naming its path
+    ("/v1/completions", {"prompt": "x", "structured_outputs": {
+        "regex": "a+", "whitespace_pattern": " "}}, "structured_outputs.whitespace_pattern"),
+    ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_object",
+                                                            "extra": 1}}, "response_format.extra"),
+    ("/v1/chat/completions", {"messages": HI, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {}, "mode": "lax"}}},
+     "response_format.json_schema.mode"),
+    ("/v1/chat/completions", {"messages": HI, "tools": [TOOL, {**TOOL, "function": {
+        "name": "g", "examples": []}}]}, "tools[1].function.examples"),
+    ("/v1/chat/completions", {"messages": HI, "tools": [{**TOOL, "cache": True}]},
+     "tools[0].cache"),
+    ("/v1/chat/completions", {"messages": HI, "tools": [TOOL], "tool_choice": {
+        "type": "function", "function": {"name": "f"}, "mode": "x"}}, "tool_choice.mode"),
+    ("/v1/chat/completions", {"messages": HI, "tools": [TOOL], "tool_choice": {
+        "type": "function", "function": {"name": "f", "strict": True}}},
+     "tool_choice.function.strict"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), NESTED, ids=[c[2] for c in NESTED])
+def test_unknown_fields_inside_request_objects_are_a_400_naming_their_path(small, path, body,
+                                                                            param):
+    response = small.post(path, {"model": "tinygpt", "max_tokens": 2, **body})
+    assert response.status_code == 400 and is_openai_error(response), response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert error["message"].startswith(f"unsupported field(s) [{param!r}]; "), error["message"]
+    top = small.post(path, {"model": "tinygpt", "max_tokens": 2, "colour": 1, **body})
+    assert top.json()["error"]["message"].startswith("unsupported field(s) ['colour']; this "
+                                                     "server supports ")
+
+
+def test_chat_messages_keep_accepting_the_keys_clients_resend(real):
+    # the openai SDK sends an assistant reply back with the keys it came with
+    reply = {"role": "assistant", "content": "hello", "refusal": None, "annotations": [],
+             "audio": None, "function_call": None,
+             "tool_calls": [{"id": "call_1", "type": "function", "index": 0,
+                             "function": {"name": "f", "arguments": "{}", "extra": 1}}]}
+    messages = [*HI, reply, {"role": "tool", "tool_call_id": "call_1", "content": "3",
+                             "name": "f", "cache_control": {"type": "ephemeral"}},
+                {"role": "user", "content": [{"type": "text", "text": "and?", "x": 1}]}]
+    chat = real.post("/v1/chat/completions", {"model": "tinygpt", "messages": messages,
+                                              "max_tokens": 2})
+    assert chat.status_code == 200, chat.text
+
+
+def test_a_system_turn_with_tools_is_counted_once_against_the_context(shipped):
+    """The characters' pre-check refuses only what no tokenization could fit: the system
+    text, which the tools' text joins in the first turn, counts once."""
+    from tinygpt.server.prompts import Prompts
+    from tinygpt.server.protocol import APIError, Message, Tool
+    from tinygpt.server.tools import tool_prompt
+
+    _, tokenizer = shipped
+    prompts = Prompts(tokenizer, 64, tokenizer.vocab_size, "tinygpt")
+    limit = (prompts.context - 1) * prompts.chars_per_token
+    tools = [Tool.model_validate(TOOL)]
+    tools_chars = len(tool_prompt([tool.model_dump() for tool in tools]))
+    system = "a" * (limit - tools_chars - len("\n\n") - len("hi"))    # fits to the character
+    assert len(system) > tools_chars
+
+    def ask(text: str):
+        return prompts.chat_ids([Message(role="system", content=text),
+                                 Message(role="user", content="hi")], tools)
+
+    assert ask(system)[1] == limit
+    with pytest.raises(APIError) as refused:
+        ask(system + "a")
+    assert refused.value.code == "context_length_exceeded"
+
+
 # -- request shapes -----------------------------------------------------------------------------
 
 def test_text_parts_and_the_developer_role_render_as_string_and_system(small):

@@ -15,12 +15,16 @@ strings and held-back text, fed the logits the batch computed for it. So a reque
 depends only on its own prompt, parameters and seed, never on what it was batched with, and at
 temperature 0 it equals its batch-1 `generate` (tests/test_engine.py).
 
-What the HTTP server (tinygpt/server.py) needs is an asynchronous interface:
+What the HTTP server (the tinygpt/server/ package) needs is an asynchronous interface:
 
     request = await engine.submit(prompt_ids, params, eos_ids)   # EngineFull: queue is full
     async for event in request: ...                               # Event per new token
-    request.cancel()                                              # frees its blocks at once
+    request.cancel()                                              # marks it (see below)
     engine.stats()                                                # EngineStats
+
+cancel() only marks the request (from any thread); the worker ends it later: AsyncEngine's
+before the engine's next step, freeing its KV blocks then; SerialEngine's at the running
+request's next token, or when a waiting one's turn comes.
 
 AsyncEngine is that interface over Engine: a worker thread steps the engine while requests
 arrive and leave. SerialEngine is the same interface over the plain loop: one request at a
@@ -625,7 +629,7 @@ class AsyncEngine(_Frontend):
 
     model, tokenizer: as for Engine. on_finish: called on the worker thread with each finished
     Request (metrics). engine_options: Engine's keyword arguments (block_size, num_blocks,
-    max_running, token_budget).
+    max_running, token_budget, order, record, prefix_caching, batched, fast_forward).
     """
 
     engine_class = Engine      # tinygpt.parallel's leader engine mirrors each step to its ranks
@@ -750,7 +754,8 @@ class SerialEngine(_Frontend):
 
     model, tokenizer: a TinyGPT in eval mode and its tokenizer (decode for text and stop
     strings). max_waiting: requests that may wait (>= 0); one more is refused with EngineFull.
-    on_finish: called on the worker thread with each finished Request (metrics).
+    on_finish: called with each finished Request (metrics): on the worker thread, except for
+    the requests still waiting when shutdown() begins, which it ends on the event loop.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_waiting: int = 64,

@@ -9,10 +9,12 @@ that mixes positions, looks at each sequence separately:
     ids        (1, T)  every scheduled token, sequence after sequence (T = the step's tokens)
     positions  (1, T)  each token's position in its own sequence (RoPE)
     per layer  q, k, v for all T tokens; k and v written into the pool at each token's slot;
-               attention as padded batches, one of the decodes and one of the prefill chunks
-               (a decode padded to a chunk's length would pay for the chunk's queries):
-               sequence i's queries against its own blocks, gathered whole in block-table
-               order, masked so query j sees positions <= start_i + j only
+               attention as padded batches: one of the decodes, one of each prefill chunk of
+               ALONE_ROWS (64) tokens or more, and one of the shorter chunks (a decode or a
+               short chunk padded to a long chunk's length would pay for its queries; latent
+               attention keeps them all in one): sequence i's queries against its own blocks,
+               gathered whole in block-table order, masked so query j sees positions
+               <= start_i + j only
     logits     (N, V)  at each sequence's last scheduled token only (the rest are not needed)
 
 Attention over padded keys gives the same numbers as each sequence alone up to float rounding,
@@ -33,10 +35,10 @@ On the CPU with a float32 model the runner takes a faster road by default (batch
     the rest   RMSNorm in one call (cpu_gemm.rms_norm; torch's is seven operations), RoPE as
                roll(x) * signed sin, as the batch-1 decode step computes it
                (tinygpt.kv_cache.DecodeStep), all on one torch thread (Engine.step)
-    few users  a step that decodes one to four sequences and nothing else (a chat, a few
-               clients) runs the layers generate() runs, cpu_kernels.DecodeLayers (one C call
-               for the step, on the same tiles and on the pool in place): the engine then
-               decodes one sequence as fast as generate(), and each row's logits have the bits
+    decodes    a step that decodes at most decode_layers_rows (32) sequences and nothing else
+               runs the layers generate() runs, cpu_kernels.DecodeLayers (one C call for the
+               step, on the same tiles and on the pool in place): the engine then decodes one
+               sequence as fast as generate(), and each row's logits have the bits
                generate()'s step gives for the same cache
 
 Where one engine step of 16 decodes on SmolLM2-135M went on the course's 2-core machine
@@ -127,9 +129,13 @@ class ModelRunner:
         at 32. Steps of up to decode_layers_rows decodes take them; more, and any step with a
         prefill chunk, take the batched road."""
         model, cache = self.model, self.cache
+        # a guard: cpu_gemm.refusal keeps latent attention and sliding windows off the batched
+        # road, the only one that gets here; only a latent pool built by hand for a dense
+        # model would reach it
         if cache.latent or model.cfg.sliding_window:
-            self.decode_layers_reason = ("latent attention and sliding windows run the batched "
-                                         "road's attention")
+            self.decode_layers_reason = ("the C layers read separate K and V pools and attend "
+                                         "over every cached key: not a latent pool nor a "
+                                         "sliding window")
             return
         layers, head = self._products
         tiled = [(block.attention_norm.weight,

@@ -3,8 +3,10 @@
 A continuous-batching engine runs one model step after another. Before each step the scheduler
 decides, from the waiting queue and the running batch, which sequences take part and how many
 of their tokens they feed. It owns no tensors: it reads and changes the paged KV cache's block
-bookkeeping (tinygpt.paged.PagedKVCache: add, reserve, free, blocks_needed) and nothing else,
-so its policy can be read, tested and changed without a model.
+bookkeeping (tinygpt.paged.PagedKVCache: add, reserve, free, blocks_needed, lengths, max_len,
+block_size and the allocator's num_free and num_blocks; with prefix caching also match, commit,
+needs_commit and allocator.parked; with a sliding window, window and drop_out_of_window) and
+never its keys and values, so its policy can be read, tested and changed without a model.
 
 A sequence's tokens are its prompt and its outputs so far. `num_computed` of them have keys and
 values in the cache; the rest are pending. A prefill is a sequence with many pending tokens, a
@@ -125,10 +127,12 @@ class StepPlan:
 class Scheduler:
     """Waiting queue, running batch and the step policy of the module docstring.
 
-    cache: a tinygpt.paged.PagedKVCache (or anything with its add / reserve / free /
-    blocks_needed and allocator.num_free / num_blocks, block_size). max_running: sequences
-    in the batch at once. token_budget: tokens one step may feed in all (decodes count one
-    each; prefill chunks take what is left); at least max_running.
+    cache: a tinygpt.paged.PagedKVCache, or anything with its add / reserve / free /
+    blocks_needed, lengths, max_len, block_size and allocator.num_free / num_blocks (and, when
+    it has prefix_caching true, match / commit / needs_commit and allocator.parked; when its
+    window is not 0, drop_out_of_window). max_running: sequences in the batch at once.
+    token_budget: tokens one step may feed in all (decodes count one each; prefill chunks
+    take what is left); at least max_running.
     """
 
     def __init__(self, cache, *, max_running: int = 32, token_budget: int = 256) -> None:

@@ -31,9 +31,9 @@ prompt's tokens too; max_tokens 0 with echo scores the prompt alone, generating 
 /v1/chat/completions takes logprobs (true / false) and top_logprobs.
 Log-probabilities are the log-softmax of the model's raw logits, before temperature,
 penalties and filters (vLLM's default), so they do not depend on the sampling knobs. A list
-of prompts gives a choice per prompt; n > 1 gives n choices per prompt, choice i of a seeded
-request sampling with seed + i. Message content is a string or a list of {"type": "text"}
-parts (joined with newlines); the "developer" role is the system role.
+of prompts gives a choice per prompt; n > 1 gives n choices per prompt, and with a seed the
+i-th choice of each prompt samples with seed + i. Message content is a string or a list of
+{"type": "text"} parts (joined with newlines); the "developer" role is the system role.
 
 Structured outputs. response_format {"type": "json_object"} or {"type": "json_schema",
 "json_schema": {"name", "schema"}} and vLLM's structured_outputs (json, regex, choice,
@@ -44,7 +44,12 @@ the format of tools.py, come back as message.tool_calls with finish_reason "tool
 a call it begins held to the tools' schemas; calls cut by max_tokens come back as the calls
 begun with finish_reason "length". Fields that change nothing here are
 accepted (user, store, metadata, logprobs: false, response_format {"type": "text"}); fields
-that would change the output and are not implemented (logit_bias, suffix, ...) are a 400.
+that would change the output and are not implemented (logit_bias, suffix, ...) are a 400, and
+so is an unknown field, at the top level or inside response_format (and its json_schema),
+structured_outputs, a tool (and its function) or tool_choice, named by its path
+("structured_outputs.whitespace_pattern"). Chat messages are the exception: clients resend an
+assistant reply with the keys they got (refusal, annotations, audio, ...), so a message's
+unknown keys are ignored.
 
 Limits. A body over --max-body-bytes is a 413; a body that does not arrive within
 --body-timeout seconds a 408; a prompt too long for the context is refused from its length in
@@ -58,12 +63,14 @@ connections after 5 s and connections whose request headers have not arrived aft
 --header-timeout seconds.
 
 Errors. Every error is an OpenAI-style JSON body {"error": {"message", "type", "param",
-"code"}}: 400 for malformed JSON (lone surrogates, NaN and 5000-digit numbers included),
-values out of range, unsupported fields and prompts or max_tokens that do not fit the
-context; 422 for a field of the wrong type; 404 for an unknown model or path; 413, 408; 429
-(with Retry-After) when the engine's queue is full; 503 while shutting down. Streaming
-requests are checked whole before the 200 and the first event. A bad request never disturbs
-the others. A streaming client that disconnects has its request cancelled at once. On
+"code"}}: 400 for malformed JSON (lone surrogates, NaN and integers of more than 4300 digits
+included), values out of range, unsupported fields and prompts or max_tokens that do not fit
+the context; 422 for a body that is not a JSON object, a required field missing or a field of
+the wrong type (a number too large for a double, which parses to infinity, included; inside
+an object field, metadata or a schema, it is kept as it is); 404 for an unknown model or
+path; 413, 408; 429 (with Retry-After) when the engine's queue is full; 503 while shutting
+down. Streaming requests are checked whole before the 200 and the first event. A bad request
+never disturbs the others. A streaming client that disconnects has its request cancelled at once. On
 SIGTERM uvicorn stops accepting connections, running requests get `--grace` seconds to
 finish, and the rest are cancelled.
 
@@ -110,8 +117,9 @@ __all__ = ["BODY_TIMEOUT_S", "HEADER_TIMEOUT_S", "KEEP_ALIVE_S", "MAX_BODY_BYTES
 
 
 def __getattr__(name: str):
-    # create_app loads FastAPI and the engine (torch); `python -m tinygpt serve --help` and the
-    # flag checks need neither, so the app module loads on first use of its name
+    # create_app loads FastAPI and the engine (torch); `python -m tinygpt serve --help` and
+    # argparse's errors for malformed flags need neither, so the app module loads on first
+    # use of its name (cli.main checks the flags' ranges after torch loads)
     if name == "create_app":
         from tinygpt.server.app import create_app
 

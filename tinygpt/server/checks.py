@@ -2,8 +2,9 @@
 body as JSON (parse_json), against its pydantic model (validate), lists too long for any valid
 request (too_long), the fields that must be in range or are not implemented (check_common),
 the prompt and max_tokens against the context (fit_context), and the sampling settings
-(sampling_params). Each failure is an APIError naming the field: a 400, or a 422 for a field
-of the wrong type, or a 404 for another model."""
+(sampling_params). Each failure is an APIError naming the field: a 400; a 422 for a body that
+is not a JSON object, a required field missing or a field of the wrong type; a 404 for another
+model."""
 
 from __future__ import annotations
 
@@ -29,8 +30,11 @@ def _no_constant(name: str):
 
 
 def parse_json(raw: bytes | str) -> Any:
-    """The body as JSON; APIError 400 for anything JSON (RFC 8259) does not allow, numbers of
-    more than 4300 digits, and strings with lone surrogates (not Unicode text)."""
+    """The body as JSON; APIError 400 for anything JSON (RFC 8259) does not allow (NaN and
+    Infinity included), integers of more than 4300 digits, and strings with lone surrogates
+    (not Unicode text). A number with a fraction or an exponent too large for a double parses
+    to infinity: a field that takes a number refuses it (validate: 422), and a field that
+    takes an object (metadata, a schema) keeps it as it is."""
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogatepass")
     try:
@@ -112,15 +116,52 @@ def bounded(name: str, value, low, high):
     return value
 
 
-def check_common(body, chat: bool, model_id: str = MODEL_ID) -> None:
-    """The fields of a generation request that do not need the tokenizer: unknown fields,
-    the model's name, n, best_of, seed, what is not implemented, stream_options, logprobs
-    (the reply's shape, response_format and tools, is structured.reply_shape's)."""
-    unknown = sorted(set(body.model_extra or {}))
+def refuse_unknown(model, where: str = "") -> None:
+    """APIError 400 naming the fields of the parsed object `model` (a pydantic model kept with
+    extra="allow") that its class does not know: at the body's top level (where ""), or inside
+    it at the path `where` ("structured_outputs" -> "structured_outputs.whitespace_pattern")."""
+    unknown = sorted(set(model.model_extra or {}))
     if unknown:
-        fields = sorted(type(body).model_fields)
-        raise APIError(400, f"unsupported field(s) {unknown}; this server supports {fields}",
-                       param=unknown[0])
+        names = [f"{where}.{name}" for name in unknown] if where else unknown
+        fields = sorted(field.alias or name for name, field in type(model).model_fields.items())
+        raise APIError(400, f"unsupported field(s) {names}; {where or 'this server'} supports "
+                            f"{fields}", param=names[0])
+
+
+def held_to_fields(body):
+    """(path, object) for each object inside a generation request whose unknown fields are
+    refused as the body's own are: response_format and its json_schema, structured_outputs,
+    each tool and its function, and a tool_choice naming a function. Chat messages (their
+    content parts and tool calls too) are deliberately not among them: clients send an
+    assistant reply back in the conversation as they got it (the openai SDK's message holds
+    refusal, annotations, audio, function_call), so keys a message has beyond role, content,
+    name, tool_call_id and tool_calls are accepted and ignored."""
+    fmt = body.response_format
+    if fmt is not None:
+        yield "response_format", fmt
+        if fmt.json_schema is not None:
+            yield "response_format.json_schema", fmt.json_schema
+    if body.structured_outputs is not None:
+        yield "structured_outputs", body.structured_outputs
+    if "tools" not in type(body).model_fields:          # /v1/completions
+        return
+    for i, tool in enumerate(body.tools or ()):
+        yield f"tools[{i}]", tool
+        yield f"tools[{i}].function", tool.function
+    choice = body.tool_choice
+    if choice is not None and not isinstance(choice, str):
+        yield "tool_choice", choice
+        yield "tool_choice.function", choice.function
+
+
+def check_common(body, chat: bool, model_id: str = MODEL_ID) -> None:
+    """The fields of a generation request that do not need the tokenizer: unknown fields (at
+    the top level and in the objects held_to_fields names), the model's name, n, best_of,
+    seed, what is not implemented, stream_options, logprobs (the reply's shape,
+    response_format and tools, is structured.reply_shape's)."""
+    refuse_unknown(body)
+    for where, part in held_to_fields(body):
+        refuse_unknown(part, where)
     if body.model is not None and body.model != model_id:
         raise APIError(404, f"the model {body.model!r} does not exist; this server serves "
                             f"{model_id!r}", param="model", code="model_not_found")

@@ -1,8 +1,9 @@
 """`python -m tinygpt serve`'s command line: the flags (build_parser), the default KV pool
 (default_kv_blocks), and main, which checks the flags, loads the model, starts the engine
 (batching, serial, or tensor-parallel over local ranks), builds the app and runs uvicorn until
-SIGINT or SIGTERM. torch, uvicorn and the app load only after the flags are checked, so
-`--help` and a bad flag answer at once."""
+SIGINT or SIGTERM. argparse reads the flags before torch, uvicorn and the app load, so `--help`
+and a malformed flag (an unknown one, a value that is not a number) answer at once; values out
+of range (a negative --port, --max-running 0) are reported after torch has loaded."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ def default_kv_blocks(cfg, max_running: int, model_id: str, block_size: int = 16
                       budget_bytes: int = KV_POOL_BYTES) -> int:
     """The KV pool when --kv-blocks is not given: room for max_running sequences of
     min(context, 512) positions (the engine's default), capped at budget_bytes of float32 K
-    and V; prints a note when capped (SmolLM2's 8192-position context would otherwise ask for
-    755 MB)."""
+    and V; prints a note when capped (SmolLM2-135M: the default 32 sequences of 512 positions
+    at 46,080 bytes a position would otherwise ask for 755 MB)."""
     per_position = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4
     wanted = max_running * -(-min(cfg.max_seq_len, 512) // block_size)
     cap = max(1, budget_bytes // (per_position * block_size))
@@ -72,8 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="split the model over N local ranks (tinygpt.parallel; gloo ranks, "
                              "CPU only); N must divide the heads (default 1)")
     parser.add_argument("--kv-blocks", type=int, default=None,
-                        help="KV-cache blocks of 16 positions (default: room for --max-running "
-                             "sequences of 512 positions)")
+                        help=f"KV-cache blocks of 16 positions (default: room for "
+                             f"--max-running sequences of 512 positions, at most "
+                             f"{KV_POOL_BYTES // 2**20} MiB)")
     parser.add_argument("--no-prefix-caching", action="store_true",
                         help="do not keep the KV blocks of earlier prompts for reuse")
     parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,

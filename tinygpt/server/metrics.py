@@ -64,7 +64,8 @@ class Metrics:
                                     "ran the request", registry=registry)
 
     def observe(self, request) -> None:
-        """A finished request (called on the engine's thread)."""
+        """A finished request (the engine's on_finish: called on its worker thread, or on the
+        event loop for the requests SerialEngine.shutdown cancels while they wait)."""
         self.finished.labels(request.finish_reason or "unknown").inc()
         if request.queue_time is not None:
             self.queue.observe(request.queue_time)

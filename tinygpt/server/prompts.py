@@ -4,7 +4,11 @@ chat conversation (through the chat template), a text prompt or token ids into c
 and a whole generation request into a Job, one entry per choice. The tokenizer endpoints
 (/tokenize, /detokenize, /tokenizer_info: vLLM's shapes) read and answer through it too.
 
-Everything here runs on the server's thread pool, never on the event loop."""
+prepare, tokenize and detokenize (parsing, the checks, the chat template, tokenization) run on
+the server's thread pool, never on the event loop. On the loop run info() (routes.py answers
+/tokenizer_info with it) and the decodes responses.py makes as it writes a reply: token_text
+for the tokens of its logprobs, and the tokenizer's decode of a prompt given as ids (for echo
+and for logprobs' text_offset)."""
 
 from __future__ import annotations
 
@@ -72,8 +76,8 @@ class Prompts:
     context: the model's max_seq_len; vocab: its vocabulary size. eos_ids end a completion,
     end_of_turn_ids a chat reply (default: the tokenizer's "<|endoftext|>", and "<|end|>" then
     it; see tinygpt.loading.ModelInfo). grammars: the tinygpt.structured.Grammars replies are
-    held to, or why there are none (structured outputs and tool_choice "required" are then
-    a 400 saying so)."""
+    held to, or why there are none (structured outputs, tool_choice "required" and a named
+    tool_choice are then a 400 saying so)."""
 
     def __init__(self, tokenizer, context: int, vocab: int, model_id: str, eos_ids=None,
                  end_of_turn_ids=None, grammars="not set up") -> None:
@@ -101,7 +105,7 @@ class Prompts:
         """Token ids of the conversation through the chat template (+ the assistant's turn),
         and its characters; tools, earlier calls and their results are written in
         tinygpt.server.tools' format. APIError 400 for what the template cannot render."""
-        turns, chars = [], 0
+        turns = []
         for i, message in enumerate(messages):
             content = message.content
             if isinstance(content, list):
@@ -120,10 +124,10 @@ class Prompts:
             elif role == "tool":
                 role, content = "user", tool_result_text(content, message.tool_call_id)
             turns.append({"role": CHAT_ROLES.get(role, role), "content": content})
-            chars += len(content)
-        if tools:
-            turns = with_tools(turns, [tool.model_dump() for tool in tools])
-            chars += len(turns[0]["content"])
+        # each character once: the tools' text joins the first turn, a system turn's own text
+        # included, so the count is taken from the turns as the template gets them
+        turns = with_tools(turns, [tool.model_dump() for tool in tools] if tools else None)
+        chars = sum(len(turn["content"]) for turn in turns)
         if chars > (self.context - 1) * self.chars_per_token:
             raise APIError(400, f"messages hold {chars} characters; no tokenization of them "
                                 f"fits the model's context of {self.context} tokens",

@@ -46,13 +46,20 @@ class APIError(Exception):
 
 # ----------------------------------------------------------------------------------------------
 # request bodies: unknown fields are kept (extra="allow") so that checks.check_common can name
-# them in its 400, and published as refused (additionalProperties: false), which they are; NaN
-# and infinities are refused as JSON itself refuses them. Strict: a value of another JSON type
-# is a 422, never converted ("5" is not max_tokens 5, false is not token id 0; an integer is
+# them in its 400 (at the top level, and inside response_format, structured_outputs, tools and
+# tool_choice: checks.held_to_fields), and published as refused (additionalProperties: false),
+# which they are. Chat messages, their parts and their tool calls are the exception (_MESSAGE):
+# clients resend an assistant reply with the keys they got it with (the openai SDK: refusal,
+# annotations, audio, function_call), so their unknown keys are accepted, ignored, and
+# published as allowed. NaN and Infinity are not JSON (checks.parse_json: 400); a number too
+# large for a double parses to infinity, which a number field refuses (allow_inf_nan=False: a
+# 422) and an object field (metadata, a schema) keeps. Strict: a value of another JSON type is
+# a 422, never converted ("5" is not max_tokens 5, false is not token id 0; an integer is
 # still a number)
 
 _BODY = ConfigDict(extra="allow", allow_inf_nan=False, strict=True,
                    json_schema_extra={"additionalProperties": False})
+_MESSAGE = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
 
 class JsonSchemaSpec(BaseModel):
@@ -125,13 +132,13 @@ class CompletionRequest(Common):
 class Part(BaseModel):
     """One part of a message's content; only {"type": "text"} parts are implemented."""
 
-    model_config = _BODY
+    model_config = _MESSAGE
     type: str
     text: str | None = None
 
 
 class FunctionCall(BaseModel):
-    model_config = _BODY
+    model_config = _MESSAGE
     name: str
     arguments: str
 
@@ -139,7 +146,7 @@ class FunctionCall(BaseModel):
 class ToolCall(BaseModel):
     """A call an assistant turn made: its arguments are a JSON text, as OpenAI sends them."""
 
-    model_config = _BODY
+    model_config = _MESSAGE
     id: str | None = None
     type: str = "function"
     function: FunctionCall
@@ -148,7 +155,7 @@ class ToolCall(BaseModel):
 class Message(BaseModel):
     """One turn of a conversation."""
 
-    model_config = _BODY
+    model_config = _MESSAGE
     role: str
     content: str | list[Part] | None = None
     name: str | None = None

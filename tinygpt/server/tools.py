@@ -3,9 +3,9 @@ how earlier calls and their results are written back into the conversation, and 
 read out of the reply. SmolLM2's template (and the shipped model's) has only system, user and
 assistant turns, so the server writes tools as text, in one documented format:
 
-* The tools are described in the system turn (appended to the first system message, or a new
-  system message first), each as one line of JSON: {"name", "description", "parameters"}, after
-  a sentence saying how to call one.
+* The tools are described in a system turn (appended to the first turn when it is a system
+  message, else in a new system turn put first), each as one line of JSON: {"name",
+  "description", "parameters"}, after a sentence saying how to call one.
 * A call is written as
       <tool_call>
       {"name": "get_weather", "arguments": {"city": "Paris"}}
