@@ -33,15 +33,24 @@ def test_fit_history_drops_the_oldest_turns_and_keeps_the_system_message(tokeniz
         fit_history(tokenizer, messages, 3)
 
 
-def test_the_loop_answers_resets_and_quits(tmp_path):
+def chat(stdin: io.StringIO) -> tuple[str, list[str]]:
+    """The loop's output at temperature 0, and its replies in order."""
     out = io.StringIO()
-    stdin = io.StringIO("The cat\n\n/reset\nThe dog\n/quit\nnever read\n")
     assert main(["--model", "tinygpt", "--temperature", "0", "--max-tokens", "5"],
                 stdin=stdin, stdout=out) == 0
     text = out.getvalue()
-    assert text.count("tinygpt> ") == 2 and "(conversation cleared)" in text
+    return text, [part.split("\n\nyou> ")[0] for part in text.split("tinygpt> ")[1:]]
+
+
+def test_the_loop_answers_resets_and_quits():
+    stdin = io.StringIO("The cat\n\n/reset\nThe dog\n/quit\nnever read\n")
+    text, replies = chat(stdin)
+    assert len(replies) == 2 and "(conversation cleared)" in text
     assert "never read" not in text
     assert stdin.read() == "never read\n"                 # /quit stopped reading
+    # after /reset the reply is a fresh session's (with "The cat" still in the history the
+    # tiny model answers "The dog" differently)
+    assert chat(io.StringIO("The dog\n"))[1] == [replies[1]]
 
 
 def test_bad_arguments_are_refused():

@@ -124,7 +124,13 @@ def test_day12_does_not_say_every_engine_reports_goodput():
 
 
 def test_every_path_the_tests_read_exists():
-    assert Path(PRETRAINED_DIR, "config.json").is_file()
+    days = set(re.findall(r'"(day\d\d_\w+)"', Path(__file__).read_text()))   # this file's
+    assert len(days) >= 6
+    paths = [solution_path(day) for day in sorted(days)] + [
+        Path(PRETRAINED_DIR, "config.json"), REPO_ROOT / "README.md",
+        REPO_ROOT / "tinygpt" / "kv_cache.py"]
+    missing = [str(path) for path in paths if not path.is_file()]
+    assert not missing, f"missing: {missing}"
 
 
 # ---- the README's speed table: every ratio agrees with the figures printed beside it ---------

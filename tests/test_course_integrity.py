@@ -91,6 +91,23 @@ def _under_grading_else(tree, call) -> bool:
     return False
 
 
+def _parse_cell(source: str) -> ast.Module:
+    """A code cell's syntax tree, its IPython magic and shell lines (%, !) read as `pass`;
+    raises SyntaxError if what is left is not Python."""
+    lines = [line[:len(line) - len(line.lstrip())] + "pass"
+             if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+    return ast.parse("\n".join(lines))
+
+
+def test_a_cell_with_a_magic_is_still_checked():
+    tree = _parse_cell("%matplotlib inline\nslider = widgets.IntSlider()\n")
+    assert [ast.unparse(c) for c in _widget_creations(tree)] == ["widgets.IntSlider()"]
+    tree = _parse_cell("if grading():\n    print(1)\nelse:\n    !pip list\n    interact(f)\n")
+    assert all(_under_grading_else(tree, c) for c in _widget_creations(tree))
+    with pytest.raises(SyntaxError):
+        _parse_cell("%matplotlib inline\nx = = 1\n")
+
+
 @pytest.mark.parametrize("day", DAYS)
 def test_no_widget_is_created_while_grading(day):
     """A widget created in a headless run can stall nbclient until the cell times out (nbclient
@@ -100,9 +117,9 @@ def test_no_widget_is_created_while_grading(day):
         if cell.cell_type != "code":
             continue
         try:
-            tree = ast.parse(cell.source)
-        except SyntaxError:
-            continue
+            tree = _parse_cell(cell.source)
+        except SyntaxError as err:
+            pytest.fail(f"{day}: cell {index} is not Python once its magics are removed: {err}")
         offending += [f"cell {index}: {ast.unparse(c)[:60]}" for c in _widget_creations(tree)
                       if not _under_grading_else(tree, c)]
     assert not offending, (f"{day}: widgets created while grading (put them under `if "

@@ -45,17 +45,27 @@ def test_online_softmax_equals_softmax(block):
 
 
 def test_an_online_softmax_that_forgets_to_rescale_the_sum_is_wrong():
-    def forgetful(x, block):
+    def online(x, block, rescale):
         m = torch.full(x.shape[:-1], float("-inf"))
         l = torch.zeros(x.shape[:-1])
         for s in range(0, x.shape[-1], block):
             chunk = x[..., s:s + block]
-            m = torch.maximum(m, chunk.max(dim=-1).values)
-            l = l + torch.exp(chunk - m[..., None]).sum(dim=-1)     # no exp(m_old - m_new)
+            m_new = torch.maximum(m, chunk.max(dim=-1).values)
+            if rescale:
+                l = l * torch.exp(m - m_new)
+            l = l + torch.exp(chunk - m_new[..., None]).sum(dim=-1)
+            m = m_new
         return torch.exp(x - m[..., None]) / l[..., None]
 
+    def check(got):          # the check test_online_softmax_equals_softmax makes
+        check_float32_error("online_softmax", got, torch.softmax(x, dim=-1),
+                            torch.softmax(x.double(), dim=-1), factor=4, floor=5e-7)
+
     x = torch.linspace(0, 10, 30)[None]          # rising: the maximum changes every block
-    assert not torch.allclose(forgetful(x, 4), torch.softmax(x, dim=-1), atol=1e-3)
+    check(online(x, 4, rescale=True))
+    check(online_softmax(x, 4))
+    with pytest.raises(AssertionError, match="online_softmax is"):
+        check(online(x, 4, rescale=False))
 
 
 @settings(max_examples=40, deadline=None)

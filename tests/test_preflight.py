@@ -3,6 +3,7 @@ imports, and stops with a clear error before any grade is written when it cannot
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from autograder import sandbox
 from autograder.notebooks import read, release_path, solution_path
 from autograder.preflight import PreflightError, check_imports, import_statements
 from autograder.settings import REPO_ROOT
+from tests.conftest import DAYS
 
 DAY = "day01_logits"
 MISSING = "tinygpt_no_such_module"
@@ -31,10 +33,11 @@ def test_import_statements_are_the_top_level_imports_in_order():
     assert import_statements(nb) == ["import numpy as np", "from tinygpt import corpus"]
 
 
-def test_every_released_day_imports_tinygpt():
-    for day in ("day01_logits", "day17_engine"):
-        statements = import_statements(read(release_path(day)))
-        assert any("tinygpt" in s for s in statements), (day, statements)
+@pytest.mark.parametrize("day", DAYS)
+def test_every_released_day_imports_tinygpt(day):
+    statements = import_statements(read(release_path(day)))
+    assert any(re.match(r"(import|from) tinygpt(\.\w+)*( |$)", s) for s in statements), \
+        (day, statements)
 
 
 def test_the_sandbox_binds_the_folder_tinygpt_is_imported_from(tmp_path):

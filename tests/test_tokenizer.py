@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import numpy as np
 import pytest
@@ -295,7 +296,7 @@ def test_longest_special_wins(tok):
 def test_allowed_special_bad_values(tok):
     with pytest.raises(ValueError, match="allowed_special"):
         tok.encode("x", allowed_special="<|endoftext|>")
-    with pytest.raises(ValueError, match="<|nope|>"):
+    with pytest.raises(ValueError, match=re.escape("<|nope|>")):
         tok.encode("x", allowed_special={"<|nope|>"})
     with pytest.raises(TypeError, match="allowed_special"):
         tok.encode("x", allowed_special=None)
@@ -364,7 +365,7 @@ def test_chat_errors(tok):
     with pytest.raises(TypeError, match="add_generation_prompt"):
         tok.encode_chat([{"role": "user", "content": "hi"}], add_generation_prompt="yes")
     bare = train_bpe("hello world", vocab_size=257, special_tokens=["<|endoftext|>"])
-    with pytest.raises(ValueError, match="<|user|>"):
+    with pytest.raises(ValueError, match=re.escape("<|user|>")):
         bare.encode_chat([{"role": "user", "content": "hi"}])
 
 
