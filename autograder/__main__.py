@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import warnings
@@ -38,6 +39,28 @@ def _pick_days(requested: list[str], root: Path) -> list[str]:
     if unknown:
         raise SystemExit(f"unknown day(s) {unknown}; the course has {known}")
     return requested or known
+
+
+def _count(text: str) -> int:
+    """An argparse type: an int >= 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    """An argparse type: a finite number > 0 (argparse names the option in its error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,11 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("grade", parents=[common], help="autograde a day")
     p.add_argument("day")
     p.add_argument("--student", action="append", help="only these students (repeatable)")
-    p.add_argument("--workers", type=int, default=os.cpu_count(), help="parallel students")
+    p.add_argument("--workers", type=_count, default=os.cpu_count(),
+                   help="parallel students, >= 1 (default: the core count)")
     p.add_argument("--force", action="store_true", help="regrade unchanged submissions too")
-    p.add_argument("--cell-timeout", type=float, default=60.0, help="seconds per cell")
-    p.add_argument("--total-timeout", type=float, default=600.0, help="seconds per notebook")
-    p.add_argument("--memory-gb", type=float, default=6.0, help="address-space limit per kernel")
+    p.add_argument("--cell-timeout", type=_positive, default=60.0, help="seconds per cell, > 0")
+    p.add_argument("--total-timeout", type=_positive, default=600.0,
+                   help="seconds per notebook, > 0")
+    p.add_argument("--memory-gb", type=_positive, default=6.0,
+                   help="address-space limit per kernel in GiB, > 0")
     p.add_argument("--no-sandbox", action="store_true",
                    help="run student code without bubblewrap (only for code you trust)")
     p.add_argument("--no-integrity", action="store_true",
@@ -81,10 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", parents=[common], help="grades to CSV")
     p.add_argument("csv", nargs="?", type=Path, default=Path("grades.csv"))
     p = sub.add_parser("mutants", parents=[common],
-                       help="mutation testing: grade single-point mutants of the answer cells")
+                       help="mutation testing: grade single-point mutants of the answer cells "
+                            "of <root>/solutions (no gradebook: --db is not used)")
     p.add_argument("days", nargs="*", help="day ids such as day07_sampling (default: all)")
-    p.add_argument("--sample", type=int, default=None,
-                   help="grade only this many mutants per day (the seeded sample make test uses)")
+    p.add_argument("--sample", type=_count, default=None,
+                   help="grade only this many mutants per day, >= 1 (the seeded sample make "
+                        "test uses; default: all)")
     p.add_argument("--no-diff", action="store_true", help="list survivors without their diffs")
     p = sub.add_parser("feedback", parents=[common], help="per-student HTML feedback")
     p.add_argument("day")
@@ -150,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "mutants":
         from autograder.mutants import main as mutants_main
 
-        return mutants_main(_pick_days(args.days, root), sample_size=args.sample,
+        return mutants_main(_pick_days(args.days, root), root=root, sample_size=args.sample,
                             diffs=not args.no_diff)
     elif args.command == "feedback":
         from autograder.reports import (

@@ -52,6 +52,7 @@ from autograder.settings import REPO_ROOT
 
 DAY = bad_submissions.DAY
 PER_SUBMISSION_TARGET_S = 5.0   # kernel start, imports and the graded cells, 1 worker, 2 cores
+PER_DAY_CELL_TIMEOUT_S = 60.0   # the per-day table's (the grader's default); not --cell-timeout
 BAD_KINDS = ["infinite-loop", "os-exit", "corrupt-json", "nothing", "stripped-metadata",
              "memory-bomb", "network", "huge-output"]
 TARGET_SECONDS_FOR_50 = 300.0
@@ -235,11 +236,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated days for the per-day table, 'all' (default) or "
                              "'none'")
     parser.add_argument("--per-day", type=int, default=3,
-                        help="honest submissions graded per day and pass")
+                        help="honest submissions graded per day and pass, >= 1")
     parser.add_argument("--students", type=int, default=50,
                         help="size of the day-01 class (0: skip the class)")
     parser.add_argument("--workers", type=int, default=os.cpu_count())
-    parser.add_argument("--cell-timeout", type=float, default=20.0)
+    parser.add_argument("--cell-timeout", type=float, default=20.0,
+                        help="seconds per cell in the class run only; the per-day table uses "
+                             f"{PER_DAY_CELL_TIMEOUT_S:g} s, the grader's default")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--compare-cold", action="store_true",
                         help="also grade each day with `grade --cold` (a process per student, "
@@ -248,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="grade the class a second time without the integrity guard and "
                              "scan, and report what they cost")
     args = parser.parse_args(argv)
+    if args.per_day < 1:
+        parser.error(f"--per-day must be >= 1, got {args.per_day}")
     from autograder.notebooks import days as all_days
 
     known = all_days()
@@ -259,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, "
                                f"{platform.system()}"}
     if chosen:
-        report["per_day"] = per_day_table(chosen, args.per_day, 60.0, args.compare_cold)
+        report["per_day"] = per_day_table(chosen, args.per_day, PER_DAY_CELL_TIMEOUT_S,
+                                          args.compare_cold)
         report["per_day_target_s"] = PER_SUBMISSION_TARGET_S
     if args.students > 0:
         report.update(bench_class(args))

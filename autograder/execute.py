@@ -2,9 +2,10 @@
 
 `SandboxExecute` takes the place of nbgrader's `Execute` preprocessor. It runs the notebook's
 code cells one by one in a sandboxed kernel (autograder/sandbox.py) with a per-cell timeout,
-a total time limit and a memory limit, and never raises: a cell that hangs, a kernel that dies
-or a limit that is hit becomes an error output on the cells concerned (so nbgrader scores them
-zero) plus a status and a reason in the report file the trusted side reads.
+a total time limit and a memory limit, and, once the kernel has started, never raises: a cell
+that hangs, a kernel that dies or a limit that is hit becomes an error output on the cells
+concerned (so nbgrader scores them zero) plus a status and a reason in the report file the
+trusted side reads. A kernel that fails to start raises.
 """
 
 from __future__ import annotations

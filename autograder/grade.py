@@ -209,7 +209,13 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
               students: list[str] | None = None, workers: int | None = None,
               force: bool = False, limits: Limits | None = None,
               progress: bool = True) -> list[Result]:
-    """Grade `day` for `students` (default: everyone, see students_for); see module docstring."""
+    """Grade `day` for `students` (default: everyone, see students_for); see module docstring.
+    workers: parallel students, >= 1 (default None: the core count)."""
+    if workers is not None:
+        if isinstance(workers, bool) or not isinstance(workers, int):
+            raise TypeError(f"workers must be an int >= 1 or None, got {workers!r}")
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1 (or None: the core count), got {workers}")
     from nbgrader.api import Gradebook, MissingEntry
 
     ensure_venv_on_path()

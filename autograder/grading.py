@@ -1,6 +1,8 @@
 """nbgrader's generate -> autograde flow, run in a scratch course folder.
 
-`generate_release` is what `make release` and the drift check share; `autograde` grades a set of
+`release` is what `make release` runs (`python -m autograder release`): it regenerates course/
+in place and records the assignment in the gradebook. `generate_release` runs the same nbgrader
+step in a scratch course (the drift check and the grader use it); `autograde` grades a set of
 submitted notebooks of one day and reads every cell's score back from the gradebook. Both work
 in a scratch copy so the repository's own folders are never touched by a check.
 """

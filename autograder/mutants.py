@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autograder import mistakes
-from autograder.kernel import CellError, Kernel, error_text, score
+from autograder.kernel import CellError, Kernel, error_text, grading_env, score
 from autograder.mistakes import Mistake
 from autograder.notebooks import exercises, read, solution_path
 
@@ -311,10 +311,11 @@ def allowed(day: str) -> dict[str, str]:
     return dict(mistakes.equivalent_mutants(day))
 
 
-def sample(day: str, n: int = SAMPLE_PER_DAY, seed: int = SAMPLE_SEED) -> list[Mutant]:
+def sample(day: str, n: int = SAMPLE_PER_DAY, seed: int = SAMPLE_SEED,
+           root: Path | None = None) -> list[Mutant]:
     """A fixed, seeded sample of the day's non-equivalent mutants (what `make test` grades)."""
     skip = allowed(day)
-    pool = [m for m in day_mutants(day) if m.key not in skip]
+    pool = [m for m in day_mutants(day, root) if m.key not in skip]
     rng = random.Random(f"{seed}:{day}")
     return sorted(rng.sample(pool, min(n, len(pool))), key=pool.index)
 
@@ -375,20 +376,22 @@ def _row(name: str, results: list[Result], allow: dict[str, str]) -> str:
 
 
 def run_day(day: str, chosen: list[Mutant] | None = None, *, min_timeout: float = 20.0,
-            progress=None) -> DayReport:
+            progress=None, root: Path | None = None) -> DayReport:
     """Grade each mutant of `day` (all, or `chosen`) with the in-kernel grader.
 
-    A mutant's test run gets max(min_timeout, 20 x the correct test's time); a kernel that
-    dies or hangs is restarted and the notebook replayed up to the exercise.
+    The solution notebook is root's (default: this repository's); its kernel runs in grading
+    mode, as the grader's does. A mutant's test run gets max(min_timeout, 20 x the correct
+    test's time); a kernel that dies or hangs is restarted and the notebook replayed up to
+    the exercise.
     """
-    path = solution_path(day)
+    path = solution_path(day) if root is None else solution_path(day, root)
     nb = read(path)
-    todo = day_mutants(day) if chosen is None else chosen
+    todo = day_mutants(day, root) if chosen is None else chosen
     report = DayReport(day, allowed=allowed(day))
     by_test = {ex.test_index: ex for ex in exercises(nb)}
     report.answers = {ex.grade_id: nb.cells[ex.answer_index].source for ex in by_test.values()}
     started = time.monotonic()
-    kernel = Kernel(cwd=path.parent)
+    kernel = Kernel(cwd=path.parent, env=grading_env())
     try:
         for index, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
@@ -432,7 +435,7 @@ def _must(kernel: Kernel, code: str, what: str) -> None:
 
 
 def _replay(path: Path, nb, upto: int) -> Kernel:
-    kernel = Kernel(cwd=path.parent)
+    kernel = Kernel(cwd=path.parent, env=grading_env())
     for cell in nb.cells[:upto]:
         if cell.cell_type == "code":
             kernel.run(cell.source)
@@ -457,12 +460,18 @@ def format_report(report: DayReport, *, diffs: bool = True) -> str:
     return "\n".join(lines)
 
 
-def main(days: list[str], *, sample_size: int | None = None, diffs: bool = True) -> int:
-    """Print each day's mutation score; exit status 1 when a non-allowed mutant survives."""
+def main(days: list[str], *, root: Path | None = None, sample_size: int | None = None,
+         diffs: bool = True) -> int:
+    """Print each day's mutation score (of root's solutions, default: this repository's), for
+    all its mutants or a sample of sample_size >= 1; exit status 1 when a non-allowed mutant
+    survives."""
+    if sample_size is not None and (isinstance(sample_size, bool)
+                                    or not isinstance(sample_size, int) or sample_size < 1):
+        raise ValueError(f"sample_size must be an int >= 1 or None (all), got {sample_size!r}")
     failed = False
     for day in days:
-        chosen = sample(day, sample_size) if sample_size else None
-        report = run_day(day, chosen)
+        chosen = None if sample_size is None else sample(day, sample_size, root=root)
+        report = run_day(day, chosen, root=root)
         print(format_report(report, diffs=diffs), flush=True)
         failed |= bool(report.survivors())
     return 1 if failed else 0

@@ -286,3 +286,84 @@ def test_new_gradebooks_carry_the_revision_alembic_prints(tmp_path):
         pass
     with sqlite3.connect(tmp_path / "gradebook.db") as db:
         assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [(printed,)]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["grade", DAY, "--workers", "0"], "argument --workers: must be an int >= 1, got '0'"),
+    (["grade", DAY, "--workers", "-3"], "argument --workers: must be an int >= 1"),
+    (["grade", DAY, "--cell-timeout", "0"], "argument --cell-timeout: must be a finite number > 0"),
+    (["grade", DAY, "--total-timeout", "-5"], "argument --total-timeout: must be a finite number"),
+    (["grade", DAY, "--memory-gb", "nan"], "argument --memory-gb: must be a finite number > 0"),
+    (["mutants", "--sample", "0"], "argument --sample: must be an int >= 1, got '0'"),
+    (["mutants", "--sample", "-2"], "argument --sample: must be an int >= 1"),
+])
+def test_the_command_line_refuses_bad_numbers_by_option(argv, message, capsys):
+    from autograder.__main__ import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_the_command_line_takes_good_numbers():
+    from autograder.__main__ import build_parser
+
+    args = build_parser().parse_args(["grade", DAY, "--workers", "2", "--cell-timeout", "0.5",
+                                      "--total-timeout", "30", "--memory-gb", "1.5"])
+    assert (args.workers, args.cell_timeout, args.total_timeout, args.memory_gb) == \
+        (2, 0.5, 30.0, 1.5)
+    assert build_parser().parse_args(["mutants", "--sample", "1"]).sample == 1
+
+
+def test_bench_grading_refuses_per_day_below_one(capsys):
+    from autograder import bench_grading
+
+    with pytest.raises(SystemExit):
+        bench_grading.main(["--per-day", "0", "--students", "0"])
+    assert "--per-day must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_grade_day_refuses_a_bad_worker_count():
+    from autograder.grade import grade_day
+
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match=f"workers must be >= 1 .*got {bad}"):
+            grade_day(DAY, workers=bad)
+    with pytest.raises(TypeError, match="workers must be an int"):
+        grade_day(DAY, workers=2.0)
+
+
+def test_mutants_run_in_grading_mode_on_roots_solution(monkeypatch, tmp_path):
+    """run_day and _replay start their kernels in grading mode, as the grader's run, in the
+    solution folder of `root`; sample reads root's notebook too."""
+    import shutil
+
+    from autograder import mutants
+    from autograder.notebooks import solution_path
+    from tinygpt.testing import GRADING_VARIABLE
+
+    started = []
+
+    class Refused(Exception):
+        pass
+
+    class FakeKernel:
+        def __init__(self, cwd, **kwargs):
+            started.append((Path(cwd), kwargs.get("env") or {}))
+            raise Refused
+
+    monkeypatch.setattr(mutants, "Kernel", FakeKernel)
+    copy = solution_path(DAY, tmp_path)
+    copy.parent.mkdir(parents=True)
+    shutil.copy(solution_path(DAY), copy)
+    with pytest.raises(Refused):
+        mutants.run_day(DAY, [], root=tmp_path)
+    with pytest.raises(Refused):
+        mutants._replay(copy, read(copy), 0)
+    assert [(cwd, env.get(GRADING_VARIABLE)) for cwd, env in started] == \
+        [(copy.parent, "1"), (copy.parent, "1")]
+    assert mutants.sample(DAY, 3, root=tmp_path) == mutants.sample(DAY, 3)
+    with pytest.raises(FileNotFoundError):
+        mutants.sample(DAY, 3, root=tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match="sample_size must be an int >= 1"):
+        mutants.main([DAY], sample_size=0)

@@ -303,6 +303,8 @@ def test_forced_tokens_are_counted_and_sampled_ones_are_the_masked_argmax():
                              SamplingParams(stop="x"), eos_id=8)
     with pytest.raises(ValueError, match="built for eos_id=8"):
         constrained_generate(model, None, [7], TokenIndex(dfa, vocab, 8), params, eos_id=1)
+    with pytest.raises(ValueError, match="tokenizer=None needs a TokenIndex"):
+        constrained_generate(model, None, [7], dfa, params, eos_id=8)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -402,6 +404,13 @@ def test_every_string_of_a_schema_regex_is_valid_json_of_the_schema():
                                              "minItems": 3, "maxItems": 2}},
       "required": ["a"]}, "minItems 3 > maxItems 2"),
     ({"type": "object", "patternProperties": {}}, "keyword 'patternProperties'"),
+    ({"type": "object", "properties": {"s": {"type": "string", "minLength": 1001}},
+      "required": ["s"]}, r"schema at \$\.s: minLength must be an int in \[0, MAX_REPEAT"),
+    ({"type": "object", "properties": {"s": {"type": "string", "maxLength": 5000}},
+      "required": ["s"]}, r"schema at \$\.s: maxLength must be an int in \[0, MAX_REPEAT"),
+    ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "null"},
+                                             "maxItems": 2000}},
+      "required": ["a"]}, r"schema at \$\.a: maxItems must be an int in \[0, MAX_REPEAT"),
 ])
 def test_unsupported_schemas_are_refused_by_name(schema, message):
     with pytest.raises(ValueError, match=message):
@@ -415,6 +424,15 @@ def test_array_bounds():
     dfa = compile_regex(schema_to_regex(schema))
     assert [dfa.fullmatch(compact({"a": [None] * n})) for n in range(5)] == \
         [False, False, True, True, False]
+
+
+def test_a_property_named_items_may_be_an_array():
+    """Only an array's items may not be an array; a field's name does not decide that."""
+    for name in ("items", "tags"):
+        schema = {"type": "object", "required": [name],
+                  "properties": {name: {"type": "array", "items": {"type": "integer"}}}}
+        dfa = compile_regex(schema_to_regex(schema))
+        assert dfa.fullmatch(compact({name: [1, 2]})) and not dfa.fullmatch(compact({name: 1}))
 
 
 # ----------------------------------------------------------------------------------------------

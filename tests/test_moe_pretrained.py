@@ -11,7 +11,7 @@ from tinygpt.engine import Engine
 from tinygpt.generate import generate
 from tinygpt.loading import load_model
 from tinygpt.sampling import SamplingParams
-from tinygpt.train import checkpoint_metadata, experts_by_word_class
+from tinygpt.train import checkpoint_metadata, encode_stories, experts_by_word_class
 
 
 def test_it_loads_by_name_as_recorded():
@@ -46,6 +46,22 @@ def test_its_experts_specialise_by_word_class():
     stories = corpus.generate_corpus(200, seed=5).split("\n")
     table = experts_by_word_class(model, tokenizer, stories)
     assert sorted(table) == [0, 1, 2, 3]
+    # the counts are each layer's chosen expert ids, window by window, per word class
+    ids = encode_stories(stories, tokenizer)
+    chosen = {i: [] for i in table}
+    with torch.no_grad():
+        for start in range(0, len(ids), model.cfg.max_seq_len):
+            model(ids[start:start + model.cfg.max_seq_len][None])
+            for i in table:
+                chosen[i].append(model.layers[i].feed_forward.last_experts)
+    classes = [corpus.WORD_CLASS.get(tokenizer.decode([int(t)]).strip(), "end") for t in ids]
+    n = model.cfg.n_experts
+    for i, layer in table.items():
+        experts = torch.cat(chosen[i])                                   # (N, k) expert ids
+        assert torch.equal(sum(layer.values()), torch.bincount(experts.reshape(-1), minlength=n))
+        for name, counts in layer.items():
+            rows = torch.tensor([c == name for c in classes])
+            assert torch.equal(counts, torch.bincount(experts[rows].reshape(-1), minlength=n))
     # In some layer nearly every preposition's two slots go to the same two experts: a word
     # class with one job in the grammar gets experts of its own. Uniform routing would give
     # the busiest two experts 2/8 = 25% of the slots.

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from tinygpt import load_pretrained
+from tinygpt import load_pretrained, structured
 from tinygpt.generate import generate
 from tinygpt.sampling import SamplingParams
 from tinygpt.structured import GrammarError, Grammars
@@ -105,6 +105,20 @@ def test_what_cannot_be_compiled_is_a_grammar_error_and_a_compile_is_cached(ship
     assert grammars.json_schema({"const": "cached"}) is first and grammars.compiled == compiled
     with pytest.raises(ValueError, match="eos_ids"):
         first.constraint([])
+    vocab_size = grammars.vocab_size
+    for bad in ([vocab_size], [-1], [0, vocab_size + 5], [True], [1.0]):
+        with pytest.raises(ValueError, match=rf"eos_ids must be ints in \[0, {vocab_size}\)"):
+            first.constraint(bad)
+
+
+def test_the_length_limit_counts_the_grammars_text_alone(shipped, monkeypatch):
+    _, _, grammars = shipped
+    with pytest.raises(GrammarError, match="has 300,000 characters; at most 200,000"):
+        grammars.regex("a" * 300_000)
+    monkeypatch.setattr(structured, "MAX_GRAMMAR_CHARS", 5)
+    assert grammars.regex("abcde").key == "regex:abcde"          # 5 characters: at the limit
+    with pytest.raises(GrammarError, match="has 6 characters; at most 5"):
+        grammars.regex("abcdef")
 
 
 def test_a_constraint_does_not_load_torchs_compiler():

@@ -107,6 +107,7 @@ def test_get_batch_windows_are_shifted_slices():
 
 
 def test_lr_schedule():
+    assert [lr_at(s, 2, 1.0, 1, 0.1) for s in range(2)] == [1.0, 1.0]   # one step after warm-up
     values = [lr_at(s, 110, 1e-3, 10, 1e-4) for s in range(110)]
     assert values[0] == pytest.approx(1e-4) and values[9] == pytest.approx(1e-3)
     assert values[10] == pytest.approx(1e-3) and values[-1] == pytest.approx(1e-4)
@@ -150,6 +151,11 @@ def test_evaluate_matches_a_hand_loop(stories, small_tokenizer):
         logp = torch.log_softmax(model(x[None])[0], dim=-1)
         nll -= logp[torch.arange(16), y].sum().item()
     assert evaluate(model, data, block_size=16, batch_size=3) == pytest.approx(nll / (16 * n))
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=f"batch_size must be >= 1, got {bad}"):
+            evaluate(model, data, block_size=16, batch_size=bad)
+    with pytest.raises(TypeError, match="batch_size must be an int"):
+        evaluate(model, data, block_size=16, batch_size=2.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -451,8 +457,14 @@ def test_experts_by_word_class_counts_every_token_and_slot():
     for start in range(0, len(full), 16):
         model(full[start:start + 16][None])
         chosen.append(model.layers[1].feed_forward.last_experts)
+    chosen = torch.cat(chosen)                                 # (N, k) expert ids
     assert int(table[1]["period"].sum()) == 2 * sum(1 for w in words if w == ".")
-    assert sum(int(c.sum()) for c in table[1].values()) == torch.cat(chosen).numel()
+    assert sum(int(c.sum()) for c in table[1].values()) == chosen.numel()
+    assert torch.equal(sum(table[1].values()), torch.bincount(chosen.reshape(-1), minlength=4))
+    classes = [corpus.WORD_CLASS.get(tokenizer.decode([int(i)]).strip(), "end") for i in full]
+    for name, counts in table[1].items():
+        rows = torch.tensor([c == name for c in classes])
+        assert torch.equal(counts, torch.bincount(chosen[rows].reshape(-1), minlength=4)), name
     with pytest.raises(ValueError, match="needs a mixture-of-experts model"):
         experts_by_word_class(TinyGPT(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32,
                                                   n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64,

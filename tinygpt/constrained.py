@@ -580,8 +580,9 @@ def constrained_generate(model: torch.nn.Module, tokenizer, prompt_ids,
 
     constraint: a DFA (its TokenIndex is built from token_strings(tokenizer, V)) or a
     TokenIndex with the same eos_id (keep one across requests: it keeps its masks). tokenizer:
-    decode(ids) -> str, or None (then no text). params: the sampling knobs and max_new_tokens of
-    tinygpt.sampling; stop strings are refused (the pattern and EOS decide where text ends).
+    decode(ids) -> str, or None (then no text, and the constraint must be a TokenIndex).
+    params: the sampling knobs and max_new_tokens of tinygpt.sampling; stop strings are
+    refused (the pattern and EOS decide where text ends).
     Each step: the state's mask; the only allowed token is forced; otherwise the model reads
     the tokens it has not seen (a KV cache when the model takes one: a forced run is one small
     prefill, DecodeStep.extend), then mask_logits and sample_next_token (greedy = argmax over
@@ -595,6 +596,9 @@ def constrained_generate(model: torch.nn.Module, tokenizer, prompt_ids,
     vocab_size, max_seq_len = model_limits(model)
     index = constraint
     if isinstance(constraint, DFA):
+        if tokenizer is None:
+            raise ValueError("tokenizer=None needs a TokenIndex constraint: a DFA constraint's "
+                             "TokenIndex is built from the tokenizer's token texts")
         index = TokenIndex(constraint, token_strings(tokenizer, vocab_size), eos_id)
     if not isinstance(index, TokenIndex):
         raise TypeError(f"constraint must be a DFA or a TokenIndex, got {type(index).__name__}")
@@ -699,8 +703,9 @@ def _bounds(schema: dict, where: str, low: str, high: str) -> tuple[int, int | N
     lo, hi = schema.get(low, 0), schema.get(high)
     for key, value in ((low, lo), (high, hi)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 0):
-            raise ValueError(f"schema at {where}: {key} must be an int >= 0, got {value!r}")
+                                  or not 0 <= value <= MAX_REPEAT):
+            raise ValueError(f"schema at {where}: {key} must be an int in [0, MAX_REPEAT = "
+                             f"{MAX_REPEAT}] (a regex repeat count), got {value!r}")
     if hi is not None and hi < lo:
         raise ValueError(f"schema at {where}: {low} {lo} > {high} {hi}")
     return lo, hi
@@ -716,8 +721,9 @@ def _literal(value, where: str) -> str:
         raise ValueError(f"schema at {where}: {value!r} is no JSON value ({err})") from None
 
 
-def _value(schema, where: str) -> str:
-    """The regex of one field's value: a scalar type, an enum, a const, or an array of those."""
+def _value(schema, where: str, nested: bool = False) -> str:
+    """The regex of one field's value: a scalar type, an enum, a const, or an array of those
+    (nested: `schema` is an array's items, which may not be an array)."""
     if isinstance(schema, dict) and ("enum" in schema or "const" in schema):
         _keywords(schema, where, {"enum"} if "enum" in schema else {"const"})
         values = schema["enum"] if "enum" in schema else [schema["const"]]
@@ -731,9 +737,9 @@ def _value(schema, where: str) -> str:
         return f'"{_CHAR}{{{lo},{"" if hi is None else hi}}}"'
     if isinstance(kind, str) and kind in SCALARS:
         return SCALARS[_keywords(schema, where, {"type"})["type"]]
-    if kind == "array" and not where.endswith(".items"):
+    if kind == "array" and not nested:
         _keywords(schema, where, {"type", "items", "minItems", "maxItems"})
-        item = _value(schema.get("items"), where + ".items")
+        item = _value(schema.get("items"), where + ".items", nested=True)
         lo, hi = _bounds(schema, where, "minItems", "maxItems")
         if hi == 0:
             return r"\[\]"
@@ -751,10 +757,10 @@ def schema_to_regex(schema: dict) -> str:
     required and the fields come in the order of "properties"; "additionalProperties" may only
     be False (what the regex does anyway). A property is {"type": T} with T among string (with
     minLength, maxLength), integer, number, boolean, null; {"enum": [...]} or {"const": v} of
-    such values; or {"type": "array", "items": one of those, "minItems", "maxItems"}. Any other
-    keyword is a ValueError naming it ("title" and "description" are ignored). The regex
-    matches json.dumps(value, separators=(",", ":")), whose ensure_ascii writes non-ASCII
-    characters as \\uXXXX escapes.
+    such values; or {"type": "array", "items": one of those, "minItems", "maxItems"}; each
+    bound is at most MAX_REPEAT. Any other keyword is a ValueError naming it ("title" and
+    "description" are ignored). The regex matches json.dumps(value, separators=(",", ":")),
+    whose ensure_ascii writes non-ASCII characters as \\uXXXX escapes.
 
     Why a regex stops here: a finite automaton remembers nothing but its state, and it has
     finitely many. JSON nested to a FIXED depth is still regular (paste the inner regex in), but

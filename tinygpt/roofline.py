@@ -530,7 +530,7 @@ def plot_roofline(hw_list: Hardware | Sequence[Hardware], points: Sequence = (),
 
 
 def _si(value: float, unit: str) -> str:
-    """1.5e12, "FLOP" -> "1.50 TFLOP"; seconds get ms / us."""
+    """1.5e12, "FLOP" -> "1.5 TFLOP" (3 significant digits); seconds get ms / us / ns."""
     if unit == "s":
         for scale, name in ((1, "s"), (1e-3, "ms"), (1e-6, "us")):
             if value >= scale:

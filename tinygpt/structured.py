@@ -82,9 +82,12 @@ class GrammarConstraint:
         import llguidance.numpy
 
         self.matcher, self.vocab_size = matcher, vocab_size
-        self.eos_ids = tuple(int(i) for i in eos_ids)
+        self.eos_ids = tuple(eos_ids)
         if not self.eos_ids:
             raise ValueError("eos_ids: a constrained request needs an end-of-text id to end on")
+        for eos in self.eos_ids:
+            if isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < vocab_size:
+                raise ValueError(f"eos_ids must be ints in [0, {vocab_size}), got {eos_ids!r}")
         self._fill = llguidance.numpy.fill_next_token_bitmask
         self._words = llguidance.numpy.allocate_token_bitmask(1, vocab_size)
         self._bits = torch.from_numpy(self._words)     # the same memory, read as a tensor
@@ -154,7 +157,7 @@ class Grammars:
     def json_schema(self, schema: dict | bool) -> Grammar:
         """Text that is one JSON value valid under `schema` (a JSON Schema, as a dict)."""
         text = json.dumps(schema)         # (key order kept: properties come out in order)
-        return self._get(f"json:{text}", lambda: self._llg.LLMatcher.grammar_from_json_schema(
+        return self._get("json", text, lambda: self._llg.LLMatcher.grammar_from_json_schema(
             text, defaults=JSON_STYLE))
 
     def json_object(self) -> Grammar:
@@ -163,7 +166,7 @@ class Grammars:
 
     def regex(self, pattern: str) -> Grammar:
         """Text that matches `pattern` whole."""
-        return self._get(f"regex:{pattern}",
+        return self._get("regex", pattern,
                          lambda: self._llg.LLMatcher.grammar_from_regex(pattern))
 
     def choice(self, options: Sequence[str]) -> Grammar:
@@ -174,15 +177,16 @@ class Grammars:
 
     def lark(self, grammar: str) -> Grammar:
         """A grammar in llguidance's Lark dialect (which can embed %json {schema})."""
-        return self._get(f"lark:{grammar}", lambda: self._llg.LLMatcher.grammar_from_lark(
+        return self._get("lark", grammar, lambda: self._llg.LLMatcher.grammar_from_lark(
             grammar))
 
     # -- the cache -------------------------------------------------------------------------
 
-    def _get(self, key: str, build) -> Grammar:
-        if len(key) > MAX_GRAMMAR_CHARS:
-            raise GrammarError(f"the grammar's text has {len(key):,} characters; at most "
+    def _get(self, kind: str, text: str, build) -> Grammar:
+        if len(text) > MAX_GRAMMAR_CHARS:
+            raise GrammarError(f"the grammar's text has {len(text):,} characters; at most "
                                f"{MAX_GRAMMAR_CHARS:,}")
+        key = f"{kind}:{text}"
         with self._lock:
             grammar = self._cache.get(key)
             if grammar is not None:

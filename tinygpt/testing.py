@@ -1,8 +1,9 @@
 """Checks used by the course's test cells: each failure says what was expected, what came back,
 and the mistake that most often causes it.
 
-These compare a student's result with an expected one; they never call a student's function
-themselves, so a test cell reads as "call your function, then check what it returned". Where the
+These compare a student's result with an expected one, so a test cell reads as "call your
+function, then check what it returned"; check_raises alone calls the function itself, since the
+exception is what it checks (with_reference wraps one for the test cell to call). Where the
 call itself may raise on a test input, `inputs` wraps it so the error names the input's shape
 and the rule that input checks. `grading()` tells a notebook that it runs to be graded, so
 cells no test reads (timings, widgets, servers) can skip or shrink.

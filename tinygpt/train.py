@@ -148,7 +148,8 @@ def lr_at(step: int, steps: int, max_lr: float, warmup_steps: int, min_lr: float
     """Learning rate for `step` (0-based) of `steps`: linear warm-up, then cosine decay.
 
     Steps 0 .. warmup_steps - 1 rise linearly to max_lr ((step + 1) / warmup_steps * max_lr);
-    the remaining steps follow half a cosine from max_lr down to min_lr at the last step.
+    the remaining steps follow half a cosine from max_lr down to min_lr at the last step; when
+    only one step follows the warm-up it gets max_lr (progress divides by max(S - W - 1, 1)).
     """
     if not 0 <= step < steps:
         raise ValueError(f"step must be in [0, steps={steps}), got {step}")
@@ -181,7 +182,8 @@ def balance_loss(router_logits: torch.Tensor, experts: torch.Tensor, n_experts: 
     E * sum_e f_e P_e, where f_e is the share of the (token, slot) pairs routed to expert e and
     P_e the mean router probability of e (router_logits (N, E), experts (N, k)). f carries no
     gradient; P does, so the router learns to spread its probability where the load is low.
-    It is 1.0 when routing is uniform and grows to E when every token picks the same experts.
+    It is 1.0 when routing is uniform; when every token picks the same k experts it grows to
+    at most E / k (E for top-1), reached when the router puts all its probability on them.
     """
     share = torch.bincount(experts.reshape(-1), minlength=n_experts).float() / experts.numel()
     probs = torch.softmax(router_logits.float(), dim=-1).mean(dim=0)
@@ -275,6 +277,7 @@ def evaluate(model: torch.nn.Module, data: torch.Tensor, block_size: int = 128,
     token in them counts once. Deterministic; the model's train/eval mode is restored after.
     """
     _check_int("block_size", block_size, 1)
+    _check_int("batch_size", batch_size, 1)
     n_windows = (len(data) - 1) // block_size
     if n_windows < 1:
         raise ValueError(f"data must hold at least block_size + 1 = {block_size + 1} ids")
@@ -475,10 +478,11 @@ def load_checkpoint(path: str | Path, device: torch.device | str | None = None
                     ) -> tuple[TinyGPT, BPETokenizer]:
     """Load a directory written by `save_checkpoint`; returns (model in eval mode, tokenizer).
 
-    Checks, each with a ValueError that says what is wrong: config.json parses and has the
-    right format, version and fields; the ModelConfig and tokenizer are valid and agree on
-    the vocabulary size; the weights file is a readable safetensors file whose SHA-256 matches
-    config.json; it has exactly the model's tensor names, with the model's shapes, all finite.
+    A missing directory, config.json or weights file is a FileNotFoundError. Then checks, each
+    with a ValueError that says what is wrong: config.json parses and has the right format,
+    version and fields; the ModelConfig and tokenizer are valid and agree on the vocabulary
+    size; the weights file is a readable safetensors file whose SHA-256 matches config.json;
+    it has exactly the model's tensor names, with the model's shapes, all finite.
     device: where to put the model (default CPU).
     """
     path = Path(path)
@@ -723,10 +727,11 @@ def sample_text(model: TinyGPT, tokenizer: BPETokenizer, prompt: str = "",
                 stop_at_eot: bool = True) -> str:
     """Continue `prompt` (the start of a story) and return prompt + continuation.
 
-    A plain loop without a KV cache (day 08 builds the real one): feed <|endoftext|> + prompt,
-    pick the next token (argmax at temperature 0, else sample from softmax(logits / T) with a
-    generator seeded by `seed`), append, repeat. The context is cropped to the last
-    max_seq_len tokens. Stops at <|endoftext|> if stop_at_eot, else writes it as a newline.
+    A plain loop without a KV cache (day 08 builds the real loop, day 11 adds the KV cache):
+    feed <|endoftext|> + prompt, pick the next token (argmax at temperature 0, else sample from
+    softmax(logits / T) with a generator seeded by `seed`), append, repeat. The context is
+    cropped to the last max_seq_len tokens. Stops at <|endoftext|> if stop_at_eot, else
+    writes it as a newline.
     """
     _check_int("max_new_tokens", max_new_tokens, 0)
     if temperature < 0:
