@@ -418,6 +418,23 @@ def test_missing_and_extra_weights_are_named():
         mla_from_hf_attention(torch.nn.Linear(2, 2))
 
 
+def test_tied_embeddings_need_an_equal_lm_head():
+    """As from_hf_llama and from_hf_moe: with tie_word_embeddings an lm_head.weight is
+    optional, and refused when it differs from the embedding."""
+    theirs = hf_model(seed=6, tie_word_embeddings=True)
+    state = dict(theirs.state_dict())
+    model = from_hf_deepseek(state, theirs.config)
+    assert model.output.weight is model.tok_embeddings.weight
+    assert torch.equal(model.output.weight, state["model.embed_tokens.weight"])
+    del state["lm_head.weight"]
+    assert torch.equal(from_hf_deepseek(state, theirs.config).output.weight,
+                       model.output.weight)
+    state["lm_head.weight"] = state["model.embed_tokens.weight"] + 1
+    with pytest.raises(ValueError, match="tie_word_embeddings is True but lm_head.weight "
+                                         "differs"):
+        from_hf_deepseek(state, theirs.config)
+
+
 def test_flops_and_bytes_count_the_latent_model():
     """tinygpt.flops on an MLA config: parameters as built, the cache's real bytes, and a
     prefill's FLOPs as torch's FlopCounterMode counts them (dense feed-forwards: exact)."""

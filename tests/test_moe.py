@@ -175,6 +175,32 @@ def test_router_errors_name_the_argument():
         M.MoE(8, 4, 5, 8)
 
 
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(top_k=2.0), TypeError, "top_k must be an int, got 2.0"),
+    (dict(top_k=True), TypeError, "top_k must be an int"),
+    (dict(d_expert=8.0), TypeError, "d_expert must be an int"),
+    (dict(d_expert=0), ValueError, "d_expert must be >= 1"),
+    (dict(renormalize=1), TypeError, "renormalize must be True or False"),
+    (dict(n_group=2), ValueError, "n_group must be 1 with router 'softmax'"),
+    (dict(topk_group=2), ValueError, "topk_group must be 1 with router 'softmax'"),
+    (dict(scale=2.5), ValueError, "scale must be 1 with router 'softmax'"),
+    (dict(scale=0.0), ValueError, "scale must be a finite number > 0"),
+    (dict(router="sigmoid_groups", n_group=3), ValueError,
+     "n_group must divide n_experts=4 into groups of at least 2"),
+    (dict(router="sigmoid_groups", n_group=2, topk_group=3), ValueError,
+     "topk_group must be in"),
+    (dict(router="sigmoid_groups", n_group=2, topk_group=1, top_k=3), ValueError,
+     "keep at least top_k=3 experts eligible"),
+])
+def test_moe_refuses_bad_arguments_up_front(kwargs, error, match):
+    """When the layer is built, with ModelConfig's messages (not at the first forward, and
+    no option ignored: groups and a scale belong to the sigmoid router)."""
+    args = dict(d_model=8, n_experts=4, top_k=2, d_expert=8) | kwargs
+    with pytest.raises(error, match=match):
+        M.MoE(**args)
+    M.MoE(8, 4, 2, 8, router="sigmoid_groups", n_group=2, topk_group=1, scale=2.5)
+
+
 # --------------------------------------------------------------------------------------------
 # running the experts
 

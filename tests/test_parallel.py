@@ -231,6 +231,41 @@ def test_pipeline_run_matches_one_process_and_measures_idle_time():
     assert run.makespan >= max(run.busy)
 
 
+def _bfloat16_model() -> TinyGPT:
+    """A bfloat16 model, as a source the ranks call (module level: it is pickled to them)."""
+    return TinyGPT(SMOLLM2_LAYOUT, seed=5).to(torch.bfloat16).eval()
+
+
+def test_pipeline_run_checks_micro_batches_before_starting_ranks():
+    ids = torch.zeros(4, 3, dtype=torch.long)
+    for bad, error in ((0, ValueError), (-1, ValueError), (2.0, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="micro_batches must be an int >= 1"):
+            P.pipeline_run("shipped", 2, ids, bad)
+    with pytest.raises(ValueError, match="B >= micro_batches"):
+        P.pipeline_run("shipped", 2, ids, 5)
+
+
+def test_pipeline_runs_the_micro_batches_asked_in_the_models_dtype():
+    """5 rows in 4 micro-batches are 4 (2, 1, 1, 1 rows; tensor.chunk would make 3), and
+    GPipe's prediction is for 4; the stages send the model's bfloat16 activations."""
+    model = _bfloat16_model()
+    ids = torch.randint(0, SMOLLM2_LAYOUT.vocab_size, (5, 12),
+                        generator=torch.Generator().manual_seed(2))
+    run = P.pipeline_run(_bfloat16_model, 2, ids, micro_batches=4, timeout_s=60)
+    assert run.micro_batches == 4 and run.predicted_idle == pytest.approx(1 / 5)
+    assert run.logits.dtype == torch.bfloat16
+    with torch.inference_mode():
+        want = model(ids)
+        truth = copy.deepcopy(model).double()(ids)
+    # micro-batches of 2 and 1 rows against one batch of 5: on a 2-core AMD EPYC (2026-11-29,
+    # 4 draws) equal to one process bit for bit, both 0.008 to 0.010 from float64 for logits
+    # up to 2.8; another CPU's kernels may round other batch shapes otherwise. The floor is
+    # one bfloat16 step (2^-8 relative) of the largest logit. A float32 buffer for bfloat16
+    # activations fails the stage outright.
+    check_float32_error("the bfloat16 pipeline's logits", run.logits, want, truth,
+                        floor=2 ** -8 * truth.abs().max().item())
+
+
 def test_ring_allreduce_cost_model():
     link = P.Link("test", bandwidth=100e9, latency=10e-6, source="made up")
     assert P.ring_allreduce_seconds(1e9, 1, link) == 0.0
@@ -243,6 +278,16 @@ def test_ring_allreduce_cost_model():
     assert P.LINKS["pcie5-x16"].bandwidth == 63.0e9 and P.LINKS["pcie4-x16"].bandwidth == 31.5e9
     with pytest.raises(ValueError, match="link must be"):
         P.ring_allreduce_seconds(1.0, 2, "token-ring")
+    # an all-gather: each rank sends (p - 1) / p of the result
+    assert P.allgather_seconds(1e9, 1, link) == 0.0
+    assert P.allgather_seconds(1e9, 4, link) == pytest.approx(10e-6 + 0.75 * 1e9 / 100e9)
+    for seconds in (P.ring_allreduce_seconds, P.allgather_seconds):
+        for size in (0, True, 2.0):
+            with pytest.raises(ValueError, match="world_size must be a positive integer"):
+                seconds(1e9, size, link)
+        for nbytes in (-100, float("nan")):
+            with pytest.raises(ValueError, match="nbytes must be >= 0"):
+                seconds(nbytes, 2, link)
     fitted = P.fit_link({1000: 1e-3 + 4000 / 1e9, 100000: 1e-3 + 400000 / 1e9}, 2)
     assert fitted.latency == pytest.approx(1e-3) and fitted.bandwidth == pytest.approx(1e9)
 
@@ -257,6 +302,13 @@ def test_tp_estimate_splits_compute_and_adds_messages():
     assert three.weight_bytes_per_device == pytest.approx(one.weight_bytes_per_device / 3)
     # a 135M model on NVLink: 61 all-reduces' latency outweigh the 2/3 of a 84 us step saved
     assert three.seconds > one.seconds
+    # degrees the sharding refuses: 9 divides the heads (9 over 3 KV heads) but not d_ff 1536
+    with pytest.raises(ValueError, match=r"degree \(9\) must divide d_ff \(1536\)"):
+        P.tp_decode_estimate(smol, "h100-sxm", "nvlink4-h100-sxm", 9)
+    with pytest.raises(ValueError, match=r"degree \(9\) must divide d_ff \(1536\)"):
+        P.shard_state_dict({}, smol, 0, 9)
+    with pytest.raises(ValueError, match=r"degree \(2\) must divide n_heads \(9\)"):
+        P.tp_decode_estimate(smol, "h100-sxm", "nvlink4-h100-sxm", 2)
 
 
 # -- disaggregated prefill and decode ---------------------------------------------------------
@@ -276,6 +328,18 @@ def test_disaggregated_decode_gives_the_colocated_tokens_and_ships_whole_blocks(
     assert report.disaggregated["gaps"] == 2 * 5
 
 
+def test_a_one_token_request_gets_one_token_from_the_decode_rank():
+    """The prefill's token is a max_new_tokens=1 request's only one: the decode rank finishes
+    it on arrival, as the colocated engine does (a decode step would add a second)."""
+    model = TinyGPT(SMOLLM2_LAYOUT, seed=2).eval()
+    work = P.Workload(arrivals=(0.0, 0.0, 0.02), prompts=((5, 6, 7), (8, 9, 10, 11), (12, 13)),
+                      max_new_tokens=(1, 4, 1))
+    report = P.compare_disaggregation((SMOLLM2_LAYOUT, model.state_dict()), work,
+                                      chunk_tokens=16, block_size=16)
+    assert report.tokens_identical
+    assert report.disaggregated["gaps"] == 3            # request 1's 4 tokens only
+
+
 # -- the served protocol without HTTP ---------------------------------------------------------
 
 
@@ -290,6 +354,7 @@ def test_followers_mirror_the_leader_engine_even_for_unseeded_sampling():
               SamplingParams(temperature=1.0, max_new_tokens=6)]          # no seed
     leader, follower = P.run_ranks(P._mirror_rank, 2, "shipped", prompts, params)
     assert leader == follower and len(leader) == 3
-    _, want = _reference(model, prompts[:1], 5)
-    assert leader[0] == want[0]
+    for i in (0, 1):                                                       # the greedy ones
+        _, want = _reference(model, prompts[i:i + 1], params[i].max_new_tokens)
+        assert leader[i] == want[0]
     assert len(leader[2]) == 6

@@ -141,6 +141,18 @@ def test_one_rank_runs_the_same_path_without_a_group():
         assert ep.last_rows == 15 * K and ep.moe.w1.shape == (E, D_EXPERT, D)
 
 
+def test_a_float64_shard_stays_float64():
+    """tinygpt.moe's rule, a float64 run stays float64 throughout (the tests' truth): one
+    rank's shard of a float64 layer runs the same sums in the same order as the layer, so it
+    equals it bit for bit (weights rounded to float32 on the way would be ~1e-7 off)."""
+    for router, shared in (("softmax", 0), ("sigmoid_groups", 8)):
+        moe = _moe(router, seed=1, d_shared=shared).double()
+        x = torch.randn(3, 5, D, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+        with torch.no_grad():
+            got, want = ExpertParallelMoE(moe, 0, 1)(x), moe(x)
+        assert got.dtype == torch.float64 and torch.equal(got, want), router
+
+
 # -- one layer over 2 ranks --------------------------------------------------------------------
 
 

@@ -182,7 +182,11 @@ def from_hf_deepseek(state_dict: Mapping[str, torch.Tensor] | nn.Module, hf_conf
     take("tok_embeddings.weight", "model.embed_tokens.weight")
     take("norm.weight", "model.norm.weight")
     if cfg.tie_embeddings:
-        keys.left.pop("lm_head.weight", None)
+        lm_head = keys.left.pop("lm_head.weight", None)
+        embed = new_state["tok_embeddings.weight"]              # taken above (None: missing)
+        if lm_head is not None and embed is not None and not torch.equal(lm_head, embed):
+            raise ValueError("hf_config.tie_word_embeddings is True but lm_head.weight differs "
+                             "from model.embed_tokens.weight")
     else:
         take("output.weight", "lm_head.weight")
     for i in range(cfg.n_layers):

@@ -13,7 +13,8 @@ The families, as transformers 5 writes them (model_type in config.json):
     llama       dense SwiGLU layers; RoPE scalings "linear", "dynamic", "yarn", "llama3"
                 become ModelConfig.rope_scaling (day 21, tinygpt.hf_rope says how)
     mistral     a Llama whose sliding_window W is ModelConfig.sliding_window on every layer
-                (day 21; Mixtral's and Qwen3-MoE's use_sliding_window load the same way)
+                (day 21; Mixtral's sliding_window, and Qwen3-MoE's when use_sliding_window,
+                load the same way)
     qwen3_moe   softmax router, top k renormalized when norm_topk_prob; q/k norm (RMSNorm
                 over head_dim before RoPE); layer i is sparse unless i is in mlp_only_layers or
                 (i + 1) % decoder_sparse_step != 0, and dense layers are intermediate_size wide,
@@ -131,30 +132,15 @@ def _check_dense(cfg: ModelConfig, what: str) -> None:
         raise ValueError(f"{what} describes a dense Llama: {why}")
 
 
-def _hf_rope_theta(hf_config: Any) -> float:
-    """RoPE theta of a Llama config; reject RoPE scaling variants TinyGPT does not implement.
-
-    transformers 5 keeps it in `rope_parameters = {"rope_type": ..., "rope_theta": ...}`; older
-    config.json files have a top-level `rope_theta` and an optional `rope_scaling` dict.
-    """
-    params = _hf_get(hf_config, "rope_parameters", None)
-    if params is None:
-        params = _hf_get(hf_config, "rope_scaling", None)
-    params = dict(params or {})
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(f"RoPE scaling type {rope_type!r} is not supported; TinyGPT implements "
-                         f"only rope_type 'default' (plain RoPE with rope_theta)")
-    return float(params.get("rope_theta", _hf_get(hf_config, "rope_theta", 10000.0)))
-
-
 def config_from_hf(hf_config: Any) -> ModelConfig:
     """ModelConfig equivalent to a Hugging Face config of one of MODEL_TYPES (a transformers
     config object, or its config.json as a dict; model_type defaults to "llama").
 
     Raises ValueError for variants TinyGPT cannot represent: biases, an activation other
-    than SiLU, scaled RoPE, an odd head_dim; for the mixture-of-experts families see
-    config_from_hf_moe. head_dim may differ from hidden_size / num_attention_heads.
+    than SiLU, a RoPE type outside tinygpt.positions.ROPE_TYPES or a partial rotary factor
+    (tinygpt.hf_rope), an odd head_dim; for the mixture-of-experts families see
+    config_from_hf_moe. Scaled RoPE and a sliding window load (day 21). head_dim may differ
+    from hidden_size / num_attention_heads.
     """
     model_type = check_model_type(_hf_get(hf_config, "model_type", "llama"))
     if model_type == "deepseek_v3":                 # day 21: multi-head latent attention
@@ -323,9 +309,10 @@ def config_from_hf_moe(hf_config: Any) -> ModelConfig:
     """ModelConfig of a Hugging Face Qwen3-MoE or Mixtral config (object or config.json dict).
 
     See the module docstring for how the fields map. ValueError for what TinyGPT does not
-    implement: biases, an activation other than SiLU, scaled RoPE, and a sliding window
-    shorter than the context. head_dim may differ from hidden_size / num_attention_heads
-    (Qwen3-30B-A3B: 128 against 2048 / 32 = 64).
+    implement: biases, an activation other than SiLU, a RoPE type outside
+    tinygpt.positions.ROPE_TYPES or a partial rotary factor; scaled RoPE and a sliding window
+    load (day 21). head_dim may differ from hidden_size / num_attention_heads (Qwen3-30B-A3B:
+    128 against 2048 / 32 = 64).
     """
     family = check_model_type(_hf_get(hf_config, "model_type"))
     if family in ("llama", "mistral", "deepseek_v3"):

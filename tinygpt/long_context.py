@@ -30,8 +30,8 @@ Bytes per token and layer, dtype_bytes each (bf16: 2):
 
 Llama-3-8B (32 layers, 8 KV heads of 128): 131,072 B per token in bf16; DeepSeek-V3 (61
 layers, 512 + 64): 70,272 B; Gemma 3 27B (62 layers, 16 KV heads of 128, five local layers of
-window 1,024 per global one) needs 507,904 B per token for its 10 global layers, while its 52
-local layers stop growing at 1,024 tokens.
+window 1,024 per global one): 507,904 B per token up to 1,024 tokens, where its 52 local
+layers stop growing; past that only its 10 global layers grow, by 81,920 B per token.
 
 Attention sinks (StreamingLLM, Xiao et al. 2023). Evicting the oldest tokens of a cache (a
 window) breaks a model trained on full attention once its first tokens leave: softmax must put
@@ -53,7 +53,8 @@ minus a common offset), and takes one softmax over both: exactly the per-token c
 fp8 KV. float8 e4m3 (torch.float8_e4m3fn) keeps 3 mantissa bits and a range of +-448, so values
 are divided by a scale first: here one float32 scale per (batch, head), the head's largest
 |value| over its tokens and channels / 448. Its error is relative to each value (about 2^-4 at
-worst, like any 3-bit mantissa) where day 15's int8 (one scale per token, tinygpt.quant.
+worst, like any 3-bit mantissa, for |value| >= 2^-6 x scale, e4m3's normal range; below it
+the step is a fixed 2^-9 x scale) where day 15's int8 (one scale per token, tinygpt.quant.
 quantize_kv) has an absolute error step of amax / 127 per token. torch's cast saturates at 448
 on the CPU, so a value beyond the scale's range would be clamped silently; the scale here always
 covers the data it was computed from, and `quantize_kv_fp8` with a given (calibrated) scale

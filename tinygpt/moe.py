@@ -226,6 +226,45 @@ def dropped_pairs(experts: torch.Tensor, n_experts: int, capacity: int) -> int:
 # the layer
 
 
+def _check_moe_args(d_model, n_experts, top_k, d_expert, router, renormalize, n_group,
+                    topk_group, scale, d_shared) -> None:
+    """MoE's arguments, checked up front with ModelConfig's messages: TypeError for a wrong
+    type, ValueError for a bad value."""
+    if router not in ROUTERS:
+        raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"renormalize must be True or False, got {renormalize!r}")
+    ints = dict(d_model=d_model, n_experts=n_experts, top_k=top_k, d_expert=d_expert,
+                n_group=n_group, topk_group=topk_group, d_shared=d_shared)
+    for name, value in ints.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+    for name in ("d_model", "n_experts", "d_expert"):
+        if ints[name] < 1:
+            raise ValueError(f"{name} must be >= 1, got {ints[name]!r}")
+    if d_shared < 0:
+        raise ValueError(f"d_shared must be >= 0, got {d_shared!r}")
+    if not 1 <= top_k <= n_experts:
+        raise ValueError(f"top_k must be in [1, n_experts={n_experts}], got {top_k!r}")
+    if isinstance(scale, bool) or not isinstance(scale, int | float):
+        raise TypeError(f"scale must be a number, got {scale!r}")
+    if not 0 < scale < math.inf:
+        raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+    if router == "softmax":
+        for name, value in (("n_group", n_group), ("topk_group", topk_group), ("scale", scale)):
+            if value != 1:
+                raise ValueError(f"{name} must be 1 with router 'softmax' (groups and a scale "
+                                 f"are 'sigmoid_groups' options), got {value!r}")
+        return
+    e, g = n_experts, n_group
+    if g < 1 or e % g or e // g < 2:
+        raise ValueError(f"n_group must divide n_experts={e} into groups of at least 2 "
+                         f"experts, got {g!r}")
+    if not 1 <= topk_group <= g or top_k > topk_group * (e // g):
+        raise ValueError(f"topk_group must be in [1, n_group={g}] and keep at least "
+                         f"top_k={top_k} experts eligible, got {topk_group!r}")
+
+
 class MoE(nn.Module):
     """A mixture-of-experts feed-forward layer: router, E SwiGLU experts, optional shared expert.
 
@@ -234,17 +273,17 @@ class MoE(nn.Module):
     `e_score_correction_bias`). d_shared > 0 adds a shared SwiGLU expert every token goes
     through (DeepSeek-V3: n_shared_experts * d_expert wide). `last_experts` holds the experts the
     most recent forward chose (N, k) and `last_ran` those whose weights it read, for measuring
-    what a step reads (MoEDecode, the decode steps' path, sets both too).
+    what a step reads (MoEDecode, the decode steps' path, sets both too). Bad arguments are
+    refused up front, with ModelConfig's messages (n_group, topk_group and scale other than 1
+    need router "sigmoid_groups").
     """
 
     def __init__(self, d_model: int, n_experts: int, top_k: int, d_expert: int,
                  router: str = "softmax", renormalize: bool = True, n_group: int = 1,
                  topk_group: int = 1, scale: float = 1.0, d_shared: int = 0) -> None:
         super().__init__()
-        if router not in ROUTERS:
-            raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
-        if not 1 <= top_k <= n_experts:
-            raise ValueError(f"top_k must be in [1, n_experts={n_experts}], got {top_k}")
+        _check_moe_args(d_model, n_experts, top_k, d_expert, router, renormalize, n_group,
+                        topk_group, scale, d_shared)
         self.n_experts, self.top_k, self.d_expert = n_experts, top_k, d_expert
         self.router, self.renormalize, self.scale = router, renormalize, scale
         self.n_group, self.topk_group = n_group, topk_group

@@ -39,7 +39,7 @@ from tinygpt.model import ModelConfig
 from tinygpt.parallel.comm import COMM
 from tinygpt.parallel.model import shard_model
 from tinygpt.parallel.ranks import run_ranks
-from tinygpt.parallel.sharding import plan_heads
+from tinygpt.parallel.sharding import _check_d_ff, plan_heads
 from tinygpt.parallel.source import load_source
 
 # SmolLM2-135M-Instruct's shape (the course's real model: its GGUF's metadata): 30 layers,
@@ -118,8 +118,13 @@ def ring_allreduce_seconds(nbytes: float, world_size: int, link) -> float:
 
 
 def allgather_seconds(nbytes: float, world_size: int, link) -> float:
-    """Time of a ring all-gather whose result is `nbytes` (each rank sends (p-1)/p of it)."""
+    """Time of a ring all-gather whose result is `nbytes` (each rank sends (p-1)/p of it):
+    latency + (p - 1) / p x nbytes / bandwidth, 0 for p = 1."""
     link = _check_link(link)
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if not nbytes >= 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
     if world_size == 1:
         return 0.0
     return link.latency + (world_size - 1) / world_size * nbytes / link.bandwidth
@@ -158,17 +163,20 @@ def tp_decode_estimate(cfg: ModelConfig, hw, link, world_size: int, batch: int =
     """The decode step of `cfg` split over `world_size` devices of kind `hw` (a
     tinygpt.roofline.Hardware or its name) joined by `link` (a Link or a LINKS name).
 
-    Compute: the roofline's decode step (tinygpt.roofline.decode_estimate) over p: each
-    device reads 1/p of the weights and of the KV cache (replicated KV heads are counted
-    once per replica). Communication: 2 L + 1 ring all-reduces of batch x D values and one
-    all-gather of the batch's V logits, at `link`'s bandwidth and latency. Tensor parallelism
-    lowers the latency when the compute saved, t1 (1 - 1/p), exceeds what the messages add.
+    Compute: the roofline's decode step (tinygpt.roofline.decode_estimate) over p, as if each
+    device read 1/p of the weights and of the KV cache. Past p = n_kv_heads a device holds a
+    replica of one KV head, more than 1/p of the cache: compute_seconds does not count that
+    (kv_bytes_per_device does). Communication: 2 L + 1 ring all-reduces of batch x D values
+    and one all-gather of the batch's V logits, at `link`'s bandwidth and latency. Tensor
+    parallelism lowers the latency when the compute saved, t1 (1 - 1/p), exceeds what the
+    messages add. ValueError for a degree the sharding refuses (plan_heads, d_ff).
     """
     from tinygpt import flops as F
     from tinygpt.roofline import decode_estimate, get_hardware
 
     hw = get_hardware(hw) if isinstance(hw, str) else hw
     plan = plan_heads(cfg, 0, world_size)
+    _check_d_ff(cfg, world_size)
     one = decode_estimate(cfg, hw, batch, context_len, dtype)
     compute = one.seconds / world_size
     n_ar = 2 * cfg.n_layers + (1 if world_size > 1 else 0)

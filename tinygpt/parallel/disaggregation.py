@@ -5,7 +5,7 @@
     compare_disaggregation     the decode inter-token latency of the short requests: the
                                colocated day-17 engine without and with chunked prefill,
                                against a prefill rank shipping paged KV blocks to a decode
-                               rank; the same greedy tokens required of all three
+                               rank; and whether all three gave the same greedy tokens
 """
 
 from __future__ import annotations
@@ -147,12 +147,17 @@ def _disaggregated_rank(rank: int, world_size: int, source, workload: Workload,
                 cache.k[:, mine], cache.v[:, mine] = k, v
                 cache.lengths[i] = length
                 tokens[i], times[i] = [first], [time.perf_counter()]
-                active.append(i)
+                if workload.max_new_tokens[i] > 1:
+                    active.append(i)
+                else:                                   # the prefill's token was the last
+                    cache.free(i)
                 received += 1
                 pending = None
                 if received < n:
                     header = torch.zeros(4, dtype=torch.long)
                     pending = dist.irecv(header, src=0)
+            if not active:          # then every request is done: the loop above waits for
+                continue            # the next one's blocks while none is active
             work = []
             for i in active:
                 cache.reserve(i, 1)

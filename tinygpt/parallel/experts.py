@@ -246,9 +246,11 @@ class ExpertParallelMoE(nn.Module):
         # 5. combine: the outputs back to their home ranks, in the order they were sent
         back = flat.new_empty(len(tokens), d)
         self._alltoall(back, done, send_splits, recv_splits)
-        # 6. the routing weights on the home rank, the k rows of a token summed
+        # 6. the routing weights on the home rank, the k rows of a token summed (in float32,
+        # or x's dtype when wider: a float64 run stays float64, as in tinygpt.moe)
+        acc = torch.promote_types(back.dtype, torch.float32)
         out = torch.zeros_like(local)
-        out.index_add_(0, tokens, (back.float() * weights.reshape(-1)[order, None])
+        out.index_add_(0, tokens, (back.to(acc) * weights.reshape(-1)[order, None].to(acc))
                        .to(x.dtype))
         if self.moe.shared is not None:
             out = out + self.moe.shared(local)
@@ -288,7 +290,9 @@ def expert_parallel_model(model: TinyGPT, rank: int | None = None,
     rank's E / p experts (the other experts are dropped with the full layer); everything else
     stays, replicated. rank and world_size default to the process group's. generate(), the
     KV cache and decode_step run on the result unchanged, every rank calling them with the
-    same inputs (its fused decode fast paths are off: they do not know MoE layers)."""
+    same inputs (its fused decode fast paths are off: they run a tinygpt.moe.MoE layer
+    through MoEDecode, but an ExpertParallelMoE is not a MoE, so they would take it for a
+    SwiGLU)."""
     if not isinstance(model, TinyGPT):
         raise TypeError(f"model must be a TinyGPT, got {type(model).__name__}")
     rank, world_size = _rank_and_size(rank, world_size, group)

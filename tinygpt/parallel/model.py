@@ -147,9 +147,11 @@ def _hidden(model: TinyGPT, prompt: list[int]) -> torch.Tensor:
 
 
 def _tp_check_rank(rank: int, world_size: int, source, prompts: list[list[int]],
-                   max_new_tokens: int) -> dict | None:
-    """A rank of tp_check: the shard's logits, greedy tokens through generate() and through
-    the engine. Rank 0 returns them; the others return whether their tokens equal rank 0's."""
+                   max_new_tokens: int) -> dict:
+    """A rank of tp_check; every rank returns the same keys for its own shard: logits,
+    greedy tokens through generate() and through the engine, kv_heads (its cache's), plan,
+    argmax_agree (distributed_argmax of the last positions equals argmax of its logits) and
+    ranks_agree (every rank's tokens and last logits' sums equal, gathered from all ranks)."""
     from tinygpt.engine import Engine
     from tinygpt.generate import generate
     from tinygpt.sampling import SamplingParams
@@ -181,7 +183,9 @@ def tp_check(source, world_size: int, prompts: list[list[int]], max_new_tokens: 
              timeout_s: float = 120.0) -> dict:
     """Run the model from `source` (see load_source) tensor-parallel over `world_size` local
     ranks. Returns rank 0's dict: logits (per prompt (T, V)), tokens (greedy generate()),
-    engine_tokens (greedy through the day-17 engine), kv_heads (per rank), plan, and
-    ranks_agree (every rank saw the same tokens and logits)."""
+    engine_tokens (greedy through the day-17 engine), kv_heads (the KV heads rank 0's cache
+    holds: its own, or 1 replica), plan (rank 0's HeadPlan), argmax_agree (the vocabulary-
+    parallel distributed_argmax of the last positions equals argmax of the gathered logits)
+    and ranks_agree (every rank saw the same tokens and last-position logit sums)."""
     return run_ranks(_tp_check_rank, world_size, source, prompts, max_new_tokens,
                      timeout_s=timeout_s)[0]

@@ -48,7 +48,7 @@ def _pipeline_rank(rank: int, world_size: int, source, ids: torch.Tensor,
     model = load_source(source)
     cfg = model.cfg
     layers = [model.layers[i] for i in stage_layers(cfg.n_layers, rank, world_size)]
-    chunks = ids.chunk(micro_batches)
+    chunks = ids.tensor_split(micro_batches)            # exactly m pieces (chunk may give fewer)
     T = ids.shape[1]
     cos, sin = model.rope_cos[:T], model.rope_sin[:T]
     busy: list[tuple[float, float]] = []
@@ -62,7 +62,8 @@ def _pipeline_rank(rank: int, world_size: int, source, ids: torch.Tensor,
                 t0 = time.perf_counter()
                 x = model.tok_embeddings(chunk)
             else:
-                x = torch.empty(chunk.shape[0], T, cfg.d_model)
+                x = torch.empty(chunk.shape[0], T, cfg.d_model,
+                                dtype=model.tok_embeddings.weight.dtype)
                 dist.recv(x, src=rank - 1)              # waiting here is the bubble
                 t0 = time.perf_counter()
             for layer in layers:
@@ -98,9 +99,15 @@ def pipeline_run(source, world_size: int, ids: torch.Tensor, micro_batches: int,
     """Run ids (B, T) through the model from `source` split into `world_size` pipeline stages
     (local ranks, send/recv), fed as `micro_batches` micro-batches; measure the idle share.
 
-    Clocks: time.perf_counter is the system's monotonic clock, shared by local processes, so
-    the stages' intervals are comparable. Sending counts as idle time.
+    The B rows split into exactly `micro_batches` micro-batches (torch.tensor_split: B = 5
+    in 4 gives 2, 1, 1, 1 rows). Clocks: time.perf_counter is the system's monotonic clock,
+    shared by local processes, so the stages' intervals are comparable. Sending counts as idle
+    time.
     """
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int):
+        raise TypeError(f"micro_batches must be an int >= 1, got {micro_batches!r}")
+    if micro_batches < 1:
+        raise ValueError(f"micro_batches must be an int >= 1, got {micro_batches!r}")
     if ids.ndim != 2 or ids.shape[0] < micro_batches:
         raise ValueError(f"ids must be (B, T) with B >= micro_batches ({micro_batches}), got "
                          f"{tuple(ids.shape)}")
@@ -109,6 +116,6 @@ def pipeline_run(source, world_size: int, ids: torch.Tensor, micro_batches: int,
     start = min(o["start"] for o in out)
     makespan = max(o["end"] for o in out) - start
     busy = tuple(sum(b - a for a, b in o["busy"]) for o in out)
-    return PipelineRun(world_size, micro_batches, busy, makespan,
-                       1 - sum(busy) / (world_size * makespan),
-                       bubble_fraction(world_size, micro_batches), out[-1]["logits"])
+    ran = len(out[0]["busy"])                       # the micro-batches the stages ran
+    return PipelineRun(world_size, ran, busy, makespan, 1 - sum(busy) / (world_size * makespan),
+                       bubble_fraction(world_size, ran), out[-1]["logits"])

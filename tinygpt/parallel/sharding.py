@@ -84,6 +84,13 @@ def _rows(weight: torch.Tensor, start: int, end: int, padded: int | None = None
     return out
 
 
+def _check_d_ff(cfg: ModelConfig, world_size: int) -> None:
+    """ValueError unless the tensor-parallel degree divides d_ff (each rank owns a slice)."""
+    if cfg.d_ff % world_size:
+        raise ValueError(f"the tensor-parallel degree ({world_size}) must divide d_ff "
+                         f"({cfg.d_ff})")
+
+
 def shard_state_dict(state: Mapping[str, torch.Tensor], cfg: ModelConfig, rank: int,
                      world_size: int) -> dict[str, torch.Tensor]:
     """Rank `rank`'s part of a TinyGPT state dict, under the same keys.
@@ -94,9 +101,7 @@ def shard_state_dict(state: Mapping[str, torch.Tensor], cfg: ModelConfig, rank: 
     shape; norms: whole. ValueError when the degree does not divide the heads or d_ff.
     """
     plan = plan_heads(cfg, rank, world_size)
-    if cfg.d_ff % world_size:
-        raise ValueError(f"the tensor-parallel degree ({world_size}) must divide d_ff "
-                         f"({cfg.d_ff})")
+    _check_d_ff(cfg, world_size)
     hd, ff = cfg.head_dim, cfg.d_ff // world_size
     q0, q1 = plan.q_start * hd, (plan.q_start + plan.n_heads) * hd
     k0, k1 = plan.kv_start * hd, (plan.kv_start + plan.n_kv_heads) * hd
