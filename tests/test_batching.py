@@ -8,6 +8,7 @@ timelines and the properties static and continuous batching must show."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -29,7 +30,13 @@ from tinygpt.batching import (
     roofline_step_time,
     simulate,
 )
-from tinygpt.bench.metrics import inter_token_latencies, ttft
+from tinygpt.bench.metrics import (
+    RequestTrace,
+    inter_token_latencies,
+    request_metrics,
+    tokens_per_second,
+    ttft,
+)
 from tinygpt.flops import weights_read_bytes
 from tinygpt.generate import generate
 from tinygpt.kv_cache import KVCache
@@ -435,6 +442,22 @@ def test_simulator_by_hand():
     assert static.slot_utilisation == pytest.approx(4 / 7)
     one = simulate(reqs, "continuous", 1, constant(1.0))
     assert [t.token_times for t in one.traces] == [(1.0, 2.0, 3.0), (4.0,)]
+
+
+def test_a_zero_second_step_gives_an_infinite_token_rate():
+    """A step time of 0 stamps every token of a request at its arrival: n / e2e is inf, and
+    day 12's request metrics of a run with such requests hold inf, not a ZeroDivisionError
+    or the nan of 0 x inf in a percentile."""
+    reqs = [Request(0.0, 4, 3), Request(2.0, 2, 1)]
+    traces = simulate(reqs, "continuous", 2, constant(0.0)).traces
+    assert [t.token_times for t in traces] == [(0.0, 0.0, 0.0), (2.0,)]
+    assert tokens_per_second(traces[0]) == math.inf
+    timed = RequestTrace(1.0, (1.5, 2.0))                       # 2 tokens in 1 s
+    metrics = request_metrics([*traces, timed], ttft_slo=1.0, tpot_slo=1.0)
+    inf = math.inf
+    assert metrics["tokens_per_s"] == {"n": 3, "mean": inf, "min": 2.0, "p50": inf,
+                                       "p90": inf, "p99": inf, "max": inf}
+    assert metrics["goodput_rps"] == 3 / 2.0                    # all 3 met, over 0 .. 2 s
 
 
 def test_admit_policies():

@@ -146,8 +146,9 @@ def test_activation_rounding_is_eight_bits_per_block():
 
 
 def test_q8_0_matches_the_gguf_package_and_the_kernel_multiplies_its_values(threads):
-    """Our Q8_0 rounding equals llama.cpp's (the gguf package's reference quantizer), and the
-    kernel on Q8_0 tiles equals F.linear on the dequantized weights and the 8-bit x."""
+    """Our Q8_0 rounding equals llama.cpp's (the gguf package's reference quantizer), halves
+    rounded away from zero included, and the kernel on Q8_0 tiles equals F.linear on the
+    dequantized weights and the 8-bit x."""
     gguf = pytest.importorskip("gguf")
     w = weights(80, 96) + weights(80, 96, seed=5) ** 3
     q, d = ck.quantize_q8_0(w)
@@ -155,6 +156,11 @@ def test_q8_0_matches_the_gguf_package_and_the_kernel_multiplies_its_values(thre
     kind = gguf.GGMLQuantizationType.Q8_0
     reference = gguf.quants.dequantize(gguf.quants.quantize(w.numpy(), kind), kind)
     assert torch.equal(ours, torch.from_numpy(reference))
+    ties = torch.zeros(2, 32)                   # w / d = 127, 0.5, 2.5, -1.5 with d = 1, 1/4
+    ties[:, :4] = torch.tensor([[127, 0.5, 2.5, -1.5], [31.75, 0.125, 0.625, -0.375]])
+    blocks = torch.from_numpy(gguf.quants.quantize(ties.numpy(), kind))    # (2, 2 + 32)
+    assert torch.equal(ck.quantize_q8_0(ties)[0], blocks[:, 2:].view(torch.int8))
+    assert ck.quantize_q8_0(ties)[0][:, :4].tolist() == [[127, 1, 3, -2]] * 2
     tiled = ck.TiledLinear(w, fmt="q8_0")
     for rows in (1, 2, 3, 4):
         check_integer_product(tiled, weights(rows, 96, seed=rows), ours)
@@ -445,10 +451,11 @@ def test_a_q4_1_model_decodes_from_its_blocks_and_tracks_its_own_forward():
         ck.q4_1_model(model, {"nope.weight": given})
 
 
-def test_decode_agreement_measures_the_decode_path():
+def test_decode_agreement_measures_the_decode_path(monkeypatch):
     """The bench's agreement (tinygpt.bench.smollm2.decode_agreement) runs the decode step
     generate() runs: the float32 model agrees with its own forward everywhere, a model with a
-    different head does not."""
+    different head does not, and neither does the same model whose decode step alone is
+    wrong (the forward and the prefill untouched: only the first new token still agrees)."""
     from tinygpt.bench.smollm2 import decode_agreement
 
     model, tokenizer = load_pretrained()
@@ -458,6 +465,9 @@ def test_decode_agreement_measures_the_decode_path():
     with torch.no_grad():
         other.output.weight.copy_(other.output.weight.roll(1, 0))
     assert decode_agreement(model, other, prompts, 6) < 0.5
+    step = DecodeStep.__call__
+    monkeypatch.setattr(DecodeStep, "__call__", lambda self, token: step(self, token).roll(1, -1))
+    assert decode_agreement(model, model, prompts, 6) < 0.5
 
 
 # (query heads, kv heads, head_dim): attention.h's paths, the vector ones (head_dim 32, 64,

@@ -1,14 +1,16 @@
 """The device-side sampler (tinygpt/device_sampling.py) against tinygpt.sampling: the same kept
 sets, the same distribution (a seeded chi-square test, with a wrong sampler as the control),
 greedy rows exact, and no host synchronization (checked on CPU with a dispatch mode that fails
-on any tensor-to-Python read)."""
+on any op a capturing CUDA stream refuses). Also tinygpt.pick_device / usable_device, which
+check a --device before any CUDA call."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+import tinygpt
+from tests.test_captured import _Recorder
 from tinygpt import sampling as S
 from tinygpt.device_sampling import (
     fast_path_refusal,
@@ -112,13 +114,19 @@ def test_greedy_rows_take_the_argmax_and_sampled_rows_are_seeded():
     assert a[0] == 3 and a[2] == torch.argmax(logits[2])
 
 
-class NoHostReads(TorchDispatchMode):
-    """Fails on any op that copies a tensor's value to Python (.item(), bool(), .tolist())."""
+class NoHostReads(_Recorder):
+    """Fails on any op a capturing CUDA stream refuses: tests/test_captured.py's _Recorder
+    (a copy to the host, a tensor made from Python data, nonzero, masked_select, boolean
+    indexing), and torch.unique, whose output size also depends on the values."""
+
+    REFUSED = _Recorder.REFUSED | {"aten._unique.default", "aten._unique2.default",
+                                   "aten.unique_dim.default", "aten.unique_consecutive.default"}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default):
-            raise AssertionError(f"host synchronization: {func}")
-        return func(*args, **(kwargs or {}))
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.syncs:
+            raise AssertionError(f"host synchronization: {self.syncs[0]}")
+        return out
 
 
 def test_sampling_never_reads_a_tensor_value_on_the_host():
@@ -132,6 +140,21 @@ def test_sampling_never_reads_a_tensor_value_on_the_host():
         S.sample_next_token(logits[:1], S.SamplingParams(top_p=0.9), generator)
 
 
+@pytest.mark.parametrize("sync", [lambda x: x[x > 0], torch.nonzero, torch.unique,
+                                  lambda x: torch.masked_select(x, x > 0),
+                                  lambda x: torch.tensor(0.5)],
+                         ids=["boolean-index", "nonzero", "unique", "masked_select", "tensor"])
+def test_no_host_reads_refuses_what_a_capture_refuses(sync):
+    """The control: a sampler that keeps its tokens by a value-sized op fails the test above."""
+    def syncing_sampler(logits, params, generator):
+        sync(logits)
+        return sample_rows(logits, params, generator)
+
+    params = row_params([S.SamplingParams(0.7)] * 3)
+    with pytest.raises(AssertionError, match="host synchronization"), NoHostReads():
+        syncing_sampler(torch.randn(3, 40), params, torch.Generator().manual_seed(0))
+
+
 def test_requests_that_need_the_host_path_are_refused_by_name():
     assert fast_path_refusal(S.SamplingParams(top_p=0.5)) is None
     for knob in ("repetition_penalty", "frequency_penalty", "presence_penalty", "typical_p"):
@@ -140,6 +163,8 @@ def test_requests_that_need_the_host_path_are_refused_by_name():
             row_params([S.SamplingParams(), S.SamplingParams(**{knob: value})])
     with pytest.raises(TypeError, match="sequence of SamplingParams"):
         row_params(S.SamplingParams())
+    with pytest.raises(TypeError, match=r"params\[1\] must be a SamplingParams, got dict"):
+        row_params([S.SamplingParams(), {"temperature": 1.0}])
     with pytest.raises(ValueError, match="one row per logits row"):
         sample_rows(torch.zeros(2, 5), row_params([S.SamplingParams()]))
 
@@ -151,6 +176,25 @@ def test_copy_into_fixed_buffers_keeps_their_addresses():
     assert buffers.top_p.data_ptr() == address and buffers.top_p.tolist() == [0.5, 1.0]
     with pytest.raises(ValueError, match="batch 2"):
         buffers.copy_(row_params([S.SamplingParams()]))
+
+
+def test_a_device_name_is_checked_before_any_cuda_call(monkeypatch):
+    def no_cuda():
+        raise AssertionError("a CUDA call")
+
+    monkeypatch.setattr(torch.cuda, "is_available", no_cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", no_cuda)
+    for name in ("cuda:abc", "cuda:", "cuda:-1", "cuda:01", "cuda:128", "gpu"):
+        with pytest.raises(ValueError, match=r"device must be one of .* 'cuda:1', got"):
+            tinygpt.pick_device(name)
+        with pytest.raises(ValueError, match="^--device: device must be one of"):
+            tinygpt.usable_device(name)
+    assert tinygpt.pick_device("cuda:1") == torch.device("cuda", 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)      # a one-GPU machine
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert tinygpt.usable_device("cuda:0") == torch.device("cuda", 0)
+    with pytest.raises(ValueError, match=r"--device cuda:7: this machine has 1 CUDA device"):
+        tinygpt.usable_device("cuda:7")
 
 
 @pytest.mark.gpu

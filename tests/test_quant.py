@@ -6,6 +6,7 @@ the outside reference for the schemes' error."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import warnings
 
@@ -34,6 +35,14 @@ def small_model(seed: int = 0, d_ff: int = 96, tie: bool = False, d_model: int =
     cfg = ModelConfig(vocab_size=64, d_model=d_model, n_layers=2, n_heads=4, n_kv_heads=2,
                       d_ff=d_ff, max_seq_len=64, tie_embeddings=tie)
     return TinyGPT(cfg, seed=seed).eval()
+
+
+def mla_model() -> TinyGPT:
+    """small_model's shape with day 21's multi-head latent attention."""
+    cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, d_ff=96,
+                      max_seq_len=64, attention="mla", kv_lora_rank=32, qk_rope_head_dim=8,
+                      qk_nope_head_dim=16, v_head_dim=16)
+    return TinyGPT(cfg, seed=0).eval()
 
 
 def dequantized_float64(model: TinyGPT, quantized: TinyGPT) -> TinyGPT:
@@ -494,6 +503,26 @@ def test_int8_kv_cache_static_path_and_misuse():
         step(ids[:, :1])
 
 
+def test_int8_kv_cache_narrowed_views_the_same_buffers():
+    model = small_model()
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(4))
+    static = Q.QuantizedKVCache.for_model(model, 1, 16, static=True)
+    view = static.narrowed(8)
+    assert view.max_len == 8 and view.layers[0].k_q.shape[2] == 8
+    full = prefill(model, Q.QuantizedKVCache.for_model(model, 1, 16, static=True), ids)
+    torch.testing.assert_close(prefill(model, view, ids), full, rtol=1e-5, atol=1e-5)
+    written = static.layers[0].k_q[:, :, :6]        # the view's writes landed in `static`
+    assert bool((written != 0).any()) and torch.equal(written, view.layers[0].k_q[:, :, :6])
+
+
+def test_int8_kv_cache_for_model_refuses_rolling_and_latent_caches():
+    windowed = TinyGPT(dataclasses.replace(small_model().cfg, sliding_window=8))
+    with pytest.raises(ValueError, match="rolling must be False"):
+        Q.QuantizedKVCache.for_model(windowed, 1, 32, rolling=True)
+    with pytest.raises(ValueError, match="model must not use multi-head latent attention"):
+        Q.QuantizedKVCache.for_model(mla_model(), 1, 16)
+
+
 # --------------------------------------------------------------------------------------------
 # torchao, the outside reference
 
@@ -539,6 +568,11 @@ def test_torchao_refusals_name_the_reason():
     pytest.importorskip("torchao")
     reference, reason = Q.torchao_quantize(model, "int4-g64")
     assert reference is None and "divisible" in reason and "96" in reason
+    tied = small_model(tie=True)
+    reference, reason = Q.torchao_quantize(tied, "int8", lm_head=True)
+    assert reference is None and "tie_embeddings" in reason
+    reference, reason = Q.torchao_quantize(mla_model(), "int8")
+    assert reference is None and "attention='mla'" in reason
 
 
 # --------------------------------------------------------------------------------------------

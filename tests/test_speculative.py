@@ -199,7 +199,11 @@ def test_both_caches_are_rolled_back_to_the_accepted_length():
     assert sum(r.stats.proposed) > sum(r.stats.accepted)     # some drafts were rejected
     context = prompt + r.token_ids
     n = drafter.cache.length
-    assert n <= len(context) - 1
+    # every draft here is rejected at its first position, so the drafter never read the last
+    # two tokens: the target's token for the last rejected draft, and the final round's (that
+    # round drafts nothing). Measured: 35 of 37 positions. The lower bound also keeps the
+    # comparison below off an empty cache.
+    assert len(context) - 2 <= n <= len(context) - 1
     fresh = KVCache.for_model(other, 1)
     other64 = copy.deepcopy(other).double()
     exact = KVCache.for_model(other64, 1)

@@ -11,10 +11,13 @@ One module per concept, named after the course day that finishes it:
     train       day 06  the training loop, checkpoints and load_pretrained()
     sampling    day 07  temperature, top-k/p, min-p, typical, penalties
     generate    day 08  the generate loop, stop conditions, streaming
+    detokenize  day 08  a streamed reply's text kept current one token at a time (ReplyText)
     flops       day 09  parameter, FLOP and byte counts
     roofline    day 10  hardware table, roofline model, measured local roofline
     kv_cache    day 11  the static KV cache, prefill and cached decode, KV memory
     captured    day 11  the decode loop on a GPU: one CUDA graph per capacity bucket, replayed
+    cpu_kernels day 11  the C decode products: tiled weights (fp32, bf16, Q8_0, Q4_1), every
+                        product split over the cores
     bench       day 12  TTFT, TPOT, percentiles, goodput; the course's speed targets (a package)
     metrics     day 12  one request's TTFT, TPOT and inter-token latencies (bench uses them)
     batching    day 13  padded batches, batched KV cache, beam search, batching simulator
@@ -22,11 +25,13 @@ One module per concept, named after the course day that finishes it:
     quant       day 15  int8 / int4 weight-only quantization, quantized linear, int8 KV cache
     flash       day 16  online softmax, tiled attention, memory-traffic counts
     paged       day 16  the paged KV cache: block pool, block tables, prefix sharing
-    triton_attention    day 16  a Triton kernel for the tiled attention forward (GPU or interpreter)
+    triton_attention    day 16  a Triton kernel for the tiled attention forward (GPU or
+                        interpreter); in README.md and the tests, not in the notebook
     scheduler   day 17  the engine's step policy: decodes first, chunked prefill, admission,
                         preemption
     runner      day 17  one forward pass over every scheduled token on the paged cache
     engine      day 17  continuous batching (Engine, AsyncEngine) and the reference SerialEngine
+    cpu_gemm    day 17  the engine's many-row products and paged attention in C, on the CPU
     server      day 17  python -m tinygpt serve: an OpenAI-compatible HTTP server (a package)
     parallel    day 18  tensor and pipeline parallelism on local ranks, the cost model (a package)
     constrained day 19  a regex subset as a DFA, the vocabulary walk, masks, forced tokens
@@ -39,6 +44,7 @@ One module per concept, named after the course day that finishes it:
     hf_rope     day 21  RoPE scalings (positions: linear, dynamic, YaRN, Llama 3.1) and windows
                         of Hugging Face configs (Llama rope_scaling, Mistral, Mixtral)
     device_sampling     the token choice of a captured GPU step: per-row knobs, no host sync
+    native              the C kernels (csrc/*.c): compiled on first use, loaded, threads started
     gguf                GGUF files: metadata, our own dequantization, a Llama GGUF as TinyGPT
     gguf_tokenizer      the byte-level BPE tokenizer and chat template stored in a GGUF file
     loading             a name or path -> (model, tokenizer, info): tinygpt, smollm2, .gguf, folders
@@ -82,7 +88,8 @@ def load_pretrained(*args, **kwargs):
 
 def usable_device(name: str):
     """pick_device(name), refused with a ValueError when this machine cannot run it (a
-    command line's --device: cuda without CUDA, mps without Apple's MPS)."""
+    command line's --device: cuda without CUDA, cuda:N without an N-th GPU, mps without
+    Apple's MPS)."""
     import torch
 
     try:
@@ -92,19 +99,30 @@ def usable_device(name: str):
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: CUDA is not available here (torch "
                          f"{torch.__version__}); the choices are cpu, cuda, mps")
+    if device.type == "cuda" and device.index is not None \
+            and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA "
+                         f"device(s), cuda:0 .. cuda:{torch.cuda.device_count() - 1}")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"--device {name}: Apple's MPS is not available here")
     return device
 
 
 def pick_device(prefer: str | None = None):
-    """Return a torch.device: `prefer` if given, else CUDA, then MPS, then CPU."""
+    """Return a torch.device: `prefer` if given, else CUDA, then MPS, then CPU. `prefer` is
+    'cpu', 'cuda' or 'mps', optionally with a device index 0 .. 127 ('cuda:1'); anything else
+    is a ValueError, raised before any CUDA call (usable_device checks the machine has it)."""
+    import re
+
     import torch
 
     if prefer is not None:
         allowed = ("cpu", "cuda", "mps")
-        if str(prefer).split(":")[0] not in allowed:
-            raise ValueError(f"device must be one of {allowed} (or 'cuda:N'), got {prefer!r}")
+        kind, colon, index = str(prefer).partition(":")
+        if kind not in allowed or colon and not (re.fullmatch(r"0|[1-9][0-9]*", index)
+                                                 and int(index) < 128):    # torch's int8 index
+            raise ValueError(f"device must be one of {allowed}, optionally with a device index "
+                             f"0 .. 127 as in 'cuda:1', got {prefer!r}")
         return torch.device(prefer)
     if torch.cuda.is_available():
         return torch.device("cuda")

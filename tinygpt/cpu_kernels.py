@@ -104,17 +104,20 @@ set_threads = _library.set_threads  # split every product over n threads from no
 
 def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """llama.cpp's Q8_0 on the rows of W (N, K), K a multiple of 32: per row and block of 32
-    columns d = max |w| / 127 and q = round(w / d) in [-127, 127]; d is then stored as a
-    float16 (as in a GGUF file). Returns (q int8 (N, K), d float32 (N, K / 32)), the float32
-    holding the float16 value exactly; W ~ q * d."""
+    columns d = max |w| / 127 and q = round(w * (1 / d)) in [-127, 127], in float32 and with
+    halves rounded away from zero, as ggml's roundf and the gguf package's np_roundf (the same
+    q, bit for bit); d is then stored as a float16 (as in a GGUF file). Returns (q int8 (N, K),
+    d float32 (N, K / 32)), the float32 holding the float16 value exactly; W ~ q * d."""
     n, k = weight.shape
     if k % Q_BLOCK:
         raise ValueError(f"Q8_0 needs in_features a multiple of {Q_BLOCK}, got {k}")
     blocks = weight.detach().float().reshape(n, k // Q_BLOCK, Q_BLOCK)
     d = blocks.abs().amax(-1) / 127
     inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
-    q = torch.round(blocks * inverse[..., None]).clamp(-127, 127).to(torch.int8)
-    return q.reshape(n, k), d.half().float()
+    x = blocks * inverse[..., None]
+    whole = x.abs().floor()                 # np_roundf: |x|'s whole part, + 1 from a half up
+    q = x.sign() * (whole + (2 * (x.abs() - whole)).floor())
+    return q.clamp(-127, 127).to(torch.int8).reshape(n, k), d.half().float()
 
 
 def dequantize_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:

@@ -79,11 +79,14 @@ def fast_path_refusal(params: SamplingParams) -> str | None:
 
 def row_params(params: Sequence[SamplingParams], device: torch.device | str = "cpu"
                ) -> RowParams:
-    """RowParams for one SamplingParams per row. Raises ValueError (naming the knob) for a
-    request that needs the host path; see fast_path_refusal."""
+    """RowParams for one SamplingParams per row. Raises TypeError when params is not a
+    non-empty sequence or one of its elements is not a SamplingParams, and ValueError (naming
+    the knob) for a request that needs the host path; see fast_path_refusal."""
     if isinstance(params, SamplingParams) or not isinstance(params, Sequence) or not params:
         raise TypeError("params must be a non-empty sequence of SamplingParams (one per row)")
     for i, p in enumerate(params):
+        if not isinstance(p, SamplingParams):
+            raise TypeError(f"params[{i}] must be a SamplingParams, got {type(p).__name__}")
         why = fast_path_refusal(p)
         if why is not None:
             raise ValueError(f"params[{i}]: {why}")

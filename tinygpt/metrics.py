@@ -74,15 +74,20 @@ def e2e_latency(trace: RequestTrace) -> float:
 
 
 def tokens_per_second(trace: RequestTrace) -> float:
-    """Output tokens per second of one request: n / e2e latency."""
-    return trace.n_tokens / e2e_latency(trace)
+    """Output tokens per second of one request: n / e2e latency, math.inf when that latency
+    is 0 (every token stamped at `start`: a clock too coarse to tell them apart, or a
+    simulated step of 0 seconds)."""
+    e2e = e2e_latency(trace)
+    return trace.n_tokens / e2e if e2e > 0 else math.inf
 
 
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-th percentile (0 <= q <= 100) with linear interpolation between order statistics.
 
     Sorted values v_0 .. v_{n-1}: position p = q / 100 * (n - 1), answer v_floor(p) +
-    (p - floor(p)) * (v_ceil(p) - v_floor(p)). Same as numpy.percentile's default.
+    (p - floor(p)) * (v_ceil(p) - v_floor(p)), or v_floor(p) when p is whole or the two are
+    equal (so an infinite value gives inf, not 0 * inf = nan). Same as numpy.percentile's
+    default on finite values.
     """
     if isinstance(q, bool) or not isinstance(q, int | float) or not 0 <= q <= 100:
         raise ValueError(f"q must be a number in [0, 100], got {q!r}")
@@ -92,6 +97,8 @@ def percentile(values: Sequence[float], q: float) -> float:
     position = q / 100 * (len(ordered) - 1)
     low = math.floor(position)
     high = min(low + 1, len(ordered) - 1)
+    if position == low or ordered[high] == ordered[low]:
+        return ordered[low]
     return ordered[low] + (position - low) * (ordered[high] - ordered[low])
 
 

@@ -46,8 +46,9 @@ and runs F.linear: it is the oracle. Where torch has a fused weight-only kernel 
 on the device it is used instead ("auto"), after a probe checks it against the plain path on
 the first forward on that device (tolerance FUSED_RTOL of the largest output):
 
-    int8, CPU and CUDA    torch.ops.aten._weight_int8pack_mm     activations in bfloat16 on CPU
-                          (its float32 path is several times slower than F.linear there)
+    int8, CPU and CUDA    torch.ops.aten._weight_int8pack_mm     bfloat16 activations (float16
+                          ones stay float16 on CUDA; its float32 path on CPU is several times
+                          slower than F.linear)
     int4, CPU             torch.ops.aten._weight_int4pack_mm_for_cpu   bfloat16 activations
     int4, CUDA            torch.ops.aten._weight_int4pack_mm          bfloat16 activations
 
@@ -677,6 +678,13 @@ class QuantizedLayerKVCache:
     def nbytes(self) -> int:
         return sum(t.nbytes for t in (self.k_q, self.v_q, self.k_scale, self.v_scale))
 
+    def narrowed(self, capacity: int) -> QuantizedLayerKVCache:
+        """This layer's first `capacity` slots: views of the same buffers (writes land here)."""
+        view = copy.copy(self)
+        for name in ("k_q", "v_q", "k_scale", "v_scale"):
+            setattr(view, name, getattr(self, name)[:, :, :capacity])
+        return view
+
     def _read(self, batch: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         keys = self.k_q[:batch, :, :end].float() * self.k_scale[:batch, :, :end]
         values = self.v_q[:batch, :, :end].float() * self.v_scale[:batch, :, :end]
@@ -709,8 +717,9 @@ class QuantizedLayerKVCache:
 
 class QuantizedKVCache(KVCache):
     """Day 11's KVCache with keys and values stored as int8, one float32 scale per token and
-    KV head (QuantizedLayerKVCache). Same constructor and for_model; `dtype` is the dtype the
-    model computes in (what attention gets back). Per token and layer it holds
+    KV head (QuantizedLayerKVCache). Same constructor, narrowed and for_model, except that
+    for_model refuses rolling=True and an MLA model (no int8 rolling or latent layers); `dtype`
+    is the dtype the model computes in (what attention gets back). Per token and layer it holds
     2 x n_kv_heads x (head_dim + 4) bytes instead of 2 x n_kv_heads x head_dim x 4 (float32).
     DecodeStep's fused path writes float buffers and cannot use it; run TinyGPT.forward,
     prefill and decode_step."""
@@ -728,6 +737,21 @@ class QuantizedKVCache(KVCache):
         self.layers = [QuantizedLayerKVCache(batch_size, n_kv_heads, max_len, head_dim,
                                              device=self.device, dtype=dtype)
                        for _ in range(n_layers)]
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, batch_size: int = 1, max_len: int | None = None,
+                  *, static: bool = False, rolling: bool = False,
+                  slack: int = 0) -> QuantizedKVCache:
+        """KVCache.for_model with int8 layers; ValueError for rolling=True or an MLA model."""
+        if rolling is not False:
+            raise ValueError(f"rolling must be False for a QuantizedKVCache (it has no int8 "
+                             f"rolling layer; use KVCache.for_model), got {rolling!r}")
+        cfg = getattr(model, "cfg", None)
+        if getattr(cfg, "attention", None) == "mla":
+            raise ValueError(f"model must not use multi-head latent attention for a "
+                             f"QuantizedKVCache (it has no int8 latent layer; use "
+                             f"KVCache.for_model): {cfg.fast_path_refusal()}")
+        return super().for_model(model, batch_size, max_len, static=static)
 
     @property
     def nbytes(self) -> int:
@@ -823,9 +847,12 @@ def torchao_quantize(model: TinyGPT, scheme: str, *, lm_head: bool = False
                      by G and stores the 4-bit values unpacked, one per int8
     """
     parse_scheme(scheme)
-    if model.cfg.is_moe:
-        return None, f"quantize_model does not cover mixture-of-experts layers: " \
+    if model.cfg.attention == "mla" or model.cfg.is_moe:
+        return None, f"quantize_model covers dense Llama blocks only: " \
             f"{model.cfg.fast_path_refusal()}"
+    if lm_head and model.cfg.tie_embeddings:
+        return None, "lm_head=True needs an untied LM head: with tie_embeddings the head is " \
+            "the embedding matrix, which quantize_model keeps in full precision"
     try:
         from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
         from torchao.quantization.granularity import PerGroup

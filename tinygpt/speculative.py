@@ -23,7 +23,8 @@ The rule is two small functions, `acceptance_probability` (min(1, p/q) for one t
 Drafters: `ModelDrafter` (a smaller model with its own KV cache) and `PromptLookupDrafter`
 (copy what followed the last n tokens the last time they occurred: free to run, a one-hot q,
 good on text that repeats). If the acceptances were independent with rate a, a pass would
-yield (1 - a^(gamma+1)) / (1 - a) tokens on average; `SpeculativeStats` measures both.
+yield (1 - a^(gamma+1)) / (1 - a) tokens on average; `SpeculativeStats` measures a
+(acceptance_rate, and per draft position), `SpeculativeResult.tokens_per_pass` the yield.
 """
 
 from __future__ import annotations
