@@ -444,12 +444,27 @@ def test_cli_generates_and_streams(fake_pretrained, capsys):
 
 
 def test_cli_seeded_runs_repeat(fake_pretrained, capsys):
-    argv = ["--prompt", "a", "--max-new-tokens", "8", "--top-k", "3", "--top-p", "0.9",
-            "--seed", "7", "--device", "cpu"]
+    """The CLI samples as generate() with the same SamplingParams, and every sampling flag
+    counts: on the fake model, seed 9 at temperature 2, top-k 3 and top-p 0.9 gives another
+    text than greedy decoding, than seed 0 (the default), and than temperature 1, top-k off or
+    top-p off. The texts stay the same with every weight moved by 1e-4 of itself."""
+    argv = ["--prompt", "a", "--max-new-tokens", "8", "--temperature", "2", "--top-k", "3",
+            "--top-p", "0.9", "--seed", "9", "--device", "cpu"]
+    tok = CliTokenizer(CLI_PIECES)
+
+    def sampled(**changes) -> str:
+        params = dict(temperature=2.0, top_k=3, top_p=0.9, max_new_tokens=8, seed=9)
+        return generate(fake_pretrained, [0, *tok.encode("a")],
+                        SamplingParams(**{**params, **changes}), eos_id=0, tokenizer=tok).text
+
     assert main(argv) == 0
     first = capsys.readouterr().out
+    assert first == "a" + sampled() + "\n"
     assert main(argv) == 0
     assert capsys.readouterr().out == first
+    others = [sampled(temperature=0.0), sampled(seed=0), sampled(temperature=1.0),
+              sampled(top_k=0), sampled(top_p=1.0)]
+    assert sampled() not in others, (sampled(), others)
 
 
 def test_cli_errors(fake_pretrained, capsys, monkeypatch):
@@ -506,6 +521,14 @@ def test_eos_id_of():
         eot_token = 100257
 
     assert eos_id_of(Tiktokenish()) == 100257
+    # without <|endoftext|>: BPETokenizer.eot_id raises ValueError, tiktoken's eot_token KeyError
+    from tinygpt.tokenizer import train_bpe
+
+    bare = train_bpe("hello world " * 20, 260, special_tokens=())
+    assert eos_id_of(bare) is None
+    assert eos_id_of(bare.to_tiktoken()) is None
+    with_end = train_bpe("hello world " * 20, 262)
+    assert eos_id_of(with_end) == eos_id_of(with_end.to_tiktoken()) == with_end.eot_id == 257
 
 
 def test_result_type():
@@ -718,15 +741,20 @@ def test_cuda_cached_equals_uncached_and_compiled():
 # ----------------------------------------------------------------------------------------------
 
 def _tokenizers():
+    import importlib.metadata
+
+    from tinygpt.gguf import SMOLLM2_PACKAGE
     from tinygpt.loading import load_model
     from tinygpt.train import load_pretrained
 
     yield "course BPE", load_pretrained()[1]
-    try:
-        yield "SmolLM2 GGUF", load_model("smollm2")[1]
-    except Exception as error:                       # noqa: BLE001 (not installed: one less)
+    try:                             # only a missing package leaves SmolLM2 out, nothing else
+        importlib.metadata.distribution(SMOLLM2_PACKAGE)
+    except importlib.metadata.PackageNotFoundError as error:
         warnings.warn(f"SmolLM2 is not installed, its tokenizer is not checked: {error}",
                       stacklevel=1)
+        return
+    yield "SmolLM2 GGUF", load_model("smollm2")[1]
 
 
 def test_reply_text_equals_decoding_every_prefix_again():

@@ -240,7 +240,7 @@ class CachedLogits:
                              f"cache holds {self.cache.length} positions, ids has {ids.shape[1]}")
         if ids.shape[1] > self.cache.length + 1 and hasattr(self.step, "extend"):  # day 19
             return self.step.extend(ids[:, self.cache.length:])[-1:]
-        for position in range(self.cache.length, ids.shape[1]):         # (a quantized step)
+        for position in range(self.cache.length, ids.shape[1]):  # one token, or no step.extend
             logits = self.step(ids[:, position:position + 1])
         return logits
 
@@ -539,11 +539,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def eos_id_of(tokenizer) -> int | None:
-    """The tokenizer's end-of-text id: tinygpt's BPETokenizer.eot_id or tiktoken's eot_token."""
+    """The tokenizer's end-of-text id (BPETokenizer.eot_id, tiktoken's eot_token), or None."""
     for name in ("eot_id", "eot_token"):
         try:
             value = getattr(tokenizer, name)
-        except (AttributeError, ValueError):  # BPETokenizer.eot_id raises without the token
+        except (AttributeError, KeyError, ValueError):  # eot_id: ValueError, eot_token: KeyError
             continue
         if isinstance(value, int) and not isinstance(value, bool):
             return value

@@ -152,7 +152,9 @@ class KVCache:
             raise TypeError(f"dtype must be a floating point torch.dtype, got {dtype!r}")
         self.batch_size, self.max_len = batch_size, max_len
         self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
-        self.device, self.dtype, self.static = torch.device(device), dtype, bool(static)
+        if not isinstance(static, bool):
+            raise TypeError(f"static must be True or False, got {static!r}")
+        self.device, self.dtype, self.static = torch.device(device), dtype, static
         self.layers: list[LayerKVCache] | list[LatentLayerCache]
         if latent is not None:
             if (not isinstance(latent, tuple) or len(latent) != 2
@@ -190,13 +192,14 @@ class KVCache:
         weight = next(model.parameters())
         if cfg.attention == "mla":          # day 21: the latent and the RoPE key per token
             latent = (cfg.kv_lora_rank, cfg.qk_rope_head_dim)
-            return cls(cfg.n_layers, batch_size, 1, max_len, sum(latent), device=weight.device,
-                       dtype=weight.dtype, static=static, latent=latent)
-        # a tensor-parallel shard (tinygpt.parallel) caches only its own KV heads
-        n_kv_heads = getattr(model, "cache_kv_heads", cfg.n_kv_heads)
-        cache = cls(cfg.n_layers, batch_size, n_kv_heads, max_len, cfg.head_dim,
-                    device=weight.device, dtype=weight.dtype, static=static)
-        if rolling is not False:
+            cache = cls(cfg.n_layers, batch_size, 1, max_len, sum(latent), device=weight.device,
+                        dtype=weight.dtype, static=static, latent=latent)
+        else:
+            # a tensor-parallel shard (tinygpt.parallel) caches only its own KV heads
+            n_kv_heads = getattr(model, "cache_kv_heads", cfg.n_kv_heads)
+            cache = cls(cfg.n_layers, batch_size, n_kv_heads, max_len, cfg.head_dim,
+                        device=weight.device, dtype=weight.dtype, static=static)
+        if rolling is not False:    # refused for MLA, whose config has no sliding window
             from tinygpt.rolling import rolling_layers
 
             cache.layers = rolling_layers(cache, cfg, rolling, slack)
@@ -432,7 +435,8 @@ def _tiled_refusal(model: torch.nn.Module, cache: KVCache) -> str | None:
 
 def _fused_refusal(cfg: ModelConfig) -> str | None:
     """Why the fused step cannot compute this model's layers, or None when it can. It has no
-    q/k norm, sliding windows or dynamic RoPE (day 21: cfg.positions_refusal); a
+    q/k norm, multi-head latent attention, sliding windows or dynamic RoPE (day 21:
+    cfg.fast_path_refusal, cfg.positions_refusal); a
     mixture-of-experts layer runs in it through tinygpt.moe.MoEDecode (day 20)."""
     if cfg.qk_norm:
         return "the model normalizes queries and keys per head before RoPE (qk_norm=True)"
@@ -502,12 +506,12 @@ class DecodeStep:
     through module attributes, and no module calls. At batch 1 a small model's decode step is
     bound by per-kernel overhead, and this cuts the kernels per layer by about two thirds.
     Logits agree with decode_step to float rounding (tests check it); other models run
-    decode_step itself, and so does a q/k-norm TinyGPT (day 20), with tiled_reason /
-    pack_reason saying why. A mixture-of-experts layer (day 20) runs in the step as
-    tinygpt.moe.MoEDecode: it routes the tokens and runs only the chosen experts' products
-    (on the tiled CPU products below, each expert's gate and up stacked, its down apart; there
-    each layer runs as two C calls around the router, cpu_kernels.MoEDecodeLayers;
-    pack_weights is for dense layers only).
+    decode_step itself, and so does a TinyGPT with q/k norm (day 20) or multi-head latent
+    attention (day 21), with tiled_reason / pack_reason saying why. A mixture-of-experts
+    layer (day 20) runs in the step as tinygpt.moe.MoEDecode: it routes the tokens and runs
+    only the chosen experts' products (on the tiled CPU products below, each expert's gate and
+    up stacked, its down apart; there each layer runs as two C calls around the router,
+    cpu_kernels.MoEDecodeLayers; pack_weights is for dense layers only).
 
     compile=True (opt-in, CUDA only) runs a static-shape step through
     torch.compile(mode="reduce-overhead"), which captures it in a CUDA graph and replays it,
@@ -535,9 +539,7 @@ class DecodeStep:
     batch 1 every product is a matrix times one vector, so the step should stream the weights
     at memory bandwidth, which the plain step falls well short of. The step then keeps a
     prepacked copy of the weights (q/k/v stacked, gate/up stacked, oneDNN's blocked layout)
-    and runs oneDNN's inner product: on a 2-core
-    machine its step on a 600 MB model was 1.3x and 1.9x faster in two runs of
-    `make bench` (the README's table).
+    and runs oneDNN's inner product.
     The copy doubles the weights' memory and is a snapshot, and each product pays a fixed
     ~30 us, so it loses on tiny models. Packing is checked against the plain products when
     the step is built; when it cannot be used a PackFallbackWarning says why, `pack_reason`
@@ -749,14 +751,25 @@ class DecodeStep:
         bfloat16 TinyGPT on a dynamic cache) the positions run through
         cpu_kernels.DecodeLayers in groups of up to MAX_ROWS, each attending causally to the
         positions before it, so a pass of r tokens reads the weights ceil(r / MAX_ROWS)
-        times instead of running the model's modules; otherwise the model's own forward."""
+        times instead of running the model's modules; otherwise the model's own forward (on a
+        static cache at input_pos = length .. length + r - 1, as prefill)."""
         if tokens.ndim != 2 or tokens.shape[0] != 1 or tokens.shape[1] < 1:
             raise ValueError(f"tokens must have shape (1, r) with r >= 1, got "
                              f"{tuple(tokens.shape)}")
         model, cache = self.model, self.cache
-        if self._layers is None:
+        if self._layers is None and not cache.static:
             with torch.inference_mode():
                 return model(tokens, kv_cache=cache)[0].float()
+        if self._layers is None:            # a static cache: its slots as a tensor, as prefill
+            start, r = cache.length, tokens.shape[1]
+            if start + r > cache.max_len:
+                raise ValueError(f"the KV cache is full: it holds max_len={cache.max_len} "
+                                 f"positions, {start} are filled, and {r} more were given")
+            positions = torch.arange(start, start + r, device=tokens.device)
+            with torch.inference_mode():
+                logits = model(tokens, input_pos=positions, kv_cache=cache)[0].float()
+            cache.advance(r)
+            return logits
         cfg, r = model.cfg, tokens.shape[1]
         embedding = model.tok_embeddings.weight
         start = cache.check_step(1, r, embedding.device, embedding.dtype)
