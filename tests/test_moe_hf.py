@@ -99,9 +99,13 @@ def word_tokenizer():
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    # the attention mask says every prompt token is real: without it transformers takes a
+    # prompt token equal to pad_token_id for padding, masks it and shifts the positions after
+    ids = torch.tensor([prompt])
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                             min_new_tokens=n, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
     return out[0, len(prompt):].tolist()
 
 

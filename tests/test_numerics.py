@@ -57,6 +57,29 @@ def test_minus_inf_means_impossible():
         nx.softmax([-np.inf, -np.inf])
 
 
+def test_axis_is_checked_along_that_axis():
+    # columns are the rows here: each column has a possible token, a row of -inf is fine
+    x = np.array([[-np.inf, -np.inf], [0.0, 1.0]])
+    np.testing.assert_array_equal(nx.softmax(x, axis=0), [[0.0, 0.0], [1.0, 1.0]])
+    np.testing.assert_array_equal(nx.log_softmax(x, axis=0), [[-np.inf, -np.inf], [0.0, 0.0]])
+    np.testing.assert_array_equal(nx.logsumexp(x, axis=0), [0.0, 1.0])
+    np.testing.assert_array_equal(nx.softmax_with_temperature(x, 0, axis=0), [[0, 0], [1, 1]])
+    for f in (nx.softmax, nx.log_softmax, nx.logsumexp,
+              lambda a, axis: nx.softmax_with_temperature(a, 0, axis=axis)):
+        with pytest.raises(ValueError, match=r"every entry of a row \(along axis 0\)"):
+            f(x.T, axis=0)                              # column 0 is all -inf
+        with pytest.raises(ValueError, match="at least one entry along axis 0"):
+            f(np.zeros((0, 3)), axis=0)
+        with pytest.raises(ValueError, match=r"axis must be in \[-2, 2\)"):
+            f(x, axis=2)
+
+
+def test_complex_logits_rejected():
+    for f in (nx.softmax, nx.log_softmax, nx.logsumexp):
+        with pytest.raises(TypeError, match="logits must be real numbers"):
+            f(np.array([1.0 + 2.0j, 0.5]))
+
+
 @pytest.mark.parametrize("bad", [[np.nan, 1.0], [np.inf, 0.0]])
 def test_nan_and_plus_inf_rejected(bad):
     with pytest.raises(ValueError, match="logits"):

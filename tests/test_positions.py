@@ -111,9 +111,14 @@ def test_sinusoidal_shift_is_a_rotation():
             np.testing.assert_allclose(pe[p + k, 2 * i : 2 * i + 2], [rot_s, rot_c], atol=1e-12)
 
 
-@pytest.mark.parametrize("args", [(0, 4), (4, 3), (4, 0), (2.0, 4)])
-def test_sinusoidal_rejects_bad_sizes(args):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("args,match", [
+    ((0, 4), "seq_len must be a positive integer, got 0"),
+    ((4, 3), "d_model must be even, got 3"),
+    ((4, 0), "d_model must be a positive integer, got 0"),
+    ((2.0, 4), "seq_len must be a positive integer, got 2.0"),
+])
+def test_sinusoidal_rejects_bad_sizes(args, match):
+    with pytest.raises(ValueError, match=match):
         sinusoidal_encoding(*args)
 
 

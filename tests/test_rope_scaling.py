@@ -153,6 +153,12 @@ def test_what_each_scaling_does_to_the_channels():
       "truncate": 1}, "truncate must be True or False"),
     ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
       "original_max_position_embeddings": 8}, "high_freq_factor .* must be > low_freq_factor"),
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": None, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8}, "low_freq_factor must be a finite number > 0.0, "
+                                              "got None"),
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": None,
+      "original_max_position_embeddings": 8}, "high_freq_factor must be a finite number > 0.0, "
+                                              "got None"),
     ("linear", "mapping or \\(key, value\\) pairs"),
 ])
 def test_bad_scalings_are_named(scaling, match):
@@ -162,6 +168,20 @@ def test_bad_scalings_are_named(scaling, match):
         ModelConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=8,
                     max_seq_len=8, rope_scaling=scaling)
     assert ROPE_TYPES == ("default", "linear", "dynamic", "yarn", "llama3")
+
+
+def test_dynamic_scaling_needs_heads_of_at_least_4():
+    """Dynamic's base grows as a power head_dim / (head_dim - 2): 2-wide heads are refused."""
+    dynamic = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8}
+    with pytest.raises(ValueError, match="head_dim must be >= 4 with 'dynamic' RoPE scaling, "
+                                         "got 2"):
+        ModelConfig(vocab_size=8, d_model=8, n_layers=1, n_heads=4, n_kv_heads=1, d_ff=8,
+                    max_seq_len=16, rope_scaling=dynamic)
+    with pytest.raises(ValueError, match="head_dim must be >= 4 with 'dynamic' scaling, got 2"):
+        rope_scaled_inv_freq(2, 10000.0, dynamic, seq_len=16)
+    cfg = ModelConfig(vocab_size=8, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=8,
+                      max_seq_len=16, rope_scaling=dynamic)
+    assert cfg.head_dim == 4 and TinyGPT(cfg)(torch.zeros(1, 12, dtype=torch.long)).isfinite().all()
 
 
 def test_the_config_stores_sorted_pairs_and_round_trips_through_json():
@@ -322,19 +342,42 @@ def test_gguf_writes_and_reads_plain_rope_only(tmp_path):
     assert not (tmp_path / "m.gguf").exists()
 
 
+def sharpen(model: torch.nn.Module, seed: int, std: float) -> torch.nn.Module:
+    """Redraw `model`'s weights (ours or transformers'): matrices std wide, norm weights
+    1 +- std. With the default 0.02 attention is nearly uniform and greedy tokens do not
+    depend on the positions' angles, so plain RoPE would pick the same ones as a scaling."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_((1 if p.ndim == 1 else 0) + std * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def plain_twin(model: TinyGPT) -> TinyGPT:
+    """`model`'s weights with plain RoPE tables (no rope_scaling)."""
+    plain = TinyGPT(dataclasses.replace(model.cfg, rope_scaling=()), seed=None).eval()
+    plain.load_state_dict(model.state_dict())            # the tables are not in it
+    return plain
+
+
 def test_the_fast_paths_read_the_scaled_tables():
     """Static scalings only change rope_cos / rope_sin: the decode step (tiled or plain) and the
-    engine's batched runner read them, and give the uncached model's greedy tokens."""
+    engine's batched runner read them, and give the uncached model's greedy tokens. The weights
+    are sharp enough (0.3 wide) that the same model with plain tables picks other tokens and
+    lands far from the decode step's logits, so a path that ignored the scaling would fail."""
     from tinygpt.engine import Engine
     from tinygpt.kv_cache import DecodeStep, KVCache
 
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
     model = TinyGPT(ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
                                 d_ff=48, max_seq_len=64, rope_scaling=yarn), seed=1).eval()
+    sharpen(model, 1, 0.3)
+    plain = plain_twin(model)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (5, 17, 30)]
     params = SamplingParams(temperature=0, max_new_tokens=20)
     want = [generate(model, p, params, use_cache=False).token_ids for p in prompts]
+    assert [generate(plain, p, params, use_cache=False).token_ids for p in prompts] != want
     assert [generate(model, p, params).token_ids for p in prompts] == want
     engine = Engine(model, None, max_running=2, token_budget=16, block_size=4)
     assert [r.token_ids for r in engine.generate(prompts, params)] == want
@@ -347,5 +390,7 @@ def test_the_fast_paths_read_the_scaled_tables():
             got = step(torch.tensor([[3]]))
             ids = torch.tensor([prompts[1] + [3]])
             truth = copy.deepcopy(model).double()(ids)[:, -1]
-            check_float32_error(f"the decode step (tiled={tiled}) of a YaRN model", got,
-                                model(ids)[:, -1], truth, factor=FACTOR, floor=FLOOR)
+            err, _ = check_float32_error(f"the decode step (tiled={tiled}) of a YaRN model",
+                                         got, model(ids)[:, -1], truth, factor=FACTOR,
+                                         floor=FLOOR)
+            assert (plain(ids)[:, -1] - truth).abs().max() > 100 * (err + FLOOR)

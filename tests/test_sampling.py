@@ -144,9 +144,9 @@ def test_top_k_keeps_ties():
     assert kept(top_k_filter(logits, 4)) == {1, 2, 3, 4}
     assert kept(top_k_filter(logits, 0)) == set(range(5))   # 0 = off
     assert kept(top_k_filter(logits, 99)) == set(range(5))  # k >= V keeps all
-    with pytest.raises(ValueError, match="k"):
+    with pytest.raises(ValueError, match=r"k must be >= 0 \(0 = off\), got -1"):
         top_k_filter(logits, -1)
-    with pytest.raises(TypeError, match="k"):
+    with pytest.raises(TypeError, match=r"k must be an int \(not bool\), got float 2.0"):
         top_k_filter(logits, 2.0)
 
 
@@ -283,7 +283,7 @@ def test_filters_reject_bad_logits(fn):
 
 
 def test_knob_ranges_in_functions():
-    with pytest.raises(ValueError, match="p"):
+    with pytest.raises(ValueError, match=r"p must be in \(0, 1\] \(1 = off\), got 0.0"):
         top_p_filter(WORKED, 0.0)
     with pytest.raises(ValueError, match="min_p"):
         min_p_filter(WORKED, 1.5)
@@ -496,9 +496,12 @@ def test_explain_greedy_and_penalties():
                              prompt_ids=torch.tensor([[3]])).tolist() == [0]
 
 
-def test_explain_rejects_batches():
-    with pytest.raises(ValueError, match="1-D"):
+def test_explain_rejects_batches_and_non_tensors():
+    with pytest.raises(ValueError, match=r"logits_1d must be a 1-D tensor \(V,\), got shape "
+                                         r"\(1, 5\)"):
         explain_sampling(WORKED, SamplingParams())
+    with pytest.raises(TypeError, match="logits_1d must be a 1-D torch.Tensor .*got list"):
+        explain_sampling(WORKED[0].tolist(), SamplingParams())
 
 
 # ----------------------------------------------------------------------------------------------

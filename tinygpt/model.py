@@ -27,8 +27,11 @@ checkpoints written before load unchanged; a new config.json also records head_d
   heads are 128 wide with d_model / n_heads = 64, so wq maps D to H * head_dim != D and wo
   maps it back.
 
-Fast paths written for the dense layout (fused products, C decode layers, tensor-parallel
-shards, GGUF writers) ask cfg.fast_path_refusal() and run the modules above instead, or refuse.
+Fast paths written for the dense layout (the engine's batched products, packed and quantized
+steps, tensor-parallel shards, GGUF writers) ask cfg.fast_path_refusal() and run the modules
+above instead, or refuse. Day 11's fused decode step and its C layers ask
+tinygpt.kv_cache._fused_refusal: they run MoE layers too (tinygpt.moe.MoEDecode) and refuse
+the rest.
 
 The parameter names follow Meta's Llama reference code (wq, wk, wv, wo, w1, w2, w3, ...);
 `from_hf_llama` / `to_hf_llama` translate to and from Hugging Face's LlamaForCausalLM. They
@@ -147,13 +150,13 @@ class ModelConfig:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
-        if self.attention != "gqa" or self.kv_lora_rank or self.q_lora_rank:
-            from tinygpt.mla import check_config  # day 21's fields (mla imports this module)
+        from tinygpt.mla import check_config  # day 21's fields (mla imports this module)
 
-            check_config(self)
+        check_config(self)          # on a "gqa" config too: its MLA fields must all be 0
         self._resolve_head_dim()
-        if not self.rope_base > 0:
-            raise ValueError(f"rope_base must be > 0, got {self.rope_base!r}")
+        base = self.rope_base
+        if isinstance(base, bool) or not isinstance(base, int | float) or not base > 1:
+            raise ValueError(f"rope_base must be a number > 1 (RoPE's theta), got {base!r}")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
         self._check_moe()
@@ -162,6 +165,9 @@ class ModelConfig:
     def _check_long_context(self) -> None:
         """The day-21 fields: the scaling validated and stored as sorted pairs; windows."""
         object.__setattr__(self, "rope_scaling", check_rope_scaling(self.rope_scaling))
+        if self.rope_type == "dynamic" and self.head_dim < 4:   # its base takes ^ d / (d - 2)
+            raise ValueError(f"head_dim must be >= 4 with 'dynamic' RoPE scaling, got "
+                             f"{self.head_dim}")
         window, full = self.sliding_window, self.full_attention_layers
         if isinstance(window, bool) or not isinstance(window, int) or window < 0:
             raise ValueError(f"sliding_window must be an integer >= 0 (0: no window), got "
@@ -319,10 +325,12 @@ class ModelConfig:
         return tuple(i for i in range(self.n_layers) if self.is_moe_layer(i))
 
     def fast_path_refusal(self) -> str | None:
-        """Why the fast paths written for day 05's dense layers (the fused decode step and its
-        C layers, the engine's batched products, quantized steps, tensor-parallel shards, GGUF
-        writers) cannot run this model, or None when they can. Those paths run the model's
-        own modules instead (Block, Attention.qkv, MoE) or refuse with this reason. An
+        """Why the fast paths written for day 05's dense layers (the engine's batched products,
+        packed and quantized steps, tensor-parallel shards, GGUF writers) cannot run this
+        model, or None when they can. Those paths run the model's own modules instead (Block,
+        Attention.qkv, MoE) or refuse with this reason. The fused decode step and its C layers
+        ask tinygpt.kv_cache._fused_refusal instead, which lets MoE layers through
+        (tinygpt.moe.MoEDecode, cpu_kernels.MoEDecodeLayers) and refuses the rest. An
         explicit head_dim is no reason: every fast path sizes heads by cfg.head_dim
         (tests/test_moe_model.py runs each one on heads twice d_model / n_heads wide)."""
         if self.attention == "mla":
@@ -422,7 +430,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: LayerKVCache | None = None,
                 cache_pos: int | torch.Tensor = 0) -> torch.Tensor:
-        """x: (B, T, D) -> (B, T, D); position t attends to positions 0 .. t.
+        """x: (B, T, D) -> (B, T, D); position t attends to positions 0 .. t, or with a
+        window W (self.window) to max(0, t - W + 1) .. t.
 
         With a kv_cache (one layer's, see tinygpt.kv_cache) the new k, v are written into it
         first and the T queries attend over everything cached so far. cache_pos is the write

@@ -15,19 +15,28 @@ from __future__ import annotations
 import numpy as np
 
 
-def _as_logits(logits, name: str = "logits") -> np.ndarray:
+def _as_logits(logits, axis: int = -1, name: str = "logits") -> np.ndarray:
+    """`logits` as a float64 array, checked along `axis` (the vocabulary's)."""
     array = np.asarray(logits)
     if array.dtype == object or not np.issubdtype(array.dtype, np.number):
         raise TypeError(f"{name} must be a numeric array, got dtype {array.dtype}")
+    if np.issubdtype(array.dtype, np.complexfloating):
+        raise TypeError(f"{name} must be real numbers, got dtype {array.dtype}")
     if array.ndim == 0:
         raise ValueError(f"{name} must have at least one dimension (the vocabulary), got a scalar")
-    if array.shape[-1] == 0:
-        raise ValueError(f"{name} must have at least one entry along the last axis")
+    if isinstance(axis, bool) or not isinstance(axis, int | np.integer):
+        raise TypeError(f"axis must be an integer, got {type(axis).__name__}")
+    if not -array.ndim <= axis < array.ndim:
+        raise ValueError(f"axis must be in [{-array.ndim}, {array.ndim}) for {name} of shape "
+                         f"{array.shape}, got {axis}")
+    if array.shape[axis] == 0:
+        raise ValueError(f"{name} must have at least one entry along axis {axis}")
     array = array.astype(np.float64, copy=False)
     if np.isnan(array).any() or np.isposinf(array).any():
         raise ValueError(f"{name} must not contain NaN or +inf (-inf is allowed: a removed token)")
-    if np.isneginf(array).all(axis=-1).any():
-        raise ValueError(f"{name}: every entry of a row is -inf, so no token is possible")
+    if np.isneginf(array).all(axis=axis).any():
+        raise ValueError(f"{name}: every entry of a row (along axis {axis}) is -inf, so no "
+                         f"token is possible")
     return array
 
 
@@ -36,7 +45,7 @@ def logsumexp(logits, axis: int = -1) -> np.ndarray:
 
     Shape: (..., V) -> (...,). Finite for any finite input, however large.
     """
-    x = _as_logits(logits)
+    x = _as_logits(logits, axis)
     m = np.max(x, axis=axis, keepdims=True)
     return np.squeeze(m, axis=axis) + np.log(np.sum(np.exp(x - m), axis=axis))
 
@@ -47,7 +56,7 @@ def softmax(logits, axis: int = -1) -> np.ndarray:
     Subtracting the max changes nothing mathematically (the factor exp(-m) cancels) but keeps
     every exponent <= 0, so exp never overflows. Shape: (..., V) -> (..., V), rows sum to 1.
     """
-    x = _as_logits(logits)
+    x = _as_logits(logits, axis)
     e = np.exp(x - np.max(x, axis=axis, keepdims=True))
     return e / np.sum(e, axis=axis, keepdims=True)
 
@@ -57,7 +66,7 @@ def log_softmax(logits, axis: int = -1) -> np.ndarray:
 
     Shape: (..., V) -> (..., V).
     """
-    x = _as_logits(logits)
+    x = _as_logits(logits, axis)
     return x - np.expand_dims(logsumexp(x, axis=axis), axis)
 
 
@@ -74,7 +83,7 @@ def softmax_with_temperature(logits, temperature: float, axis: int = -1) -> np.n
     if not np.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), "
                          f"got {temperature}")
-    x = _as_logits(logits)
+    x = _as_logits(logits, axis)
     if temperature == 0:
         winner = np.argmax(x, axis=axis)
         one_hot = np.zeros_like(x)

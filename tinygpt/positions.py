@@ -365,7 +365,7 @@ def check_rope_scaling(scaling: object) -> tuple[tuple[str, object], ...]:
                              f"integer, got {length!r}")
     for name in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor",
                  "low_freq_factor", "high_freq_factor"):
-        if scaling.get(name) is not None:
+        if name in required or scaling.get(name) is not None:     # an optional key may be None
             _number(scaling[name], name, 0.0)
     if "truncate" in scaling and not isinstance(scaling["truncate"], bool):
         raise ValueError(f"rope scaling truncate must be True or False, got "
@@ -411,6 +411,8 @@ def rope_scaled_inv_freq(head_dim: int, base: float, scaling: object,
         if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int)
                                     or seq_len < 1):
             raise ValueError(f"seq_len must be None or a positive integer, got {seq_len!r}")
+        if head_dim < 4:                              # the power below divides by head_dim - 2
+            raise ValueError(f"head_dim must be >= 4 with 'dynamic' scaling, got {head_dim}")
         length = original if seq_len is None else max(seq_len, original)
         grown = base * ((factor * length / original) - (factor - 1)) ** (head_dim
                                                                           / (head_dim - 2))

@@ -471,9 +471,12 @@ def explain_sampling(logits_1d: torch.Tensor, params: SamplingParams,
     five stages of `order`, then "renormalized". With temperature 0 the temperature stage is the
     one-hot argmax and the filters are inactive, matching sample_next_token.
     """
-    if not isinstance(logits_1d, torch.Tensor) or logits_1d.ndim != 1:
-        raise ValueError(f"logits_1d must be a 1-D tensor (V,), got "
-                         f"{getattr(logits_1d, 'shape', type(logits_1d).__name__)}")
+    if not isinstance(logits_1d, torch.Tensor):
+        raise TypeError(f"logits_1d must be a 1-D torch.Tensor (V,), got "
+                        f"{type(logits_1d).__name__}")
+    if logits_1d.ndim != 1:
+        raise ValueError(f"logits_1d must be a 1-D tensor (V,), got shape "
+                         f"{tuple(logits_1d.shape)}")
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
     order = check_order(order)
