@@ -92,12 +92,7 @@ def route_sigmoid_groups(logits: torch.Tensor, bias: torch.Tensor, k: int, n_gro
     n, e = logits.shape
     if bias.shape != (e,):
         raise ValueError(f"bias must have shape (E,) = ({e},), got {tuple(bias.shape)}")
-    if n_group < 1 or e % n_group or e // n_group < 2:
-        raise ValueError(f"n_group must split E={e} into groups of at least 2 experts, got "
-                         f"{n_group}")
-    if not 1 <= topk_group <= n_group or k > topk_group * (e // n_group):
-        raise ValueError(f"topk_group must be in [1, n_group={n_group}] and keep at least k={k} "
-                         f"experts eligible, got {topk_group}")
+    _check_groups(e, n_group, topk_group, k, "split E", "k")
     scores = torch.sigmoid(logits.float())
     choice = scores + bias.float()
     group_scores = choice.view(n, n_group, e // n_group).topk(2, dim=-1).values.sum(dim=-1)
@@ -256,13 +251,18 @@ def _check_moe_args(d_model, n_experts, top_k, d_expert, router, renormalize, n_
                 raise ValueError(f"{name} must be 1 with router 'softmax' (groups and a scale "
                                  f"are 'sigmoid_groups' options), got {value!r}")
         return
-    e, g = n_experts, n_group
-    if g < 1 or e % g or e // g < 2:
-        raise ValueError(f"n_group must divide n_experts={e} into groups of at least 2 "
-                         f"experts, got {g!r}")
-    if not 1 <= topk_group <= g or top_k > topk_group * (e // g):
-        raise ValueError(f"topk_group must be in [1, n_group={g}] and keep at least "
-                         f"top_k={top_k} experts eligible, got {topk_group!r}")
+    _check_groups(n_experts, n_group, topk_group, top_k, "divide n_experts", "top_k")
+
+
+def _check_groups(e: int, n_group: int, topk_group: int, k: int, split: str, k_name: str):
+    """DeepSeek-V3's groups: n_group groups of at least 2 of the e experts, topk_group of them
+    kept, enough to hold the k chosen ones (the messages name the caller's arguments)."""
+    if n_group < 1 or e % n_group or e // n_group < 2:
+        raise ValueError(f"n_group must {split}={e} into groups of at least 2 experts, got "
+                         f"{n_group!r}")
+    if not 1 <= topk_group <= n_group or k > topk_group * (e // n_group):
+        raise ValueError(f"topk_group must be in [1, n_group={n_group}] and keep at least "
+                         f"{k_name}={k} experts eligible, got {topk_group!r}")
 
 
 class MoE(nn.Module):
