@@ -345,6 +345,28 @@ def test_few_sequence_decodes_run_generates_step_with_its_bits(n_kv_heads):
     assert len(calls) == 11
 
 
+def test_both_roads_write_a_decode_tokens_first_layer_keys_with_the_same_bits():
+    """A decode token's keys and values reach the pool through the C layers (a decode-only
+    step) or through the batched road (a step beside a prompt's chunk, or decode_layers_rows
+    0). In the first layer both roads start from the same embedding and the same products, so
+    what they write must be the same bits, RoPE included: the C layers' RoPE once fused its
+    multiply-adds where the batched road (cpu_gemm.c's tg_rope_store, torch's three
+    operations) rounds each one, and the keys differed by a rounding step."""
+    model = tiny_model(2)
+    pools = []
+    for rows in (ModelRunner.decode_layers_rows, 0):
+        engine = Engine(model, None, num_blocks=32, block_size=4)
+        engine.runner.decode_layers_rows = rows
+        engine.add_request(list(range(3, 24)), SamplingParams(temperature=0.0,
+                                                              max_new_tokens=10))
+        while engine.has_work:
+            engine.step()
+        pools.append((engine.cache.k[0].clone(), engine.cache.v[0].clone()))
+    (k_layers, v_layers), (k_batched, v_batched) = pools
+    assert torch.equal(v_layers, v_batched)          # the same products
+    assert torch.equal(k_layers, k_batched)          # and the same RoPE
+
+
 # -- the engine against batch-1 generate -------------------------------------------------------
 
 def test_engine_equals_batch1_generate_under_random_arrivals_budgets_and_preemptions(

@@ -804,8 +804,8 @@ int tg_gemv(int dtype, const void *w, const float *x, float *y, long m, long n, 
  * residual adds. Run as torch operations from Python these cost a few microseconds each, a
  * fifth of a SmolLM2-sized step; here they run on the calling thread (the products on the
  * pool) and the layer is one call. Everything is float32 (a bfloat16 cache is read and written
- * in bfloat16), computed as the model's forward
- * does (tinygpt.model.TinyGPT): RMS norm x / sqrt(mean(x^2) + eps) * w, RoPE
+ * in bfloat16), computed as the model's forward does (tinygpt.model.TinyGPT; RoPE to the bit,
+ * the norms and attention up to the order of their sums): RMS norm x / sqrt(mean(x^2) + eps) * w, RoPE
  * x * cos + roll(x, head_dim / 2) * sin_signed, attention softmax(q . K / sqrt(head_dim)) V
  * with query head h reading kv head h / (heads / kv_heads), SiLU g / (1 + exp(-g)).
  */
@@ -825,8 +825,14 @@ static void rms_norm_rows(const float *x, const float *w, float *out, long rows,
     }
 }
 
-static inline void rope(const float *x, const float *cos, const float *sin_signed, float *out,
-                        long hd) {
+/* x * cos + roll(x) * sin_signed with each product and the sum rounded on its own (no fused
+ * multiply-add), the same bits as torch's three operations and as cpu_gemm.c's tg_rope_store:
+ * from the same projection the engine's two roads (these layers, and the batched one) write
+ * the same key (a contracted multiply-add here once made them differ by a rounding step).
+ * Not inlined, so that the attribute holds whatever calls it. */
+__attribute__((noinline, optimize("fp-contract=off")))
+static void rope(const float *x, const float *cos, const float *sin_signed, float *out,
+                 long hd) {
     long half = hd / 2;
 #pragma omp simd
     for (long i = 0; i < half; i++) out[i] = x[i] * cos[i] + x[i + half] * sin_signed[i];
