@@ -60,7 +60,7 @@ def quantize_int8(w):
     scale = w.abs().amax(dim=1) / 127
     q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
     return q, scale
-"""),
+""", says="the exercise gives such a row scale 1.0"),
     # ------------------------------------------------------------ int4 groups
     Mistake("quantize_int4", "16 steps instead of 15 (levels off by one)", """
 def quantize_int4(w, group_size):
@@ -146,7 +146,7 @@ def quantize_int4(w, group_size):
     zero = torch.nan_to_num(torch.round(-lo / scale))
     q = torch.nan_to_num(torch.round(g / scale[..., None]) + zero[..., None]).clamp(0, 15)
     return q.view(N, K).to(torch.uint8), scale, zero.to(torch.uint8)
-"""),
+""", says="the exercise gives them scale 1.0"),
     # ------------------------------------------------------------ nibbles
     Mistake("pack_int4", "int4 nibbles swapped (even column in the high nibble)", """
 def pack_int4(q):
@@ -189,7 +189,7 @@ def int4_linear(x, packed, scale, zero, group_size):
     s = scale.float().repeat_interleave(group_size, dim=1)
     w = (q - z).float() * s
     return x.float() @ w.T
-"""),
+""", says="convert q and zero to float BEFORE subtracting"),
     Mistake("int4_linear", "forgets the zero point", """
 def int4_linear(x, packed, scale, zero, group_size):
     q = unpack_int4(packed).float()
@@ -237,7 +237,7 @@ def quantize_kv(x):
     scale = x.float().abs().amax(dim=-1, keepdim=True) / 127
     q = torch.nan_to_num(torch.round(x.float() / scale)).clamp(-127, 127).to(torch.int8)
     return q, scale
-"""),
+""", says="the exercise gives it scale 1.0"),
     # ------------------------------------------------------------ GGUF Q8_0 blocks
     Mistake("dequantize_q8_0", "reads the codes as unsigned bytes", """
 def dequantize_q8_0(blocks):
@@ -335,7 +335,7 @@ def quantize_q8_0(x):
     q = np.round(x * inv)
     return np.concatenate([d.astype(np.float16).view(np.uint8),
                            q.astype(np.int8).view(np.uint8)], axis=1)
-"""),
+""", says="np.round sends halves to the even neighbour"),
     Mistake("quantize_q8_0", "computes the codes with the float16-rounded scale", """
 def quantize_q8_0(x):
     x = np.asarray(x, dtype=np.float32)
@@ -373,7 +373,7 @@ def quantize_q8_0(x):
     q = np.trunc(x * inv)
     return np.concatenate([d.astype(np.float16).view(np.uint8),
                            q.astype(np.int8).view(np.uint8)], axis=1)
-"""),
+""", says="round to the NEAREST integer"),
     Mistake("quantize_q8_0", "the scale from the largest value, not the largest |value|", """
 def quantize_q8_0(x):
     x = np.asarray(x, dtype=np.float32)

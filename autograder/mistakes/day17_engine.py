@@ -161,7 +161,16 @@ def preempt(scheduler, seq):
     seq.preemptions += 1
     scheduler.num_preemptions += 1
     scheduler.waiting.append(seq)
-"""),
+""", says="at the FRONT of the queue"),
+    Mistake("preempt", "leaves the preempted sequence in the running list", """
+def preempt(scheduler, seq):
+    scheduler.cache.free(seq.id)
+    seq.num_computed = 0
+    seq.status = "waiting"
+    seq.preemptions += 1
+    scheduler.num_preemptions += 1
+    scheduler.waiting.appendleft(seq)
+""", says="scheduler.running.remove(seq)"),
     Mistake("preempt", "never frees the victim's blocks", """
 def preempt(scheduler, seq):
     scheduler.running.remove(seq)
@@ -247,7 +256,7 @@ def step_mask(starts, counts, n_keys):
     j = torch.arange(max(counts))[None, :, None]
     k = torch.arange(n_keys)[None, None, :]
     return torch.where(j < count, k < start + j, k == 0)
-"""),
+""", says="and its own key"),
     Mistake("step_mask", "padding queries see no key (their softmax is NaN)", """
 def step_mask(starts, counts, n_keys):
     start = torch.tensor(starts)[:, None, None]
@@ -270,7 +279,7 @@ def step_mask(starts, counts, n_keys):
     j = torch.arange(max(counts))[None, :, None]
     k = torch.arange(n_keys)[None, None, :]
     return torch.where(j < count, (k >= start) & (k <= start + j), k == 0)
-"""),
+""", says="the keys earlier steps cached"),
     # ------------------------------------------------------------ self-checks
     # ------------------------------------------------------------ prefix caching
     Mistake("block_keys", "keys a block by its own tokens alone: two prefixes share the key", """

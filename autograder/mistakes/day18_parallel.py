@@ -26,7 +26,7 @@ def column_shard(weight, rank, world_size):
 def tp_mlp(x, shards, all_reduce):
     hidden = all_reduce([F.silu(x @ w1.T) * (x @ w3.T) for w1, w3, _ in shards])
     return [h @ w2.T for h, (_, _, w2) in zip(hidden, shards)]
-"""),
+""", says="the all-reduce comes after w2"),
     Mistake("tp_mlp", "forgets the all-reduce: each rank keeps its partial sum", """
 def tp_mlp(x, shards, all_reduce):
     return [(F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T for w1, w3, w2 in shards]
@@ -41,7 +41,7 @@ def tp_mlp(x, shards, all_reduce):
 def tp_mlp(x, shards, all_reduce):
     partials = [((x @ w1.T) * (x @ w3.T)) @ w2.T for w1, w3, w2 in shards]
     return [F.silu(y) for y in all_reduce(partials)]
-"""),
+""", says="nothing is applied after it"),
     # ------------------------------------------------------------ heads over ranks
     Mistake("heads_for_rank", "shards the KV heads unevenly: round-robin, not the ones its "
             "queries read", """
@@ -107,18 +107,18 @@ def sample_on_ranks(logits, seed, world_size):
     probs = torch.softmax(logits, dim=-1)
     return [int(torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed + r)))
             for r in range(world_size)]
-"""),
+""", says="seed + rank"),
     Mistake("sample_on_ranks", "draws from torch's global generator", """
 def sample_on_ranks(logits, seed, world_size):
     probs = torch.softmax(logits, dim=-1)
     return [int(torch.multinomial(probs, 1)) for _ in range(world_size)]
-"""),
+""", says="torch's global generator"),
     Mistake("sample_on_ranks", "one generator shared by the ranks' draws in turn", """
 def sample_on_ranks(logits, seed, world_size):
     probs = torch.softmax(logits, dim=-1)
     g = torch.Generator().manual_seed(seed)
     return [int(torch.multinomial(probs, 1, generator=g)) for _ in range(world_size)]
-"""),
+""", says="one generator shared by the ranks"),
     # ------------------------------------------------------------ ring all-reduce cost
     Mistake("ring_allreduce_time", "forgets the factor 2 (counts the reduce-scatter only)", """
 def ring_allreduce_time(nbytes, world_size, bandwidth, latency):
