@@ -66,7 +66,19 @@ def softmax_with_temperature(logits, temperature):
         raise ValueError("temperature must be >= 0")
     with np.errstate(divide="ignore", invalid="ignore"):
         return softmax(np.asarray(logits, dtype=np.float64) / temperature)
-"""),
+""", says="one-hot on the argmax yourself"),
+    Mistake("temperature", "exponentiates logits / temperature itself: exp overflows", """
+def softmax_with_temperature(logits, temperature):
+    if temperature < 0:
+        raise ValueError("temperature must be >= 0")
+    x = np.asarray(logits, dtype=np.float64)
+    if temperature == 0:
+        one_hot = np.zeros_like(x)
+        np.put_along_axis(one_hot, x.argmax(axis=-1)[..., None], 1.0, axis=-1)
+        return one_hot
+    e = np.exp(x / temperature)
+    return e / e.sum(axis=-1, keepdims=True)
+""", says="exp overflowed"),
     Mistake("temperature", "silently clamps a negative temperature instead of raising", """
 def softmax_with_temperature(logits, temperature):
     temperature = max(temperature, 0.0)
@@ -92,7 +104,7 @@ def softmax_with_temperature(logits, temperature):
 def cross_entropy(logits, targets):
     logp = log_softmax(logits)
     return float(-logp[np.arange(len(targets)), targets].sum())
-"""),
+""", says="not the sum"),
     Mistake("cross_entropy", "indexes logp[:, targets], averaging an N x N matrix", """
 def cross_entropy(logits, targets):
     logp = log_softmax(logits)
@@ -102,7 +114,7 @@ def cross_entropy(logits, targets):
 def cross_entropy(logits, targets):
     p = softmax(logits)
     return float(-np.log2(p[np.arange(len(targets)), targets]).mean())
-"""),
+""", says="natural log"),
     Mistake("cross_entropy", "log of softmax: infinite loss when a probability underflows", """
 def cross_entropy(logits, targets):
     p = softmax(logits)
@@ -131,7 +143,10 @@ def perplexity(token_logprobs):
 # One mistake, one charge: the later exercises' tests swap in the package's version of
 # the function these mistakes break, so they keep their full marks (by name prefix).
 _KEEPS = {
-    'no max shift: overflows to nan for large logits': ('temperature',),
+    'no max shift: overflows to nan for large logits': ('temperature', 'cross_entropy'),
+    'normalises over the whole array instead of each row': ('temperature', 'cross_entropy'),
+    'subtracts one max for the whole batch': ('temperature', 'cross_entropy'),
+    'reduces along axis 0 (columns) instead of the last axis': ('temperature', 'cross_entropy'),
     'logsumexp without the max shift: overflows': ('cross_entropy',),
 }
 MISTAKES = [replace(m, keeps=next((v for k, v in _KEEPS.items() if m.name.startswith(k)), ()))

@@ -160,7 +160,7 @@ def train_bpe(text, num_merges):
         merges[best] = 256 + k
         chunks = [merge_pair(ids, best, 256 + k) for ids in chunks]
     return merges
-"""),
+""", says="an empty min()/max()"),
     # ---------------------------------------------------------------- encode
     Mistake("encode", "merges the leftmost mergeable pair first, not the lowest rank", """
 def encode(text, merges):
@@ -174,7 +174,7 @@ def encode(text, merges):
             ids = merge_pair(ids, pair, merges[pair])
         out.extend(ids)
     return out
-"""),
+""", says="leftmost mergeable pair is not the rule"),
     Mistake("encode", "merges the highest rank first", """
 def encode(text, merges):
     out = []
@@ -187,7 +187,7 @@ def encode(text, merges):
             ids = merge_pair(ids, pair, merges[pair])
         out.extend(ids)
     return out
-"""),
+""", says="lowest new id"),
     Mistake("encode", "no pre-tokenization: merges across chunk boundaries", """
 def encode(text, merges):
     ids = list(text.encode("utf-8"))
@@ -222,7 +222,7 @@ def encode(text, merges):
                 ids = merge_pair(ids, pair, merges[pair])
         out.extend(ids)
     return out
-"""),
+""", says="one pass is not enough"),
     # ---------------------------------------------------------------- decode
     Mistake("decode", "decodes each token on its own (breaks characters split over tokens)", """
 def build_vocab(merges):

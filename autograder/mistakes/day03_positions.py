@@ -17,7 +17,7 @@ def one_hot(ids, num_classes):
     out = np.zeros((len(ids), num_classes))
     out[np.arange(len(ids)), ids] = 1.0
     return out
-"""),
+""", says="not only 1-D"),
     Mistake("one_hot", "classes on the first axis: returns (num_classes, ...) instead of (..., num_classes)", """
 def one_hot(ids, num_classes):
     ids = np.asarray(ids)
@@ -32,6 +32,13 @@ def one_hot(ids, num_classes):
         raise ValueError("ids out of range")
     return (ids[..., None] == np.arange(num_classes)).astype(np.float64)
 """),
+    Mistake("one_hot", "range check without an empty guard: ids.min() of no ids raises", """
+def one_hot(ids, num_classes):
+    ids = np.asarray(ids)
+    if ids.min() < 0 or ids.max() >= num_classes:
+        raise ValueError(f"ids must lie in [0, {num_classes})")
+    return (ids[..., None] == np.arange(num_classes)).astype(np.float64)
+""", says="check the range only when there are ids"),
     Mistake("embedding", "lookup without validation: table[-1] silently reads the last row", """
 def embedding_lookup(table, ids):
     return table[np.asarray(ids)]
@@ -40,6 +47,17 @@ def embedding_lookup(table, ids):
 def embedding_onehot_matmul(table, ids):
     return one_hot(ids, table.shape[0]) @ table
 """),
+    Mistake("embedding", "range check without an empty guard: ids.min() of no ids raises", """
+def embedding_lookup(table, ids):
+    ids = np.asarray(ids)
+    if ids.min() < 0 or ids.max() >= table.shape[0]:
+        raise ValueError(f"ids must lie in [0, {table.shape[0]})")
+    return table[ids]
+
+
+def embedding_onehot_matmul(table, ids):
+    return one_hot(ids, table.shape[0]) @ table
+""", says="check the range only when there are ids"),
     Mistake("embedding", "one-hot over d (table.shape[1]) instead of V", """
 def embedding_lookup(table, ids):
     ids = np.asarray(ids)
@@ -50,7 +68,7 @@ def embedding_lookup(table, ids):
 
 def embedding_onehot_matmul(table, ids):
     return one_hot(ids, table.shape[1]) @ table.T
-"""),
+""", says="the vocabulary, not d"),
     Mistake("embedding", "flattens the ids and never reshapes: (B*T, d) instead of (B, T, d)", """
 def embedding_lookup(table, ids):
     ids = np.asarray(ids).ravel()
@@ -122,7 +140,7 @@ def rope_cos_sin(head_dim, seq_len, base=10000.0):
     angles = torch.arange(seq_len, dtype=torch.float32)[:, None] * inv_freq
     emb = torch.repeat_interleave(angles, 2, dim=-1)
     return emb.cos(), emb.sin()
-"""),
+""", says="repeat_interleave"),
     Mistake("rope_tables", "frequencies base^(-i/d) instead of base^(-2i/d)", """
 def rope_cos_sin(head_dim, seq_len, base=10000.0):
     if head_dim % 2:
@@ -131,7 +149,7 @@ def rope_cos_sin(head_dim, seq_len, base=10000.0):
     angles = torch.arange(seq_len, dtype=torch.float32)[:, None] * inv_freq
     emb = torch.cat((angles, angles), dim=-1)
     return emb.cos(), emb.sin()
-"""),
+""", says="arange(0, head_dim, 2)"),
     Mistake("rope_tables", "angles not doubled: tables of shape (T, head_dim / 2)", """
 def rope_cos_sin(head_dim, seq_len, base=10000.0):
     if head_dim % 2:
@@ -139,7 +157,7 @@ def rope_cos_sin(head_dim, seq_len, base=10000.0):
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     angles = torch.arange(seq_len, dtype=torch.float32)[:, None] * inv_freq
     return angles.cos(), angles.sin()
-"""),
+""", says="written twice"),
     Mistake("rope", "pairs adjacent channels (interleaved rotate) with rotate-half tables", """
 def rotate_half(x):
     return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)

@@ -175,13 +175,13 @@ def repeat_kv(x, n_rep):
     if n_rep < 1:
         raise ValueError(f"n_rep must be >= 1, got {n_rep}")
     return x.repeat(1, n_rep, 1, 1)
-"""),
+""", says="do not use repeat"),
     Mistake("repeat_kv", "repeats along the positions (dim 2) instead of the heads", """
 def repeat_kv(x, n_rep):
     if n_rep < 1:
         raise ValueError(f"n_rep must be >= 1, got {n_rep}")
     return torch.repeat_interleave(x, n_rep, dim=2)
-"""),
+""", says="along dim 1 (the heads)"),
     Mistake("repeat_kv", "n_rep = 0 silently returns zero heads", """
 def repeat_kv(x, n_rep):
     return torch.repeat_interleave(x, n_rep, dim=1)
@@ -200,7 +200,7 @@ def grouped_query_attention(q, k, v, causal=True):
     if n_heads % n_kv_heads:
         raise ValueError("n_kv_heads must divide n_heads")
     return scaled_dot_product_attention(q, repeat_kv(k, n_kv_heads), repeat_kv(v, n_kv_heads), causal)
-"""),
+""", says="n_rep = H // H_kv = 3"),
     Mistake("gqa", "no divisibility check: H=6, H_kv=4 fails with a shape error, not a ValueError", """
 def grouped_query_attention(q, k, v, causal=True):
     n_rep = q.shape[1] // k.shape[1]

@@ -68,11 +68,11 @@ def swiglu(x, w1, w2, w3):
     Mistake("swiglu", "sigmoid instead of silu (plain GLU)", """
 def swiglu(x, w1, w2, w3):
     return (torch.sigmoid(x @ w1.T) * (x @ w3.T)) @ w2.T
-"""),
+""", says="not sigmoid or GELU"),
     Mistake("swiglu", "GELU instead of silu", """
 def swiglu(x, w1, w2, w3):
     return (F.gelu(x @ w1.T) * (x @ w3.T)) @ w2.T
-"""),
+""", says="not sigmoid or GELU"),
     Mistake("swiglu", "two-matrix MLP: drops the up projection", """
 def swiglu(x, w1, w2, w3):
     return F.silu(x @ w1.T) @ w2.T
@@ -108,7 +108,7 @@ def block_forward(x, p, cfg, cos, sin):
     hn = rms_norm(h, p["attention_norm.weight"], cfg.norm_eps)
     return h + swiglu(hn, p["feed_forward.w1.weight"], p["feed_forward.w2.weight"],
                       p["feed_forward.w3.weight"])
-"""),
+""", says="norm1 uses attention_norm.weight"),
     Mistake("block_forward", "forgets the MLP's residual connection", """
 def block_forward(x, p, cfg, cos, sin):
     h = x + attention_forward(rms_norm(x, p["attention_norm.weight"], cfg.norm_eps), p, cfg,
@@ -157,7 +157,7 @@ def model_forward(idx, weights, cfg):
     x = rms_norm(x, weights["norm.weight"], cfg.norm_eps)
     head = weights["tok_embeddings.weight"] if cfg.tie_embeddings else weights["output.weight"]
     return x @ head.T
-"""),
+""", says="do not scale the embeddings"),
     Mistake("model_forward", "returns probabilities (softmax) instead of logits", """
 def model_forward(idx, weights, cfg):
     T = idx.shape[1]

@@ -40,12 +40,12 @@ def get_batch(data, batch_size, block_size, generator):
     x = torch.stack([data[s:s + block_size] for s in sx.tolist()])
     y = torch.stack([data[s + 1:s + block_size + 1] for s in sy.tolist()])
     return x, y
-"""),
+""", says="same window"),
     # ---- lm_loss --------------------------------------------------------------------------
     Mistake("lm_loss", "passes (B, T, V) logits to F.cross_entropy without flattening", """
 def lm_loss(logits, targets):
     return F.cross_entropy(logits, targets)
-"""),
+""", says="flatten them to (B*T, V)"),
     Mistake("lm_loss", "softmax before cross_entropy (softmax applied twice)", """
 def lm_loss(logits, targets):
     probs = torch.softmax(logits, dim=-1)
@@ -88,7 +88,7 @@ def lr_at(step, steps, max_lr, warmup_steps, min_lr):
         return max_lr * (step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(steps - warmup_steps - 1, 1)
     return 0.5 * max_lr * (1.0 + math.cos(math.pi * progress))
-"""),
+""", says="ending at min_lr, not 0"),
     Mistake("lr_at", "progress divided by steps - warmup: never reaches min_lr", """
 def lr_at(step, steps, max_lr, warmup_steps, min_lr):
     if not 0 <= step < steps:
@@ -105,7 +105,7 @@ def lr_at(step, steps, max_lr, warmup_steps, min_lr):
         return max_lr * (step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(steps - warmup_steps - 1, 1)
     return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
-"""),
+""", says="do not clamp"),
     Mistake("lr_at", "full cosine period: goes down and comes back up", """
 def lr_at(step, steps, max_lr, warmup_steps, min_lr):
     if not 0 <= step < steps:
@@ -114,7 +114,7 @@ def lr_at(step, steps, max_lr, warmup_steps, min_lr):
         return max_lr * (step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(steps - warmup_steps - 1, 1)
     return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(2 * math.pi * progress))
-"""),
+""", says="half a cosine"),
     # ---- train_step -----------------------------------------------------------------------
     Mistake("train_step", "forgets zero_grad: gradients accumulate over steps", """
 def train_step(model, optimizer, x, y, grad_clip):
@@ -242,14 +242,14 @@ def kl_divergence(p, q):
     support = [w for w, pw in p.items() if pw > 0 and q.get(w, 0.0) > 0]
     mass = sum(q[w] for w in support)
     return float(sum(p[w] * math.log(p[w] / (q[w] / mass)) for w in support))
-"""),
+""", says="don't skip it"),
     Mistake("kl_divergence", "clamps q to a tiny epsilon instead of raising", """
 def kl_divergence(p, q):
     support = [w for w, pw in p.items() if pw > 0]
     qs = {w: max(q.get(w, 0.0), 1e-12) for w in support}
     mass = sum(qs.values())
     return float(sum(p[w] * math.log(p[w] / (qs[w] / mass)) for w in support))
-"""),
+""", says="clamp q to a tiny number"),
     Mistake("kl_divergence", "renormalises q over all its words instead of p's", """
 def kl_divergence(p, q):
     support = [w for w, pw in p.items() if pw > 0]
