@@ -45,7 +45,7 @@ def apply_repetition_penalty(logits, seen_ids, penalty):
     penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
     logits[seen] = penalized[seen]
     return logits
-"""),
+""", says="build a new tensor"),
     Mistake("repetition_penalty", "uses the first row's seen ids for every row", """
 def apply_repetition_penalty(logits, seen_ids, penalty):
     if penalty <= 0:
@@ -201,7 +201,7 @@ def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
                 return new, "eos"
             if len(new) == params.max_new_tokens:
                 return new, "length"
-"""),
+""", says="is False when eos_id is 0"),
     Mistake("generate_loop", "drops the EOS id from the returned ids", """
 def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
     max_seq_len = model.cfg.max_seq_len
@@ -412,8 +412,10 @@ def stream_text(token_ids, decode, stop):
     # ---------------------------------------------------------------- self-check
     Mistake("q1", "divides the negative logit (moves it towards 0)", 'answer_q1 = "A"'),
     Mistake("q1", "penalizes once per occurrence", 'answer_q1 = "C"'),
-    Mistake("q2", "counts the prompt occurrences too", "answer_q2 = 2.0 - 7 * 0.5 - 1.0"),
-    Mistake("q2", "charges presence per occurrence", "answer_q2 = 2.0 - 3 * 0.5 - 3 * 1.0"),
+    Mistake("q2", "counts the prompt occurrences too", "answer_q2 = 2.0 - 7 * 0.5 - 1.0",
+            says="only the 3 generated occurrences count"),
+    Mistake("q2", "charges presence per occurrence", "answer_q2 = 2.0 - 3 * 0.5 - 3 * 1.0",
+            says="presence is charged once"),
     Mistake("q3", "counts only the new positions", "answer_q3 = 16"),
     Mistake("q3", "counts the prompt once per step but forgets the growth", "answer_q3 = 64 * 16"),
     Mistake("q4", "streams the start of the stop string", 'answer_q4 = "A"'),

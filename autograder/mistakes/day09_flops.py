@@ -203,8 +203,12 @@ answer_q2 = prefill_flops(LLAMA2_7B, 1, 512) / 989.4e12
 # One mistake, one charge: the later exercises' tests swap in the package's version of
 # the function these mistakes break, so they keep their full marks (by name prefix).
 _KEEPS = {
-    'ignores GQA: wk and wv sized with n_heads': ('weight_flops', 'weight_bytes'),
-    'forgets the LM head': ('prefill_flops', 'decode_flops'),
+    'ignores GQA: wk and wv sized with n_heads': ('weight_flops', 'attention_flops', 'weight_bytes'),
+    'a 2-matrix MLP (GPT-2 style) instead of SwiGLU': ('weight_flops', 'attention_flops'),
+    'forgets the LM head': ('attention_flops', 'prefill_flops', 'decode_flops'),
+    '1 FLOP per multiply-add instead of 2': ('attention_flops',),
+    '2 x all parameters: counts the embedding lookup and norms': ('attention_flops',),
+    'takes the LM head from param_breakdown: 0 when tied': ('attention_flops',),
     'one layer only: forgets n_layers': ('decode_flops',),
 }
 MISTAKES = [replace(m, keeps=next((v for k, v in _KEEPS.items() if m.name.startswith(k)), ()))

@@ -9,11 +9,11 @@ MISTAKES = [
     Mistake("ridge_point", "inverted: bandwidth over peak", """
 def ridge_point(peak_flops, bandwidth):
     return bandwidth / peak_flops
-"""),
+""", says="not the other way round"),
     Mistake("ridge_point", "multiplies peak and bandwidth", """
 def ridge_point(peak_flops, bandwidth):
     return peak_flops * bandwidth
-"""),
+""", says="not their product"),
     # ------------------------------------------------------------------ attainable_flops
     Mistake("attainable_flops", "divides the bandwidth by the intensity", """
 def attainable_flops(peak_flops, bandwidth, intensity):
@@ -36,7 +36,7 @@ def attainable_flops(peak_flops, bandwidth, intensity):
 def op_time(flops, nbytes, peak_flops, bandwidth):
     compute, memory = flops / peak_flops, nbytes / bandwidth
     return compute + memory, ("compute" if compute >= memory else "memory")
-"""),
+""", says="not their sum"),
     Mistake("op_time", "labels swapped", """
 def op_time(flops, nbytes, peak_flops, bandwidth):
     compute, memory = flops / peak_flops, nbytes / bandwidth
@@ -46,7 +46,7 @@ def op_time(flops, nbytes, peak_flops, bandwidth):
 def op_time(flops, nbytes, peak_flops, bandwidth):
     compute, memory = flops / peak_flops, nbytes / bandwidth
     return min(compute, memory), ("compute" if compute >= memory else "memory")
-"""),
+""", says="not the faster one"),
     Mistake("op_time", "a tie counts as memory-bound", """
 def op_time(flops, nbytes, peak_flops, bandwidth):
     compute, memory = flops / peak_flops, nbytes / bandwidth
@@ -74,13 +74,13 @@ def matmul_intensity(m, k, n, bytes_per_element):
 def predict_decode_step(cfg, batch, context_len, dtype, peak_flops, bandwidth):
     return op_time(flops.decode_flops(cfg, batch, context_len),
                    flops.weights_read_bytes(cfg, batch, dtype), peak_flops, bandwidth)
-"""),
+""", says="plus every sequence's KV cache"),
     Mistake("predict_decode_step", "reads the weights once per sequence", """
 def predict_decode_step(cfg, batch, context_len, dtype, peak_flops, bandwidth):
     nbytes = (batch * flops.weights_read_bytes(cfg, 1, dtype)
               + flops.kv_cache_bytes(cfg, context_len, batch, dtype))
     return op_time(flops.decode_flops(cfg, batch, context_len), nbytes, peak_flops, bandwidth)
-"""),
+""", says="ONCE per step whatever the batch"),
     Mistake("predict_decode_step", "ignores the dtype: always 2 bytes", """
 def predict_decode_step(cfg, batch, context_len, dtype, peak_flops, bandwidth):
     return op_time(flops.decode_flops(cfg, batch, context_len),

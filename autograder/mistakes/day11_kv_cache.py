@@ -127,7 +127,7 @@ class LayerCache:
         self.k[:, :, pos:end] = k_new
         self.v[:, :, pos:end] = v_new
         return self.k[:, :, :end], self.k[:, :, :end]
-"""),
+""", says="the second element comes from self.v"),
     # ---------------------------------------------------------------- cached attention
     Mistake("cached_attention", "top-left aligned mask: F.scaled_dot_product_attention(is_causal=True)",
             """
@@ -190,7 +190,7 @@ def cached_attention(q, k, v):
         x = x + block.attention.wo(merge_heads(cached_attention(q, k_all, v_all)))
         x = x + block.feed_forward(block.ffn_norm(x))
     return model.output(model.norm(x))
-"""),
+""", says="cache.update(k, v, pos)"),
     Mistake("forward_with_cache", "fills the cache but attends only over the new keys",
             _FORWARD_HEAD + """
     cos, sin = model.rope_cos[pos:pos + T], model.rope_sin[pos:pos + T]

@@ -81,7 +81,7 @@ def percentile(values, q):
         raise ValueError("values must not be empty")
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return ordered[rank - 1]
-"""),
+""", says="20 is what nearest-rank"),
     Mistake("percentile", "position q/100 * N instead of q/100 * (N - 1)", """
 def percentile(values, q):
     if not 0 <= q <= 100:
@@ -114,7 +114,7 @@ def percentile(values, q):
     if not ordered:
         raise ValueError("values must not be empty")
     return ordered[math.floor(q / 100 * (len(ordered) - 1))]
-"""),
+""", says="the lower neighbour alone"),
     Mistake("percentile", "sorts the caller's list in place", """
 def percentile(values, q):
     if not 0 <= q <= 100:
@@ -159,7 +159,7 @@ def percentile(values, q):
         if ttft <= ttft_slo and (tpot is None or tpot <= tpot_slo):
             good += 1
     return good / max(len(requests), 1)
-"""),
+""", says="not by the number of requests"),
     Mistake("goodput", "counts good tokens instead of good requests", _GOODPUT_HEAD + """
         if ttft <= ttft_slo and (tpot is None or tpot <= tpot_slo):
             good += len(times)

@@ -120,7 +120,7 @@ def positions_from_mask(mask):
 def next_tokens(logits, finished, eos_id, pad_id):
     tokens = logits.argmax(dim=-1)
     return tokens, finished | (tokens == eos_id)
-"""),
+""", says="only rows already finished"),
     Mistake("next_tokens", "forgets rows that finished earlier", """
 def next_tokens(logits, finished, eos_id, pad_id):
     tokens = torch.where(finished, torch.full_like(finished, pad_id, dtype=torch.long),
@@ -133,7 +133,7 @@ def next_tokens(logits, finished, eos_id, pad_id):
                          logits.argmax(dim=-1))
     done = bool((tokens == eos_id).any())
     return tokens, finished | done
-"""),
+""", says="it keeps running"),
     Mistake("next_tokens", "argmax over the batch dimension", """
 def next_tokens(logits, finished, eos_id, pad_id):
     tokens = torch.where(finished, torch.full_like(finished, pad_id, dtype=torch.long),
@@ -165,13 +165,13 @@ def beam_step(log_probs, beam_scores, num_beams):
         order = torch.cat([order, order[:1].repeat(num_beams - len(order))])
     order = order[:num_beams]
     return order, tokens[order], best[order]
-"""),
+""", says="one beam may win several times"),
     Mistake("beam_step", "parent and token swapped (index % V is the beam)", """
 def beam_step(log_probs, beam_scores, num_beams):
     vocab = log_probs.shape[1]
     scores, index = torch.topk((beam_scores[:, None] + log_probs).flatten(), num_beams)
     return index % vocab, index // vocab, scores
-"""),
+""", says="beam c // V"),
     Mistake("beam_step", "divides by the number of beams instead of the vocabulary", """
 def beam_step(log_probs, beam_scores, num_beams):
     K = log_probs.shape[0]

@@ -163,7 +163,7 @@ def residual(p, q):
         return new
     new.append(draw(p[len(drafts)], generator))
     return new
-"""),
+""", says="not the draft's own"),
     # ---------------------------------------------------------------- tokens per pass
     Mistake("tokens_per_pass", "exponent gamma instead of gamma + 1 (forgets the bonus token)", """
 def tokens_per_pass(a, gamma):
@@ -207,7 +207,7 @@ def tokens_per_pass(a, gamma):
             if context[start:start + n] == tail:
                 return context[start + n:start + n + gamma]
     return []
-"""),
+""", says="position at the end is not an earlier occurrence"),
     Mistake("lookup_drafts", "tries the shortest n-gram first", _LOOKUP_HEAD + """
     for n in range(1, min(max_ngram, len(context) - 1) + 1):
         tail = context[-n:]
