@@ -194,6 +194,10 @@ def test_chunk_attention_refuses_bad_input():
         attend(randn(7, 3, 16), k_pool, v_pool, tables, starts, counts, 1.0)
     with pytest.raises(ValueError, match="float32"):
         attend(q.double(), k_pool, v_pool, tables, starts, counts, 1.0)
+    for bad in (-1, k_pool.shape[0]):                   # a block id outside the pools
+        outside = tables.index_fill(1, torch.tensor([0]), bad)
+        with pytest.raises(ValueError, match=r"tables must name blocks of the pools, in \[0, "):
+            attend(q, k_pool, v_pool, outside, starts, counts, 1.0)
 
 
 def _attention_on(lib, q, k_pool, v_pool, tables, lengths, scale) -> torch.Tensor:
@@ -287,6 +291,55 @@ def test_paged_attention_refuses_bad_input():
         cpu_gemm.paged_attention(randn(2, 3, 16), k_pool, v_pool, tables, lengths, 1.0)
     with pytest.raises(ValueError, match="float32"):
         cpu_gemm.paged_attention(q.double(), k_pool, v_pool, tables, lengths, 1.0)
+    for bad in (-1, 8):                                 # a block id outside the 8 blocks
+        outside = tables.index_fill(1, torch.tensor([0]), bad)
+        with pytest.raises(ValueError, match=r"tables must name blocks of the pools, in \[0, 8\)"):
+            cpu_gemm.paged_attention(q, k_pool, v_pool, outside, lengths, 1.0)
+
+
+def test_paged_attention_over_scores_larger_than_a_threads_stack(threads):
+    """32 query heads on one kv head over 80,000 positions: 10 MB of scores, more than the
+    8 MiB stack a thread usually gets (a helper's is the stack limit, or glibc's 2 MiB where
+    that is unlimited), so they come from the heap (attention.h's STACK_SCORES), with the same
+    arithmetic: as close to the float64 padded path as its float32 run, with the allowance of
+    the tests above (4x plus 5e-7). Measured on the AVX-512 AMD EPYC, 2026-11-29, seeds 0-3,
+    ours 2.5e-6 to 5.1e-6 from float64 (built for AVX2's and SSE's widths 3.0e-6 to 6.9e-6),
+    the padded path 3.8e-6 to 6.0e-6."""
+    length, block, dim = 80_000, 1024, 16
+    width = -(-length // block)
+    k_pool, v_pool = _pools(2 * width, 1, block, dim, seed=1)
+    tables = torch.randperm(2 * width, generator=torch.Generator().manual_seed(0)).view(2, width)
+    lengths = torch.tensor([length, length // 3])
+    q = randn(2, 32, dim, seed=7) * 20
+    got = cpu_gemm.paged_attention(q, k_pool, v_pool, tables, lengths, 0.25)
+    keys = torch.arange(width * block)
+    padded = (torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.bool),
+              (keys[None, :] < lengths[:, None])[:, None, None, :])
+    check_float32_error("paged_attention over 80,000 positions", got,
+                        padded_attention(q, k_pool, v_pool, tables, padded, 0.25),
+                        padded_attention(q.double(), k_pool.double(), v_pool.double(), tables,
+                                         padded, 0.25), factor=4, floor=5e-7)
+
+
+def test_an_attention_of_more_units_than_the_pools_counter_holds():
+    """The pool's atomic word counts at most POOL_MAX_CHUNKS (2^20 - 1) chunks of a job; a
+    paged attention of 2^20 one-position sequences (as many units) hands them out several to a
+    chunk on two threads, and every output is its one value row. In a forked child, so that a
+    job that never ends is a timeout here, not a stuck run."""
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply_async(_units_beyond_the_counter).get(timeout=120)
+
+
+def _units_beyond_the_counter() -> bool:
+    cpu_gemm.set_threads(2)
+    n = 1 << 20
+    k_pool, v_pool = _pools(1, 1, 1, 4, seed=0)
+    q = randn(n, 1, 4, seed=1)
+    y = cpu_gemm.paged_attention(q, k_pool, v_pool, torch.zeros(n, 1, dtype=torch.long),
+                                 torch.ones(n, dtype=torch.long), 1.0)
+    return torch.equal(y, v_pool[0, 0].expand(n, 1, 4))
 
 
 def test_which_models_run_batched():

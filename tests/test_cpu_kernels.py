@@ -9,6 +9,8 @@ step's."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as nnf
@@ -281,6 +283,20 @@ def test_bad_shapes_and_inputs_are_refused():
         ck.set_threads(0)
     with pytest.raises(ValueError, match="fmt must be one of"):
         ck.TiledLinear(weights(16, 8), fmt="int3")
+
+
+def test_q8_0_tiles_refuse_weights_outside_q8_0s_range():
+    """Q8_0 weights are in [-127, 127] (quantize_q8_0 clamps there): the AVX2 kernel negates q
+    where x is negative, and int8 has no -(-128), so tile_q8_0 refuses -128, and q that is not
+    int8."""
+    q, d = ck.quantize_q8_0(weights(16, 64) * 1000)
+    assert int(q.min()) == -127 and int(q.max()) == 127
+    assert ck.tile_q8_0(q, d).shape == (1, 2, 32 + 512)
+    q[3, 7] = -128
+    with pytest.raises(ValueError, match=r"q must hold Q8_0 weights in \[-127, 127\]"):
+        ck.tile_q8_0(q, d)
+    with pytest.raises(TypeError, match="q must be an int8 tensor"):
+        ck.tile_q8_0(q.to(torch.int16), d)
 
 
 # --------------------------------------------------------------------------------------------
@@ -707,3 +723,48 @@ def test_the_final_norm_and_head_in_the_call_give_the_plain_steps_logits():
     with pytest.raises(ValueError, match="head must be one TiledLinear of the layers' format"):
         ck.DecodeLayers(*args, final_norm=model.norm.weight,
                         head=ck.TiledLinear(model.output.weight, fmt="bf16"))
+
+
+def test_layers_refuse_shapes_that_do_not_fit():
+    """The C layers read and write where the shapes say, without a bound of their own: x of
+    another width than the model's, heads that do not fit qkv and wo, kv heads that do not
+    divide the heads, and a cache of other kv heads are refused (the argument named) before a
+    call reaches them."""
+    model = small_model()                            # 4 heads, 2 kv heads of 16: width 64
+    step = DecodeStep(model, KVCache.for_model(model, 1, 16))
+    layers, cache = step._layers.keep
+    args = (layers, cache, model.rope_cos, step._sin_signed)
+    with pytest.raises(ValueError, match=r"x must be contiguous float32 \(B, 64\)"):
+        step._layers(torch.zeros(1, 65), 0)
+    with pytest.raises(ValueError, match=r"layers\[0\]: qkv must stack \(8, 2, 2\) heads"):
+        ck.DecodeLayers(*args, 8, 2, 1e-5)
+    with pytest.raises(ValueError, match="heads must be a positive multiple of kv_heads"):
+        ck.DecodeLayers(*args, 4, 3, 1e-5)
+    with pytest.raises(TypeError, match="heads and kv_heads must be ints"):
+        ck.DecodeLayers(*args, 4.0, 2, 1e-5)
+    wide = [SimpleNamespace(k=torch.zeros(1, 4, 16, 16), v=torch.zeros(1, 4, 16, 16))
+            for _ in cache]
+    with pytest.raises(ValueError, match=r"cache_layers\[0\] must hold .k and .v"):
+        ck.DecodeLayers(layers, wide, model.rope_cos, step._sin_signed, 4, 2, 1e-5)
+
+
+def test_a_nan_written_to_a_bfloat16_cache_stays_a_nan():
+    """A bfloat16 cache's rows are rounded from float32 as x is for the bfloat16 dot products
+    (float_to_bf16), NaN included: a row of x holding the NaN 0x7fffffff, whose payload the
+    rounding (add 0x7fff, shift) would carry into the sign bit (-0.0), makes every key and
+    value its position writes NaN in both layers; the other row's stay numbers."""
+    model = small_model()
+    cfg = model.cfg
+    step = DecodeStep(model, KVCache.for_model(model, 2, 16))
+    shape = (2, cfg.n_kv_heads, 16, cfg.head_dim)
+    cache = [SimpleNamespace(k=torch.zeros(shape, dtype=torch.bfloat16),
+                             v=torch.zeros(shape, dtype=torch.bfloat16)) for _ in range(2)]
+    layers = ck.DecodeLayers(step._layers.keep[0], cache, model.rope_cos, step._sin_signed,
+                             cfg.n_heads, cfg.n_kv_heads, cfg.norm_eps)
+    assert layers.cache_bf16 == 1
+    x = torch.randn(2, cfg.d_model, generator=torch.Generator().manual_seed(0))
+    x[1, 5] = torch.tensor(0x7fffffff, dtype=torch.int32).view(torch.float32)
+    layers(x, 3)
+    for layer in cache:
+        for t in (layer.k, layer.v):
+            assert t[1, :, 3].isnan().all() and not t[0, :, 3].isnan().any()

@@ -41,7 +41,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tg_gemm.restype = None
     lib.tg_paged_attention.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 5 \
         + [ctypes.c_long] * 6 + [ctypes.c_float]
-    lib.tg_paged_attention.restype = None
+    lib.tg_paged_attention.restype = ctypes.c_int
     lib.tg_chunk_attention.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 3 \
         + [ctypes.c_long] + [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_void_p] \
         + [ctypes.c_long] * 4 + [ctypes.c_float]
@@ -150,6 +150,15 @@ def _check_pools(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch
     return kv_heads, block
 
 
+def _check_blocks(what: str, tables: torch.Tensor, k_pool: torch.Tensor) -> None:
+    """A ValueError unless every entry of `tables` is a block of the pools, in [0, num_blocks):
+    the kernels read the blocks the tables name without a bound."""
+    if tables.numel() and (int(tables.min()) < 0 or int(tables.max()) >= k_pool.shape[0]):
+        raise ValueError(f"{what}: tables must name blocks of the pools, in [0, "
+                         f"{k_pool.shape[0]}), got ids {int(tables.min())} .. "
+                         f"{int(tables.max())}")
+
+
 def _loaded(q: torch.Tensor) -> tuple:
     """The library (or why not), and q (rows, H, d) with each row's heads contiguous (rows
     may be apart: a view)."""
@@ -171,8 +180,9 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     positions 0 .. lengths[i] - 1 that query i sees (at least 1, at most W * block_size).
     Query head h uses kv head h // (H / H_kv). Returns (N, H, d) float32: softmax(q k^T *
     scale) v per sequence and head, the same function as tinygpt.runner's padded batch (up to
-    float rounding: the sums run in another order). checked=True skips the check of the
-    lengths' range (the runner checks them once per step, not once per layer)."""
+    float rounding: the sums run in another order). checked=True skips the checks of the
+    lengths' range and of the tables' block ids (the runner checks the lengths once per step,
+    not once per layer, and its tables are its cache's own)."""
     n_seq, heads, dim = q.shape
     kv_heads, block = _check_pools("paged_attention", q, k_pool, v_pool)
     if tables.dtype != torch.int64 or lengths.dtype != torch.int64 \
@@ -184,16 +194,20 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                                   or int(lengths.max()) > tables.shape[1] * block):
         raise ValueError(f"lengths must be in [1, {tables.shape[1] * block}], got "
                          f"{lengths.tolist()}")
+    if not checked:
+        _check_blocks("paged_attention", tables, k_pool)
     lib, q = _loaded(q)
     tables, lengths = tables.contiguous(), lengths.contiguous()
     k_pool, v_pool = k_pool.contiguous(), v_pool.contiguous()
     y = torch.empty(n_seq, heads, dim)
     if n_seq:
         with _library.lock:
-            lib.tg_paged_attention(q.data_ptr(), q.stride(0), k_pool.data_ptr(),
-                                   v_pool.data_ptr(),
-                                   tables.data_ptr(), lengths.data_ptr(), y.data_ptr(), n_seq,
-                                   heads, kv_heads, dim, block, tables.shape[1], scale)
+            status = lib.tg_paged_attention(q.data_ptr(), q.stride(0), k_pool.data_ptr(),
+                                            v_pool.data_ptr(), tables.data_ptr(),
+                                            lengths.data_ptr(), y.data_ptr(), n_seq, heads,
+                                            kv_heads, dim, block, tables.shape[1], scale)
+        if status:
+            raise MemoryError("paged_attention could not allocate a sequence's scores")
     return y
 
 
@@ -208,8 +222,9 @@ def chunk_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     in the pools), T = counts.sum(); k_pool, v_pool (num_blocks, H_kv, block_size, d) float32;
     tables (C, W) int64, chunk c's blocks in position order. Query j of chunk c sees positions
     0 .. starts[c] + j; query head h uses kv head h // (H / H_kv). Returns (T, H, d) float32,
-    the function of runner.padded_attention up to float rounding. checked=True skips the check
-    that every chunk's last position is inside its table (the runner checks it once a step)."""
+    the function of runner.padded_attention up to float rounding. checked=True skips the checks
+    that every chunk's last position is inside its table (the runner checks it once a step) and
+    of the tables' block ids (the runner's are its cache's own)."""
     n_tokens, heads, dim = q.shape
     kv_heads, block = _check_pools("chunk_attention", q, k_pool, v_pool)
     n_chunks = tables.shape[0]
@@ -227,6 +242,8 @@ def chunk_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         if int((starts + counts).max()) > tables.shape[1] * block:
             raise ValueError(f"every chunk must end inside its table of {tables.shape[1]} "
                              f"blocks of {block}: ends {(starts + counts).tolist()}")
+    if not checked:
+        _check_blocks("chunk_attention", tables, k_pool)
     lib, q = _loaded(q)
     tables, starts, counts = tables.contiguous(), starts.contiguous(), counts.contiguous()
     first = torch.zeros(n_chunks, dtype=torch.int64)

@@ -131,7 +131,14 @@ def tile_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     and block b, 16 float16 scales, then the block's 32 columns in 8 groups of 4, each group
     the 16 rows' 4 weights side by side (row i, column 4g + c at byte 64g + 4i + c), stored
     as q + 128 (0..254: the integer product's unsigned operand); a uint8 tensor
-    (tiles, K / 32, 32 + 512). d must hold float16 values (quantize_q8_0's do)."""
+    (tiles, K / 32, 32 + 512). d must hold float16 values (quantize_q8_0's do). q must be int8
+    (else a TypeError) in [-127, 127], Q8_0's range (else a ValueError; quantize_q8_0's are):
+    the AVX2 kernel negates q where x is negative, and int8 has no -(-128)."""
+    if q.dtype != torch.int8:
+        raise TypeError(f"q must be an int8 tensor of Q8_0 weights, got {q.dtype}")
+    if q.numel() and int(q.min()) < -127:
+        raise ValueError("q must hold Q8_0 weights in [-127, 127] (quantize_q8_0's range), "
+                         "got -128")
     n, k = q.shape
     pad = -n % TILE
     if pad:
@@ -276,9 +283,9 @@ def int_path(lib: ctypes.CDLL | None = None) -> str:
 def bf16_path(lib: ctypes.CDLL | None = None) -> str:
     """How the kernels (or `lib`, another build of them) multiply bfloat16 weights:
     "avx512_bf16 dot products" where the build targets a CPU with avx512_bf16 (x rounded to
-    bfloat16, VDPBF16PS), "widened to float32" elsewhere (exact products of the bfloat16
-    weights with float32 x), or "unavailable" without the kernels. Sums are float32 either
-    way."""
+    bfloat16, VDPBF16PS), "widened to float32" elsewhere (the bfloat16 weights times float32
+    x, each product exact inside its fused multiply-add), or "unavailable" without the
+    kernels. Sums are float32 either way."""
     lib = lib or load()
     return "unavailable" if lib is None else BF16_PATHS[lib.tg_bf16_path()]
 
@@ -432,14 +439,48 @@ class _CacheRows:
         self.block = k.shape[2]          # max_len of a plain cache
         self.slots = k.shape[0]          # the plain cache's sequences, or the pool's blocks
 
+    def _check_shapes(self, layers: list[tuple], cache_layers: list, heads: int,
+                      kv_heads: int) -> None:
+        """What the C side reads and writes without a bound, checked once: per layer
+        (attention_norm, qkv, wo, ffn_norm, ...) against heads, kv_heads, the cache's
+        (slots, kv_heads, block, head_dim) and the rotation tables (after _bind). Sets d_model,
+        the width every call's x must have."""
+        if not isinstance(heads, int) or not isinstance(kv_heads, int):
+            raise TypeError(f"heads and kv_heads must be ints, got {heads!r}, {kv_heads!r}")
+        if not 0 < kv_heads <= heads or heads % kv_heads:
+            raise ValueError(f"heads must be a positive multiple of kv_heads, got heads={heads}, "
+                             f"kv_heads={kv_heads}")
+        d, hd, shape = layers[0][0].shape[0], self.head_dim, cache_layers[0].k.shape
+        if self.cos.ndim != 2 or self.sin_signed.shape != self.cos.shape:
+            raise ValueError(f"cos and sin_signed must be (max_seq_len, head_dim) of one shape, "
+                             f"got {tuple(self.cos.shape)} and {tuple(self.sin_signed.shape)}")
+        for i, c in enumerate(cache_layers):
+            if len(shape) != 4 or shape[1] != kv_heads or shape[3] != hd \
+                    or c.k.shape != shape or c.v.shape != shape:
+                raise ValueError(f"cache_layers[{i}] must hold .k and .v (slots, kv_heads "
+                                 f"{kv_heads}, block, head_dim {hd}) of every layer's shape, got "
+                                 f"{tuple(c.k.shape)} and {tuple(c.v.shape)}")
+        for i, (n1, qkv, wo, n2, *_) in enumerate(layers):
+            if n1.shape != (d,) or n2.shape != (d,) or qkv.k != d:
+                raise ValueError(f"layers[{i}]: the norm weights and qkv's in_features must be "
+                                 f"the model width {d}, got {tuple(n1.shape)}, "
+                                 f"{tuple(n2.shape)} and {qkv.k}")
+            if list(qkv.sizes) != [heads * hd, kv_heads * hd, kv_heads * hd] \
+                    or wo.k != heads * hd or wo.n != d:
+                raise ValueError(f"layers[{i}]: qkv must stack ({heads}, {kv_heads}, {kv_heads}) "
+                                 f"heads of {hd} and wo map {heads * hd} to {d}, got qkv "
+                                 f"{qkv.sizes}, wo {wo.k} -> {wo.n}")
+        self.d_model = d
+
     max_rows: int | None = MAX_ROWS      # rows of x per call (None: any number)
 
     def _check_x(self, x: torch.Tensor) -> int:
         rows, limit = x.shape[0], self.max_rows
         if x.dtype != torch.float32 or x.ndim != 2 or not x.is_contiguous() \
+                or x.shape[1] != self.d_model \
                 or not 0 < rows <= (rows if limit is None else limit):
             bound = "B >= 1" if limit is None else f"1 <= B <= {limit}"
-            raise ValueError(f"x must be contiguous float32 (B, D), {bound}, got "
+            raise ValueError(f"x must be contiguous float32 (B, {self.d_model}), {bound}, got "
                              f"{x.dtype} {tuple(x.shape)}")
         return rows
 
@@ -519,6 +560,11 @@ class DecodeLayers(_CacheRows):
             raise ValueError(reason)
         self.lib = load()
         self._bind(cache_layers, cos, sin_signed, block_size)
+        self._check_shapes(layers, cache_layers, heads, kv_heads)
+        for i, (_, _, _, _, gate_up, w2) in enumerate(layers):
+            if gate_up.k != self.d_model or w2.n != self.d_model:
+                raise ValueError(f"layers[{i}]: gate_up must take and w2 give the model width "
+                                 f"{self.d_model}, got {gate_up.k} and {w2.n}")
         layers = [(n1.float().contiguous(), qkv, wo, n2.float().contiguous(), gate_up, w2)
                   for n1, qkv, wo, n2, gate_up, w2 in layers]
         if final_norm is not None and (final_norm.shape != layers[0][0].shape
@@ -635,6 +681,7 @@ class MoEDecodeLayers(_CacheRows):
             raise ValueError(reason)
         self.lib = load()
         self._bind(cache_layers, cos, sin_signed, block_size)
+        self._check_shapes(layers, cache_layers, heads, kv_heads)
         self.heads, self.kv_heads, self.eps = heads, kv_heads, float(eps)
         self.code = layers[0][1].code
         self.layers, self.keep = [], []          # keep: what the pointers point into
@@ -645,6 +692,9 @@ class MoEDecodeLayers(_CacheRows):
             else:
                 moe, gate_ups, downs, shared = ffn[1:]
                 products = list(zip(gate_ups, downs, strict=True)) + ([shared] if shared else [])
+            if any(g.k != self.d_model or down.n != self.d_model for g, down in products):
+                raise ValueError(f"every expert's gate_up must take and down give the model "
+                                 f"width {self.d_model}")
             tables = ((ctypes.c_void_p * len(products))(*(g.tiled.data_ptr() for g, _ in products)),
                       (ctypes.c_void_p * len(products))(*(d.tiled.data_ptr() for _, d in products)),
                       (ctypes.c_long * len(products))(*(g.n_pad for g, _ in products)),

@@ -18,6 +18,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "vec.h"      /* vf: VW floats, the registers' width; VPT of them per 16 floats */
@@ -45,7 +46,7 @@ static inline void cache_row(const void *cache, long at, int bf16, float *out, l
  * per cached position per head, most of attention's time on a small model's long context).
  * x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two parts, so n ln 2 is exact enough),
  * e^r by its Taylor polynomial of degree 6, times 2^n built in the exponent bits; below
- * -87 the result (smaller than 1e-38) is taken as 0. */
+ * -87 the result (under e^-87, about 1.6e-38) is taken as 0. */
 static inline float exp_nonpositive(float x) {
     int under = x < -87.0f;
     x = under ? -87.0f : x;                    /* no branch: the loop stays vectorized */
@@ -242,18 +243,27 @@ static void attend_group(const float *q, long group, const void *kc, const void 
                  row);
 }
 
-#define STACK_SCORES 8192
+/* the most scores a unit keeps on its thread's stack (64 KiB); more go to the heap: the pool's
+ * helpers have the default stack (the stack limit, often 8 MiB; glibc's 2 MiB where it is
+ * unlimited), and a 128k-position context with groups of 4 needs 2 MiB of scores */
+#define STACK_SCORES 16384
 
-/* attend_group with its scores on the calling thread's stack (a fixed array while they fit,
- * alloca beyond): what one unit of the pool's paged attention runs */
-static void attend_group_on_stack(const float *q, long group, const void *kc, const void *vc,
-                                  int bf16, const long *table, long block, long kv_heads, long g,
-                                  long span, long hd, float scale, float *out) {
+/* attend_group with its scores on the calling thread's stack (a fixed array) while they fit,
+ * in a heap buffer of the call's own beyond: what one unit of the pool's attention runs
+ * (cpu_gemm.c's paged attention, cpu_gemv.c's layers beyond MAX_ROWS rows). Returns 0, or -1
+ * (nothing computed) when that buffer could not be allocated. */
+static int attend_group_unit(const float *q, long group, const void *kc, const void *vc,
+                             int bf16, const long *table, long block, long kv_heads, long g,
+                             long span, long hd, float scale, float *out) {
     float stack[STACK_SCORES];
-    float *scores = span * group <= STACK_SCORES ? stack
-                    : (float *)__builtin_alloca(sizeof(float) * span * group);
+    float *scores = stack;
+    if (span * group > STACK_SCORES
+            && (scores = (float *)malloc(sizeof(float) * span * group)) == NULL)
+        return -1;
     attend_group(q, group, kc, vc, bf16, table, block, kv_heads, g, span, hd, scale, scores,
                  out);
+    if (scores != stack) free(scores);
+    return 0;
 }
 
 #endif

@@ -36,9 +36,9 @@
 #define TINYGPT_CHUNK_ATTENTION_H
 
 /* scores: keys per register block (KROWS x KQ running sums: 24 of AVX-512's 32 registers,
- * 12 of AVX2's 16; the layer below on the AVX-512 EPYC, 2026-11-29: 8 keys 117-118 GFLOP/s
- * on two threads and 74-75 on one, 4 keys 105-111 and 69-70, torch's padded batch 71-92 and
- * 49-51), */
+ * 12 of AVX2's 16; the layer described above, on the AVX-512 EPYC, 2026-11-29: 8 keys
+ * 117-118 GFLOP/s on two threads and 74-75 on one, 4 keys 105-111 and 69-70, torch's padded
+ * batch 71-92 and 49-51), */
 #ifndef KROWS
 #define KROWS (VW == 16 ? 8 : 4)
 #endif
@@ -48,6 +48,7 @@
 #ifndef QROWS
 #define QROWS 6               /* values: queries per register block (np is a multiple) */
 #endif
+_Static_assert(KQ * VW % QROWS == 0, "QROWS must divide KQ * VW (np is a multiple of both)");
 #ifndef SPAN_KEYS
 #define SPAN_KEYS 64          /* keys per step of the running softmax, about */
 #endif

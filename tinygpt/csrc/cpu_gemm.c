@@ -1,4 +1,8 @@
-/* tinygpt's CPU products for a batch of decodes: y (M, N) = x (M, K) @ W^T, M up to a few dozen.
+/* tinygpt's CPU products for the engine's batched steps: y (M, N) = x (M, K) @ W^T, M from one
+ * row to a step's token budget (decodes and prefill chunks together: 256 rows by default,
+ * tinygpt.scheduler). A step of at most 32 decodes and nothing else (tinygpt.runner's
+ * decode_layers_rows) runs cpu_gemv.c's decode layers (tg_layers) instead, whose float32
+ * products beyond 4 rows are this file's register blocks (gemm_tiles.h).
  *
  * An engine step that decodes 16 sequences multiplies every weight matrix by 16 rows. Each
  * weight read from memory now feeds 16 multiply-adds instead of one, so the step is no longer
@@ -104,15 +108,18 @@ void tg_gemm(const float *w, const float *x, float *y, long m, long n, long k) {
 /* ---------------------------------------------------------------------------------------- */
 /* paged decode attention: one new query per sequence against its keys in the block pool     */
 
+static _Atomic int attend_failed;    /* 1 when a unit could not allocate its scores */
+
 /* unit = (sequence, kv head): attend_group (attention.h) for the query heads that share the kv
  * head, over positions 0 .. length - 1 of the sequence */
 static void attend(long unit) {
     long seq = unit / job.kv_heads, h = unit % job.kv_heads;
     long d = job.dim, group = job.heads / job.kv_heads;
-    attend_group_on_stack(job.x + seq * job.m + h * group * d, group, job.kp, job.vp, 0,
+    if (attend_group_unit(job.x + seq * job.m + h * group * d, group, job.kp, job.vp, 0,
                           job.tables + seq * job.width, job.block, job.kv_heads, h,
                           job.lengths[seq], d, job.scale,
-                          job.y + (seq * job.heads + h * group) * d);
+                          job.y + (seq * job.heads + h * group) * d))
+        atomic_store(&attend_failed, 1);
 }
 
 /* y (n_seq, heads, dim) = attention of q (n_seq, heads, dim; sequence s's row at q + s * ldq),
@@ -120,22 +127,24 @@ static void attend(long unit) {
  * the first lengths[s] positions of sequence s in the pools k, v (blocks, kv_heads, block,
  * dim), sequence s's blocks listed in tables[s * width ..]. heads is a multiple of kv_heads
  * (query head h uses kv head h / (heads / kv_heads)), and
- * every length is at least 1. */
-void tg_paged_attention(const float *q, long ldq, const float *k, const float *v,
-                        const long *tables, const long *lengths, float *y, long n_seq,
-                        long heads, long kv_heads, long dim, long block, long width,
-                        float scale) {
+ * every length is at least 1. Returns 0, or -1 when a unit's scores found no memory. */
+int tg_paged_attention(const float *q, long ldq, const float *k, const float *v,
+                       const long *tables, const long *lengths, float *y, long n_seq,
+                       long heads, long kv_heads, long dim, long block, long width,
+                       float scale) {
     job.kind = 1;
     job.x = q; job.m = ldq; job.y = y; job.kp = k; job.vp = v; job.tables = tables; job.lengths = lengths;
     job.heads = heads; job.kv_heads = kv_heads; job.dim = dim; job.block = block;
     job.width = width; job.scale = scale;
     job.tiles = n_seq * kv_heads;
-    job.chunk = 1;
+    job.chunk = pool_units_per_chunk(job.tiles);
+    atomic_store(&attend_failed, 0);
     if (job.tiles == 1 || pool_solo()) {
         for (long u = 0; u < job.tiles; u++) attend(u);
-        return;
+    } else {
+        pool_run((job.tiles + job.chunk - 1) / job.chunk, run_chunk);
     }
-    pool_run(job.tiles, run_chunk);
+    return atomic_load(&attend_failed) ? -1 : 0;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -212,7 +221,7 @@ void tg_chunk_attention(const float *q, long ldq, const float *k, const float *v
     job.kind = 2;
     job.chunks = &a;
     job.tiles = units;
-    job.chunk = 1;
-    pool_run(units, run_chunk);
+    job.chunk = pool_units_per_chunk(units);
+    pool_run((units + job.chunk - 1) / job.chunk, run_chunk);
 }
 

@@ -162,20 +162,23 @@ static void tiles_f32(const float *w, const float *x, float *y, long m_rows, lon
  *
  *   widened      (any CPU) the low halves shifted up 16 bits are column 2p as float32, the
  *                lanes with their low halves cleared are column 2p+1: one shift, one and, two
- *                float32 multiply-adds by x[2p] and x[2p+1]. The products are exact (bfloat16
- *                weight times float32 x), the sums float32: even columns into one set of
- *                running sums, odd into another, added at the end (the float32 tiles' order).
+ *                float32 multiply-adds by x[2p] and x[2p+1]. Each product (bfloat16 weight
+ *                times float32 x) is exact inside its fused multiply-add, which rounds only
+ *                the sum (a build without FMA, such as -mno-avx, rounds the product too); the
+ *                sums float32: even columns into one set of running sums, odd into another,
+ *                added at the end (the float32 tiles' order).
  *   dot          (compiled where the compiler targets avx512_bf16: -march=native on a CPU with
- *                the flag) VDPBF16PS multiplies 32 bfloat16 pairs by 32 and adds each lane's two
- *                products into its float32 sum: one instruction per pair of columns. Its
- *                operands are both bfloat16, so x is rounded to bfloat16 first (to nearest,
- *                ties to even, as torch's x.bfloat16() does), once per product by the calling
- *                thread, and (x[2p], x[2p+1]) is broadcast to every lane. The products of two
- *                bfloat16 values are exact in float32; the sums float32 (pairs 0, 1, 2, 3
- *                mod 4 in four sets of running sums, added at the end); the instruction treats
- *                subnormal inputs and results as zero (below 1.2e-38: nothing a model's sums
- *                can see). So the result is F.linear(x.bfloat16().float(), W) up to the order of
- *                the float32 sums: a bfloat16 model's own forward rounds x the same way.
+ *                the flag) VDPBF16PS multiplies 32 bfloat16 values (16 pairs) by 32 others and
+ *                adds each lane's two products into its float32 sum: one instruction per pair
+ *                of columns. Its operands are both bfloat16, so x is rounded to bfloat16 first
+ *                (to nearest, ties to even, as torch's x.bfloat16() does), once per product by
+ *                the calling thread, and (x[2p], x[2p+1]) is broadcast to every lane. The
+ *                products of two bfloat16 values are exact in float32; the sums float32 (pairs
+ *                0, 1, 2, 3 mod 4 in four sets of running sums, added at the end); the
+ *                instruction treats subnormal inputs and results as zero (below 1.2e-38:
+ *                nothing a model's sums can see). So the result is
+ *                F.linear(x.bfloat16().float(), W) up to the order of the float32 sums: a
+ *                bfloat16 model's own forward rounds x the same way.
  *
  * tg_bf16_path() says which one the library was built with (0 widened, 1 dot).
  */
@@ -183,6 +186,17 @@ static inline float bits_to_float(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
     return f;
+}
+
+/* float32 -> bfloat16 bits, to nearest with ties to even (torch's rounding); a NaN becomes
+ * the quiet NaN 0x7fc0 (as c10::BFloat16 converts one value; torch's vectorized conversion
+ * writes 0xffff, a NaN too), never the infinity or zero that rounding its bits can give: x for
+ * the dot path, and a bfloat16 cache's rows (store_row) */
+static inline uint32_t float_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
 static __attribute__((unused)) void tiles_bf16_widened(
@@ -276,14 +290,6 @@ static inline __attribute__((always_inline, unused)) void bf16_widened_rows(
  * written by the calling thread before the helpers start */
 static uint32_t *xbf_buf;
 static long xbf_capacity;
-
-/* float32 -> bfloat16 bits, to nearest with ties to even (torch's rounding; NaN -> 0x7fc0) */
-static inline uint32_t float_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
-    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
 
 /* 0 on success, -1 when the buffer could not grow */
 static int round_x_bf16(const float *x, long m, long k) {
@@ -384,9 +390,10 @@ int tg_bf16_path(void) { return HAVE_BF16_DOT; }
  *   Q8_0  16 float16 wd, then 8 groups x 16 rows x 4 bytes: byte 64g + 4i + c = wq[i][4g+c] + 128
  *   Q4_1  16 float16 wd, 16 float16 wm, then 4 x 16 x 4 bytes: byte 64g + 4i + c holds
  *         wq[i][4g+c] in its low nibble and wq[i][16+4g+c] in its high one
- * The portable loops below compute the same integer sums without VNNI (any x86-64 compiler),
- * and so do the AVX2 loops after the VNNI ones; tg_use_portable(1) selects the portable loops
- * at run time (the tests compare them).
+ * The portable loops below compute the same integer sums without VNNI (any x86-64 compiler
+ * with _Float16, for the scales: GCC 12 or Clang 15 and later), and so do the AVX2 loops
+ * after the VNNI ones; tg_use_portable(1) selects the portable loops at run time (the tests
+ * compare them).
  */
 #define QBLOCK 32
 #define Q8_BLOCK_BYTES (TILE * 2 + QBLOCK * TILE)
@@ -582,7 +589,8 @@ static inline __attribute__((always_inline)) void q4_vnni(
  * vpmaddwd by ones, which adds neighbouring 16-bit lanes into 32-bit ones: a lane's 4
  * products, one row of the tile's group, as vpdpbusd gives. 8 rows of a tile per 32 bytes,
  * so a tile is done as two halves. Nothing saturates: Q8_0 multiplies |x| (<= 127, unsigned)
- * by the weight with x's sign (|wq| <= 127), a pair at most 2 x 127 x 127 = 32,258; Q4_1's
+ * by the weight with x's sign (|wq| <= 127: vpsignb negates -128 to -128, and
+ * tinygpt.cpu_kernels.tile_q8_0 refuses it), a pair at most 2 x 127 x 127 = 32,258; Q4_1's
  * nibbles (<= 15) times x, a pair at most 3,810, so the four groups' pairs of both nibbles add
  * up in 16 bits (at most 30,480) before one vpmaddwd per block. The float scales are applied
  * per block as in the portable loops. */
@@ -840,19 +848,15 @@ static void rope(const float *x, const float *cos, const float *sin_signed, floa
     for (long i = half; i < hd; i++) out[i] = x[i] * cos[i] + x[i - half] * sin_signed[i];
 }
 
-/* store hd float32 values at a cache row, rounded to bfloat16 (to nearest, ties to even, as
- * torch converts) when the cache is bfloat16 */
+/* store hd float32 values at a cache row, rounded to bfloat16 (float_to_bf16: to nearest, ties
+ * to even, as torch converts; a NaN stays a NaN) when the cache is bfloat16 */
 static inline void store_row(void *cache, long at, int bf16, const float *in, long hd) {
     if (!bf16) {
         memcpy((float *)cache + at, in, hd * sizeof(float));
         return;
     }
     uint16_t *row = (uint16_t *)cache + at;
-    for (long i = 0; i < hd; i++) {
-        uint32_t u;
-        memcpy(&u, &in[i], 4);
-        row[i] = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-    }
+    for (long i = 0; i < hd; i++) row[i] = (uint16_t)float_to_bf16(in[i]);
 }
 
 /* row b's key (rotated) and value for each kv head into the cache at its position */
@@ -877,15 +881,18 @@ struct attend_job {                 /* the pool's share of attend: see attend_un
     float scale, *out;
 };
 
+static _Atomic int attend_failed;    /* 1 when a unit could not allocate its scores */
+
 /* one (row, kv head) of attend's many-row form: its group of query heads over the positions
  * up to the row's own, on whichever thread takes it */
 static void attend_unit(long unit) {
     const struct attend_job *a = job.attention;
     long b = unit / a->kv_heads, g = unit % a->kv_heads, group = a->heads / a->kv_heads;
-    attend_group_on_stack(a->q + (b * a->heads + g * group) * a->hd, group, a->kc, a->vc,
+    if (attend_group_unit(a->q + (b * a->heads + g * group) * a->hd, group, a->kc, a->vc,
                           a->bf16, a->tables + b * a->width, a->block, a->kv_heads, g,
                           a->row_pos[b] + 1, a->hd, a->scale,
-                          a->out + (b * a->heads + g * group) * a->hd);
+                          a->out + (b * a->heads + g * group) * a->hd))
+        atomic_store(&attend_failed, 1);
 }
 
 /* Row b is the token at position row_pos[b] of the sequence whose block table is
@@ -897,11 +904,12 @@ static void attend_unit(long unit) {
  * row's keys and values are written first and the (row, kv head) units of attention then go
  * to the pool (attend_unit), the rotated queries in q_buf (rows * heads * hd floats): each
  * unit reads only positions up to its row's own, so it sees what the one-thread order shows
- * it, and computes it the same way (the same bits). */
-static void attend(const float *yqkv, long ystride, void *kc, void *vc, int bf16,
-                   const long *row_pos, const long *tables, long width, long block,
-                   const float *cos, const float *sin_signed, float *out, long rows,
-                   long heads, long kv_heads, long hd, float *scores, float *q_buf) {
+ * it, and computes it the same way (the same bits). Returns 0, or -1 when a unit's scores
+ * found no memory. */
+static int attend(const float *yqkv, long ystride, void *kc, void *vc, int bf16,
+                  const long *row_pos, const long *tables, long width, long block,
+                  const float *cos, const float *sin_signed, float *out, long rows,
+                  long heads, long kv_heads, long hd, float *scores, float *q_buf) {
     long group = heads / kv_heads;
     float scale = 1.0f / sqrtf((float)hd);
     float q[group * hd];
@@ -917,13 +925,15 @@ static void attend(const float *yqkv, long ystride, void *kc, void *vc, int bf16
         }
         struct attend_job a = {q_buf, kc, vc, bf16, row_pos, tables, width, block, heads,
                                kv_heads, hd, scale, out};
-        job.dtype = 5; job.attention = &a; job.tiles = rows * kv_heads; job.chunk = 1;
+        job.dtype = 5; job.attention = &a; job.tiles = rows * kv_heads;
+        job.chunk = pool_units_per_chunk(job.tiles);
+        atomic_store(&attend_failed, 0);
         if (pool_solo()) {
             for (long u = 0; u < job.tiles; u++) attend_unit(u);
         } else {
-            pool_run(job.tiles, run_chunk);
+            pool_run((job.tiles + job.chunk - 1) / job.chunk, run_chunk);
         }
-        return;
+        return atomic_load(&attend_failed) ? -1 : 0;
     }
     for (long b = 0; b < rows; b++) {
         const float *yb = yqkv + b * ystride;
@@ -938,6 +948,7 @@ static void attend(const float *yqkv, long ystride, void *kc, void *vc, int bf16
                          scale, scores, out + (b * heads + g * group) * hd);
         }
     }
+    return 0;
 }
 
 /* x (rows, d) += y (rows, first d of each ystride) */
@@ -952,8 +963,8 @@ static void add_rows(float *x, const float *y, long rows, long d, long ystride) 
  * holds float32 or (cache_bf16) bfloat16 rows where cache_at says (blocks of `block`
  * positions, each row's block table `width` entries of `tables`), and row b of x, the token at
  * position row_pos[b], is written there; x, the norm weights and the rotation tables (whole,
- * one row per position) are float32 whatever the weights and the cache hold. Returns 0, or
- * tg_gemv's error. */
+ * one row per position) are float32 whatever the weights and the cache hold. Returns 0,
+ * tg_gemv's error, or -1 when memory for the scratch or attention's scores ran out. */
 int tg_layer(int dtype, float *x, long rows, long d, const float *attention_norm,
              const float *ffn_norm, float eps, const void *w_qkv, long n_qkv, const void *w_o,
              long n_o, const void *w_gate_up, long n_gate_up, const void *w_down, long n_down,
@@ -975,8 +986,9 @@ int tg_layer(int dtype, float *x, long rows, long d, const float *attention_norm
     int status;
     rms_norm_rows(x, attention_norm, h, rows, d, eps);
     if ((status = tg_gemv(dtype, w_qkv, h, yqkv, rows, n_qkv, d))) return status;
-    attend(yqkv, n_qkv, kc, vc, cache_bf16, row_pos, tables, width, block, cos, sin_signed,
-           att, rows, heads, kv_heads, hd, scores, q_buf);
+    if ((status = attend(yqkv, n_qkv, kc, vc, cache_bf16, row_pos, tables, width, block, cos,
+                         sin_signed, att, rows, heads, kv_heads, hd, scores, q_buf)))
+        return status;
     if ((status = tg_gemv(dtype, w_o, att, yo, rows, n_o, heads * hd))) return status;
     add_rows(x, yo, rows, d, n_o);
     rms_norm_rows(x, ffn_norm, h, rows, d, eps);
@@ -1051,8 +1063,9 @@ int tg_attention(int dtype, float *x, float *h, long rows, long d, const float *
     int status;
     rms_norm_rows(x, attention_norm, hn, rows, d, eps);
     if ((status = tg_gemv(dtype, w_qkv, hn, yqkv, rows, n_qkv, d))) return status;
-    attend(yqkv, n_qkv, kc, vc, cache_bf16, row_pos, tables, width, block, cos, sin_signed,
-           att, rows, heads, kv_heads, hd, scores, q_buf);
+    if ((status = attend(yqkv, n_qkv, kc, vc, cache_bf16, row_pos, tables, width, block, cos,
+                         sin_signed, att, rows, heads, kv_heads, hd, scores, q_buf)))
+        return status;
     if ((status = tg_gemv(dtype, w_o, att, yo, rows, n_o, heads * hd))) return status;
     add_rows(x, yo, rows, d, n_o);
     rms_norm_rows(x, ffn_norm, h, rows, d, eps);

@@ -52,9 +52,10 @@ BLOCK(1, 2) BLOCK(2, 2) BLOCK(3, 2) BLOCK(4, 2) BLOCK(5, 2) BLOCK(6, 2)
 
 /* The block: BLOCK_ROWS rows x BLOCK_VECS vectors, 2 x BLOCK_ROWS x BLOCK_VECS running sums
  * plus 2 x BLOCK_VECS weight vectors and the broadcasts in the registers. AVX-512 (32
- * registers, 16 floats): 6 x 2 (on this project's 2-core EPYC: 3 tiles x 4 rows 51 ms,
- * 2 x 4 52 ms, 2 x 5 45 ms, 2 x 6 45-48 ms for SmolLM2's 120 layer products at 16 rows on one
- * core, torch's F.linear 74 ms). 16 registers (AVX2's 8 floats, SSE's 4): 6 x 1. */
+ * registers, 16 floats): 6 x 2 (on this project's 2-core AVX-512 EPYC, 2026-11-25: 3 tiles
+ * x 4 rows 51 ms, 2 x 4 52 ms, 2 x 5 45 ms, 2 x 6 45-48 ms for SmolLM2's 120 layer products
+ * at 16 rows on one core, torch's F.linear 74 ms). 16 registers (AVX2's 8 floats, SSE's 4):
+ * 6 x 1. */
 #ifndef BLOCK_ROWS
 #define BLOCK_ROWS 6
 #endif

@@ -11,8 +11,10 @@
  *   the caller    takes chunks too, and never waits for a helper that took none: a helper the
  *                 operating system has not scheduled (a busy machine) makes a job no slower
  *                 than one core would.
- *   idle helpers  spin (with pause) for POOL_SPIN_NS after a job, then sleep on a condition
- *                 variable until the next one.
+ *   idle helpers  spin (with pause, and sched_yield every 256 pauses while POOL_YIELD is 1)
+ *                 for POOL_SPIN_NS after a job, then sleep on a condition variable until the
+ *                 next one. The caller, waiting for chunks that helpers took, pauses and
+ *                 yields the same way (and never sleeps).
  *   stalls        when the caller waited POOL_STALL_NS for chunks a helper took and then lost
  *                 its core (and longer than two of its own chunks took: a long chunk is not a
  *                 lost core), POOL_STRIKES times in a row, the next POOL_SOLO_JOBS jobs run
@@ -160,6 +162,12 @@ static int pool_solo(void) {
         return 1;
     }
     return 0;
+}
+
+/* units per chunk for a job of `units` units (attention's: one each while they fit), so that
+ * the job has at most POOL_MAX_CHUNKS chunks */
+static inline long pool_units_per_chunk(long units) {
+    return units > POOL_MAX_CHUNKS ? (units + POOL_MAX_CHUNKS - 1) / POOL_MAX_CHUNKS : 1;
 }
 
 /* run chunks 0 .. total - 1 of `fn` on the caller and the helpers; total <= POOL_MAX_CHUNKS */

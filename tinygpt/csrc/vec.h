@@ -2,14 +2,15 @@
  * 16-float tile rows (one column of a tile of tinygpt.cpu_kernels.tile: 16 outputs).
  *
  * A tile row is VPT vectors of VW floats: one with AVX-512, two with AVX (ymm registers),
- * four elsewhere (SSE, NEON). The kernels loop over a tile row's vectors themselves and size
- * their register blocks by VW: a vector type wider than the registers (16 floats on an AVX2
- * CPU) makes GCC move every operation through the stack, which ran cpu_gemm.c's products at
- * 1.4 GFLOP/s on an AVX2-only AMD EPYC (torch's F.linear: 25-50). In the products each lane
- * does the same arithmetic in the same order whatever VW is, so they have the same bits on
- * every width that fuses the same multiply-adds (tinygpt/native.py keeps GCC from splitting
- * any: its tuning for AMD's Zen cores would, in 128- and 256-bit loops). Loads and stores
- * need no alignment. Shared by cpu_gemv.c, cpu_gemm.c and attention.h. */
+ * four elsewhere (SSE: tinygpt/native.py builds the kernels for x86-64 only). The kernels
+ * loop over a tile row's vectors themselves and size their register blocks by VW: a vector
+ * type wider than the registers (16 floats on an AVX2 CPU) makes GCC move every operation
+ * through the stack, which ran cpu_gemm.c's products at 1.4 GFLOP/s on an AVX2-only AMD
+ * EPYC (torch's F.linear: 25-50). In the products each lane does the same arithmetic in the
+ * same order whatever VW is, so they have the same bits on every width that fuses the same
+ * multiply-adds (tinygpt/native.py keeps GCC from splitting any: its tuning for AMD's Zen
+ * cores would, in 128- and 256-bit loops). Loads and stores need no alignment. Shared by
+ * cpu_gemv.c, cpu_gemm.c, attention.h, gemm_tiles.h and chunk_attention.h. */
 #ifndef TINYGPT_VEC_H
 #define TINYGPT_VEC_H
 
