@@ -458,6 +458,11 @@ def test_a_zero_second_step_gives_an_infinite_token_rate():
     assert metrics["tokens_per_s"] == {"n": 3, "mean": inf, "min": 2.0, "p50": inf,
                                        "p90": inf, "p99": inf, "max": inf}
     assert metrics["goodput_rps"] == 3 / 2.0                    # all 3 met, over 0 .. 2 s
+    # every request at once and every step 0 s: a makespan of 0, no division by it
+    run = simulate([Request(0.0, 4, 3), Request(0.0, 2, 2)], "continuous", 2, constant(0.0))
+    assert run.makespan == 0.0
+    assert run.throughput == math.inf and run.slot_utilisation == 0.0
+    assert run.summary()["throughput_tok_s"] == math.inf
 
 
 def test_admit_policies():

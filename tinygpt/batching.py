@@ -557,14 +557,19 @@ class SimulationResult:
 
     @property
     def throughput(self) -> float:
-        """Output tokens per second over the makespan."""
-        return sum(t.n_tokens for t in self.traces) / self.makespan
+        """Output tokens per second over the makespan (math.inf for a makespan of 0: every
+        step took 0 s and every request arrived at once, as tokens_per_second says)."""
+        tokens = sum(t.n_tokens for t in self.traces)
+        return tokens / self.makespan if self.makespan > 0 else math.inf
 
     @property
     def slot_utilisation(self) -> float:
         """Share of slot-seconds (max_batch slots over the makespan) spent producing tokens:
         a slot counts while its request prefills or decodes, not while a finished request
-        waits for its static batch, nor while the server is idle."""
+        waits for its static batch, nor while the server is idle. 0.0 for a makespan of 0
+        (no slot-seconds at all)."""
+        if self.makespan <= 0:
+            return 0.0
         useful = sum((s.end - s.start) * (s.decode_rows + s.prefill_rows) for s in self.steps)
         return useful / (self.max_batch * self.makespan)
 
