@@ -42,7 +42,8 @@ def nbgrader_config(root: Path | str = REPO_ROOT, db_url: str | None = None) -> 
     # wait for the full timeout with the kernel idle (nbclient issue #312); nbgrader sets
     # NBGRADER_EXECUTION, so the notebooks run in grading mode (tinygpt.testing.grading) and
     # create no widget at all (tests/test_course_integrity.py checks every widget cell). 120 s
-    # stays as a cap, about 4x the slowest cell seen in CI before grading mode.
+    # stays as a cap, about 4x the slowest cell seen in make test before grading mode (32 s
+    # under two workers on the 2-core development machine, 2026-11-24).
     c.Execute.timeout = NBGRADER_CELL_TIMEOUT_S
     c.Autograde.autograde_preprocessors = autograde_preprocessors()
     stamp_gradebooks_in_process()
@@ -62,9 +63,9 @@ def alembic_head() -> str:
 def stamp_gradebooks_in_process() -> None:
     """nbgrader stamps each new gradebook with that revision by running `alembic heads` in a
     subprocess, which imports nbgrader all over again: 5.5 s of CPU per new gradebook on the
-    development machine (AVX2 EPYC), and every release and every grading run makes one. Point
-    nbgrader at `alembic_head` instead (tests/test_autograder_units.py checks that both give
-    the same revision)."""
+    development machine (AVX2 EPYC, 2026-11-28), and every release and every grading run makes
+    one. Point nbgrader at `alembic_head` instead (tests/test_autograder_units.py checks that
+    both give the same revision)."""
     import nbgrader.api
 
     nbgrader.api.get_alembic_version = alembic_head

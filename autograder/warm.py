@@ -26,11 +26,11 @@ namespace, binds only its own scratch folder and has a private /tmp.
 A sandboxed kernel's HOME is its new scratch folder, so tinygpt.native's build cache
 ($HOME/.cache/tinygpt) starts empty in every one: a notebook that decodes with the package's C
 kernels (day 19's constrained_generate, any tinygpt.generate on the CPU) compiled them again in
-every submission, about 2 s of a 2-core machine's graded time. The grader builds them once, in
-a sandbox like the kernels' (`native_builds`), and copies the shared objects into each scratch
-folder's cache: the same files the kernel would have built (their names are the cache key:
-source, compiler and CPU), so nothing the notebook computes changes, only when they were
-compiled.
+every submission, about 2 s of the 2-core AVX-512 EPYC's graded time (2026-11-27). The grader
+builds them once, in a sandbox like the kernels' (`native_builds`), and copies the shared
+objects into each scratch folder's cache: the same files the kernel would have built (their
+names are the cache key: source, compiler and CPU), so nothing the notebook computes changes,
+only when they were compiled.
 """
 
 from __future__ import annotations

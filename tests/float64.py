@@ -25,8 +25,8 @@ def check_product(what: str, got: torch.Tensor, x: torch.Tensor, w: torch.Tensor
     distance plus one float32 step of the largest sum of |x| |w| (a product of one column
     rounds once in both).
 
-    Measured on AMD EPYC 2026-11-27, also with torch, MKL and oneDNN held to other code paths
-    and the C kernels built for Haswell (AVX2, 256-bit, no VNNI), x86-64-v3 and Ice Lake: the
+    Measured on AMD EPYC with AVX-512 2026-11-27, also with torch, MKL and oneDNN held to other code
+    paths and the C kernels built for Haswell (AVX2, 256-bit, no VNNI), x86-64-v3 and Ice Lake: the
     float32 tiles (cpu_kernels, cpu_gemm) up to 1.3e-7 from float64, F.linear up to 9.5e-8
     (outputs up to 0.27; the largest of a few hundred errors up to 2.4x apart); the Q8_0 / Q4_1
     kernels up to 4.7e-6, F.linear up to 1.0e-5 (outputs up to 29). The fixed tolerances this

@@ -166,9 +166,9 @@ def test_sdpa_keeps_low_precision_dtype():
     assert out.dtype == torch.bfloat16
     ref = F.scaled_dot_product_attention(q.float(), q.float(), q.float(), is_causal=True)
     # bfloat16 rounding, not float32 summation order: 2.8e-3 from the float32 (and float64)
-    # result, as torch's own bfloat16 SDPA, on AMD EPYC 2026-11-27 under every simulated CPU
-    # setting (half a bfloat16 step at |out| = 2.5 is 7.8e-3); a missing 1/sqrt(d) is off by
-    # 0.24, a missing causal mask by 0.84
+    # result, as torch's own bfloat16 SDPA, on AMD EPYC with AVX-512 2026-11-27 under every
+    # simulated CPU setting (half a bfloat16 step at |out| = 2.5 is 7.8e-3); a missing 1/sqrt(d) is
+    # off by 0.24, a missing causal mask by 0.84
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
 
 

@@ -49,8 +49,8 @@ CFG = ModelConfig(vocab_size=97, d_model=48, n_layers=2, n_heads=4, n_kv_heads=2
                   max_seq_len=128)
 # Float32 logits of the batched and cached paths are checked against the same model in float64
 # (tinygpt.testing.check_float32_error): as close to it as the model's own float32 forward, 4x
-# its distance plus a floor of a few float32 steps at the logits' size. Measured on AMD EPYC
-# 2026-11-27, also with torch, oneDNN and MKL held to other code paths and 1 or 2 threads:
+# its distance plus a floor of a few float32 steps at the logits' size. Measured on AMD EPYC with
+# AVX-512 2026-11-27, also with torch, oneDNN and MKL held to other code paths and 1 or 2 threads:
 #   CFG's models (logits up to 0.5): the batched rows 3.9e-8 to 1.7e-7 from float64, the
 #     forward 4.7e-8 to 1.7e-7 (the fixed 1e-5 + 1e-4 relative this replaces held 55x);
 #   the shipped model (logits up to 12): the left-padded row 5.2e-6 to 8.1e-6, the forward

@@ -431,7 +431,8 @@ def test_standard_plans_keep_the_targets_workloads():
 
 @pytest.mark.slow
 def test_bench_quick_smoke(tmp_path, capsys):
-    """The real `python -m tinygpt bench --quick`, every row group (4-5 minutes on 2 cores)."""
+    """The real `python -m tinygpt bench --quick`, every row group (4-5 minutes on the 2-core
+    AVX2 EPYC, 2026-11-28)."""
     from tinygpt.__main__ import main as dispatch
 
     threads = torch.get_num_threads()

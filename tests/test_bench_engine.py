@@ -56,7 +56,8 @@ def test_the_smollm2_rows_run_only_when_its_file_is_installed(monkeypatch):
 
 def test_transformers_gets_the_engines_cache_and_batch_limits():
     """generate_batch left alone sizes its cache from free memory (most of the RAM on a CPU,
-    20-40 s to allocate a call): the row gives it the engine's limits instead."""
+    20-40 s to allocate a call on the AVX2 EPYC, 2026-11-28): the row gives it the engine's
+    limits instead."""
     from tinygpt.train import load_pretrained
     model, _ = load_pretrained()
     cfg = rows.hf_cache_config(model, rows.CPU_ENGINE)

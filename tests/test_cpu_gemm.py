@@ -121,8 +121,8 @@ def test_paged_attention_equals_the_padded_batch(threads, heads, kv_heads, dim):
                              0.25)
     assert got.shape == (len(lengths), heads, dim)
     # as close to the float64 padded path as its float32 run (4x its distance plus two
-    # float32 steps at the outputs' size, up to 2.5). Measured on AMD EPYC 2026-11-27, also
-    # with torch's libraries and these kernels built for other CPUs: ours 1.6e-7 to 4.1e-7
+    # float32 steps at the outputs' size, up to 2.5). Measured on AMD EPYC with AVX-512 2026-11-27,
+    # also with torch's libraries and these kernels built for other CPUs: ours 1.6e-7 to 4.1e-7
     # from float64, the padded path 1.4e-7 to 4.5e-7 (the fixed 1e-5 + 1e-5 relative this
     # replaces held 14x). With attention.h's grouped, register-held sums (same day, same
     # machine, head_dim 16 to 128, groups of 1 to 20, a 201-position sequence): ours 2.7e-7 to
@@ -369,7 +369,7 @@ def test_rms_norm_equals_torch(shape):
     x, w = randn(*shape) * 40, randn(shape[-1], seed=1) + 1
     got = cpu_gemm.rms_norm(x, w, 1e-5)
     # as close to the float64 norm as torch's float32 one (4x its distance plus one float32
-    # step at the outputs' size, up to 4.4). Measured on AMD EPYC 2026-11-27, also with
+    # step at the outputs' size, up to 4.4). Measured on AMD EPYC with AVX-512 2026-11-27, also with
     # torch held to other code paths and this kernel built for other CPUs: ours 3.2e-7 to
     # 4.8e-7 from float64, torch's 4.6e-7 to 4.8e-7 (the fixed 1e-6 + 2e-6 relative this
     # replaces held only 9x). A missing weight or a sum for the mean is off by far more.

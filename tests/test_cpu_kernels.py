@@ -352,8 +352,8 @@ def test_tiled_weights_follow_changes_to_the_model():
     with torch.inference_mode():
         exact = float64_twin(model)(torch.cat([ids, ids[:, :1]], 1))[:, -1]
     # as close to the float64 model as the plain step, 4x its distance plus SMALL_FLOOR
-    # (measured on AMD EPYC 2026-11-27, also with torch's libraries and our kernels built for
-    # other CPUs: tiled 5.9e-8 to 7.7e-8, plain 5.4e-8 to 8.3e-8 from float64; the fixed
+    # (measured on AMD EPYC with AVX-512 2026-11-27, also with torch's libraries and our kernels
+    # built for other CPUs: tiled 5.9e-8 to 7.7e-8, plain 5.4e-8 to 8.3e-8 from float64; the fixed
     # 1e-4 + 1e-4 relative this replaces was far above both). Stale tiles (the weight before
     # the change) are off by 4.3e-2.
     check_float32_error("the tiled step after a weight changed", after,
@@ -384,8 +384,8 @@ def test_a_bfloat16_model_on_tiled_products_tracks_its_own_forward():
     sum in float32, as torch's do, but every activation is rounded to bfloat16 after each
     operation, so a different summation order can move a logit by a bfloat16 step and flip
     near-ties. Teacher-forced over a story: the tiled step's logits are as close to the same
-    bfloat16 weights run in float64 as the plain step's (2x its distance; measured on AMD EPYC
-    2026-11-27: tiled 0.39%, plain 0.98% of the largest logit, the same with torch and our
+    bfloat16 weights run in float64 as the plain step's (2x its distance; measured on AMD EPYC with
+    AVX-512 2026-11-27: tiled 0.39%, plain 0.98% of the largest logit, the same with torch and our
     kernels limited to AVX2; a fixed 3% of the largest logit held the 1.6% between the two
     steps 1.9x), and the greedy choice agrees at 90% of the positions or more."""
     model, tokenizer = load_pretrained()
@@ -542,8 +542,8 @@ def check_caches(fast: KVCache, plain: KVCache, exact: KVCache, length: int) -> 
     """`fast`'s keys and values of positions 0 .. length - 1 as close to the float64 cache's
     (`exact`) as `plain`'s, 4x their distance plus one float32 step at their size (up to
     0.63), and nothing written past them. The logits' checks likewise (SMALL_FLOOR). Measured
-    on AMD EPYC 2026-11-27, also with torch's libraries and our kernels built for other CPUs:
-    the C layers' logits and caches 8.7e-8 to 2.0e-7 from float64, the plain step's 6.0e-8
+    on AMD EPYC with AVX-512 2026-11-27, also with torch's libraries and our kernels built for other
+    CPUs: the C layers' logits and caches 8.7e-8 to 2.0e-7 from float64, the plain step's 6.0e-8
     to 2.0e-7 (the fixed 1e-5 + 1e-4 relative this replaces was far above both). A key one
     position off moves the logits by about 1e-2, 50000x more."""
     for name in ("k", "v"):

@@ -214,9 +214,9 @@ def test_runner_logits_equal_the_model_on_each_sequence(n_kv_heads, batched, mon
             got.append(logits[row])
             cache.lengths[seq_id] = done[seq_id] = end
     # as close to the float64 model as the model's own float32 forward (4x its distance plus
-    # three float32 steps at the logits' size, up to 0.44). Measured on AMD EPYC 2026-11-27,
-    # also with torch's libraries and our C kernels built for other CPUs: the runner 4.0e-8
-    # to 9.3e-8, the forward 4.8e-8 to 8.5e-8 from float64 (the fixed 2e-5 + 1e-4 relative
+    # three float32 steps at the logits' size, up to 0.44). Measured on AMD EPYC with AVX-512
+    # 2026-11-27, also with torch's libraries and our C kernels built for other CPUs: the runner
+    # 4.0e-8 to 9.3e-8, the forward 4.8e-8 to 8.5e-8 from float64 (the fixed 2e-5 + 1e-4 relative
     # this replaces was far above both). The batched C products and paged attention sum in
     # another order than torch's, another CPU's kernels in another order again; a wrong
     # block, position or mask is off by 1e-2 or more.

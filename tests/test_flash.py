@@ -27,8 +27,8 @@ def plain(q, k, v, causal):
 # The float32 results are checked against float64 (tinygpt.testing.check_float32_error): as
 # close to it as torch's float32 softmax, sum or SDPA, 4x its distance plus a floor of a few
 # float32 steps at the results' size (5e-7: softmax values up to 1, sums and outputs up to 3).
-# Measured on AMD EPYC 2026-11-27 over 300 random inputs each, also with torch held to other
-# code paths: online_softmax up to 3.4e-7 from float64 (2 to 3 float32 steps at 1), torch's
+# Measured on AMD EPYC with AVX-512 2026-11-27 over 300 random inputs each, also with torch held to
+# other code paths: online_softmax up to 3.4e-7 from float64 (2 to 3 float32 steps at 1), torch's
 # up to 3.1e-7; the online sum up to 3.9e-7, torch's up to 4.5e-7; tiled attention up to
 # 1.3e-6, SDPA up to 9.2e-7 (the fixed 1e-5 + 1e-5 relative this replaces held 10x). Another
 # CPU's exp and products round and sum in another order; a missing rescale (the test below)

@@ -542,8 +542,8 @@ def test_result_type():
 
 # Float32 next-token logits of the cached loop are as close to the same model in float64 as
 # the uncached loop's (4x their distance plus one float32 step at the logits' size, up to 16
-# here). Measured on AMD EPYC 2026-11-27, also with torch, oneDNN and MKL held to other code
-# paths and 1 or 2 threads: uncached 0.8e-6 to 3.8e-6, cached 0.8e-6 to 3.7e-6 from float64
+# here). Measured on AMD EPYC with AVX-512 2026-11-27, also with torch, oneDNN and MKL held to other
+# code paths and 1 or 2 threads: uncached 0.8e-6 to 3.8e-6, cached 0.8e-6 to 3.7e-6 from float64
 # (up to 2.3x apart); the fixed 1e-5 this replaces held the 4.8e-6 between them only 2.1x,
 # and another CPU's kernels sum in another order. A cache that writes a key at the wrong
 # offset moves a logit by 0.1 or more (tests/test_kv_cache.py).

@@ -33,8 +33,8 @@ from tinygpt.testing import check_float32_error
 # Float32 logits of the cached paths are checked against the same model in float64
 # (tinygpt.testing.check_float32_error): each as close to it as the full float32 forward,
 # 4x its distance plus a floor of one float32 step at the logits' size (up to 16 here).
-# Measured on AMD EPYC 2026-11-27, also with torch, oneDNN and MKL held to other code paths
-# (ATEN_CPU_CAPABILITY=default/avx2, DNNL_MAX_CPU_ISA=AVX2, MKL_CBWR=COMPATIBLE, 1 and 2
+# Measured on AMD EPYC with AVX-512 2026-11-27, also with torch, oneDNN and MKL held to other code
+# paths (ATEN_CPU_CAPABILITY=default/avx2, DNNL_MAX_CPU_ISA=AVX2, MKL_CBWR=COMPATIBLE, 1 and 2
 # threads): the full forward 1.2e-6 to 4.4e-6 from float64, the cached paths 0.9e-6 to
 # 4.2e-6 (the largest of a few hundred errors: up to 2.1x the forward's). The fixed 1e-5
 # this replaces held the 4.8e-6 between the two only 2.1x, and another CPU's kernels sum in
@@ -276,8 +276,8 @@ def test_fused_decode_step_in_bfloat16(tiled):
     activations; else torch's operations in bfloat16) as close to the same weights in float64
     as decode_step, which rounds every activation to bfloat16, and its cache as close.
 
-    Measured on AMD EPYC 2026-11-29 (logits up to 14): decode_step 0.061 from float64, the C
-    layers 0.024, the step on torch's operations 0.054; keys 0.0155, 0.0125 and 0.0155. The
+    Measured on AMD EPYC with AVX-512 2026-11-29 (logits up to 14): decode_step 0.061 from float64,
+    the C layers 0.024, the step on torch's operations 0.054; keys 0.0155, 0.0125 and 0.0155. The
     newest token rotated as the next position moves each step's logits by 0.6 to 1.4 (its
     key by 1.8 or more), attention without the oldest key by 0.6 to 1.3: far past 4x."""
     model = sharp_bfloat16_model()

@@ -7,7 +7,7 @@ The scaled Llamas' weights are drawn 0.2 wide (tests.test_rope_scaling.sharpen):
 default 0.02 the same weights under plain RoPE pick the same 12 tokens, so a server that
 ignored rope_scaling would pass. Now plain RoPE picks other tokens (10 of 12 differ; checked
 below), and each greedy pick beats the runner-up by at least 0.056 in float64 (logits up to
-6.3, transformers' float32 logits within 1.6e-5 of them; AMD EPYC, 2026-11-29)."""
+6.3, transformers' float32 logits within 1.6e-5 of them; AMD EPYC with AVX-512, 2026-11-29)."""
 
 from __future__ import annotations
 

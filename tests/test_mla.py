@@ -9,9 +9,9 @@ token and tinygpt.flops, and what is refused.
 Tolerances: each float32 result is measured against a float64 run of the same computation
 (tinygpt.testing.check_float32_error): ours may be at most FACTOR times as far from it as an
 independent float32 run (transformers', or our uncached model, or the naive decode) is, plus
-FLOOR. Measured on the 2-core AMD EPYC (2026-11-27), 8 draws of weights and inputs each, ours
-over the reference: attention modules (4 variants, outputs up to ~1, errors 5e-8 to 1.2e-7) at
-most 1.38; whole models (logits up to 0.63, errors 1.3e-7 to 2.2e-7; 5 more draws with
+FLOOR. Measured on the 2-core AMD EPYC with AVX-512 (2026-11-27), 8 draws of weights and inputs
+each, ours over the reference: attention modules (4 variants, outputs up to ~1, errors 5e-8 to
+1.2e-7) at most 1.38; whole models (logits up to 0.63, errors 1.3e-7 to 2.2e-7; 5 more draws with
 YaRN) at most 1.08; cached
 decode (naive or absorbed) against the uncached model at most 1.13; the runner on a latent
 pool (logits up to ~1, errors 1.3e-7 to 2.4e-7) at most 1.24; day 13's padded rows at most

@@ -102,8 +102,9 @@ def test_attention_module_matches_torch_sdpa_with_gqa():
         y = F.scaled_dot_product_attention(q_ref, k_ref, v_ref, is_causal=True, enable_gqa=True)
         return y.permute(0, 2, 1, 3).reshape(2, 7, 32) @ attn.wo.weight.T
     # two float32 computations: ours within 2x the reference's distance from the reference in
-    # float64 (measured on AMD EPYC 2026-11-27: both 1.2e-7 for outputs up to 0.7, where the old
-    # fixed 1e-6 absolute left an 8x margin); a wrong head mapping is off by the outputs' size
+    # float64 (measured on AMD EPYC with AVX-512 2026-11-27: both 1.2e-7 for outputs up to 0.7,
+    # where the old fixed 1e-6 absolute left an 8x margin); a wrong head mapping is off by the
+    # outputs' size
     cos64, sin64 = rope_cos_sin(CFG.head_dim, 7, CFG.rope_base, dtype=torch.float64)
     truth = reference(copy.deepcopy(attn).double(), x.double(), cos64, sin64)
     check_float32_error("Attention", attn(x, cos, sin), reference(attn, x, cos, sin), truth,
@@ -194,7 +195,8 @@ def test_forward_shape_and_causality():
     torch.testing.assert_close(logits_y[:, :6], logits[:, :6], rtol=0, atol=0)
     assert not torch.allclose(logits_y[:, 6:], logits[:, 6:])
     # batch rows are independent (float32 rounding of another batch shape only: both 5.5e-8 from
-    # the float64 model for logits up to 0.36, measured on AMD EPYC 2026-11-27, 18x below atol)
+    # the float64 model for logits up to 0.36, measured on AMD EPYC with AVX-512 2026-11-27, 18x
+    # below atol)
     torch.testing.assert_close(model(x[1:]), logits[1:], rtol=1e-5, atol=1e-6)
 
 
@@ -204,8 +206,8 @@ def test_forward_input_pos():
     ref = model(x)
     torch.testing.assert_close(model(x, input_pos=torch.arange(6)), ref, rtol=0, atol=0)
     # RoPE is relative: shifting every position by the same amount leaves the logits unchanged
-    # (each 4.7e-8 from the float64 model, measured on AMD EPYC 2026-11-27; spacing 2 below
-    # moves them by 5e-4)
+    # (each 4.7e-8 from the float64 model, measured on AMD EPYC with AVX-512 2026-11-27; spacing 2
+    # below moves them by 5e-4)
     torch.testing.assert_close(model(x, input_pos=torch.arange(6) + 11), ref,
                                rtol=1e-4, atol=1e-5)
     # ...but a different spacing does change them, so input_pos really reaches RoPE
@@ -220,7 +222,8 @@ def test_forward_per_sequence_positions():
     x = ids(2, 5, seed=3)
     pos = torch.tensor([[0, 1, 2, 3, 4], [0, 2, 4, 6, 8]])
     out = model(x, input_pos=pos)
-    # float32 rounding only: at most 6.4e-8 from the float64 model (AMD EPYC 2026-11-27)
+    # float32 rounding only: at most 6.4e-8 from the float64 model (AMD EPYC with AVX-512
+    # 2026-11-27)
     for b in range(2):
         torch.testing.assert_close(out[b : b + 1], model(x[b : b + 1], input_pos=pos[b]),
                                    rtol=1e-5, atol=1e-6)
@@ -229,8 +232,8 @@ def test_forward_per_sequence_positions():
 def test_forward_bfloat16():
     """bfloat16 logits are as close to transformers' LlamaForCausalLM in float64 (the same
     bfloat16 weights) as that model run in bfloat16 is. Weights are drawn 0.1 wide (norms
-    1 +- 0.1) so that every block counts: for 5 draws (AMD EPYC, 2026-11-29) the errors were
-    0.012 to 0.018 against transformers' 0.014 to 0.022 (ratios 0.78 to 1.03, logits up to
+    1 +- 0.1) so that every block counts: for 5 draws (AMD EPYC with AVX-512, 2026-11-29) the errors
+    were 0.012 to 0.018 against transformers' 0.014 to 0.022 (ratios 0.78 to 1.03, logits up to
     2.5), while dropping the feed-forward blocks moved the logits by 1.2 to 1.7."""
     pytest.importorskip("transformers")
     model = TinyGPT(CFG, seed=0)
@@ -278,9 +281,10 @@ def test_forward_rejects_bad_input():
 
 # Our float32 logits against transformers' float32 logits: both are measured against
 # transformers' model in float64, and ours may be at most 3x as far from it as theirs (+1e-6).
-# Measured on AMD EPYC 2026-11-27: both 2e-6 to 5.5e-6 for logits up to 8 (a fixed 1e-5 left a 2x
-# margin, and another CPU's kernels sum in another order); ours/theirs 0.7 to 1.8 over 72 seeded
-# models. A transposed weight, a wrong head split or a wrong RoPE pairing is off by whole logits.
+# Measured on AMD EPYC with AVX-512 2026-11-27: both 2e-6 to 5.5e-6 for logits up to 8 (a fixed 1e-5
+# left a 2x margin, and another CPU's kernels sum in another order); ours/theirs 0.7 to 1.8 over 72
+# seeded models. A transposed weight, a wrong head split or a wrong RoPE pairing is off by whole
+# logits.
 HF_FACTOR, HF_FLOOR = 3.0, 1e-6
 
 
@@ -436,8 +440,8 @@ def test_checkpoints_keep_head_dim_and_older_ones_derive_it(tmp_path):
         assert torch.equal(back(x), model(x))
 
 
-# Measured on the 2-core AMD EPYC (2026-11-27) for these wide-head models (head_dim 16, 12
-# and 4 over d_model 32, 72 seeded models): ours and transformers' float32 logits are equally
+# Measured on the 2-core AMD EPYC with AVX-512 (2026-11-27) for these wide-head models (head_dim 16,
+# 12 and 4 over d_model 32, 72 seeded models): ours and transformers' float32 logits are equally
 # far from float64 (ratio 1.0; 3.5e-6 to 1.3e-5 for logits up to 8), inside HF_FACTOR above.
 @pytest.mark.parametrize("n_kv_heads,tie,head_dim", [(2, False, 16), (1, True, 12)])
 def test_a_llama_with_an_explicit_head_dim_matches_transformers(n_kv_heads, tie, head_dim):

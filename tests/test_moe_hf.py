@@ -7,8 +7,8 @@ and the configs and weights that are refused.
 
 Tolerances: each float32 result is measured against transformers' own model run in float64
 (tinygpt.testing.check_float32_error): ours may be at most FACTOR times as far from it as
-transformers' float32 run is, plus FLOOR. Measured on the 2-core AMD EPYC (2026-11-27), ours
-over theirs: MoE blocks, 40 draws of weights and inputs per block (errors 7e-8 to 7e-7 for
+transformers' float32 run is, plus FLOOR. Measured on the 2-core AMD EPYC with AVX-512 (2026-11-27),
+ours over theirs: MoE blocks, 40 draws of weights and inputs per block (errors 7e-8 to 7e-7 for
 outputs up to 1.6; DeepSeek-V3's router computes in float32 in both runs, as DeepSeek
 specifies), at most 1.4 but once 3.1 (Mixtral: 5.5e-7 against 1.7e-7, about 4 float32 steps
 at outputs near 1: one product over 2 I gate-and-up rows against two over I each sums in
@@ -413,9 +413,9 @@ def test_qwen3_30b_a3b_config_json_loads_with_its_wide_heads():
     assert sum(p.numel() for p in model.parameters()) == count_parameters(cfg)
 
 
-# Measured on the 2-core AMD EPYC (2026-11-27), head_dim 32 over hidden_size 64 / 4 heads,
-# 10 draws per family: ours over theirs at most 1.23 (errors 1.7e-7 to 2.4e-7 for logits up to
-# 0.68), inside FACTOR.
+# Measured on the 2-core AMD EPYC with AVX-512 (2026-11-27), head_dim 32 over hidden_size 64 / 4
+# heads, 10 draws per family: ours over theirs at most 1.23 (errors 1.7e-7 to 2.4e-7 for logits up
+# to 0.68), inside FACTOR.
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_wide_heads_give_transformers_logits_and_tokens_and_load_from_a_folder(tmp_path,
                                                                              family):

@@ -9,8 +9,8 @@ an explicit head_dim (heads wider than d_model / n_heads) through every fast pat
 Float32 logits are checked against the same model in float64 (check_float32_error): the
 cached paths as close to it as the full float32 forward, 4x plus a floor of one float32 step
 at the logits' size, as tests/test_kv_cache.py does (measured there: up to 2.1x). Measured
-here on the 2-core AMD EPYC (2026-11-27): the full forward and the cached paths both 1e-7 to
-4e-7 from float64 for logits up to 2 (the cached ones at most 1.6x the forward's).
+here on the 2-core AMD EPYC with AVX-512 (2026-11-27): the full forward and the cached paths both
+1e-7 to 4e-7 from float64 for logits up to 2 (the cached ones at most 1.6x the forward's).
 """
 
 from __future__ import annotations
@@ -381,8 +381,8 @@ def test_checkpoints_keep_the_new_fields_and_the_router_bias(tmp_path):
 # --------------------------------------------------------------------------------------------
 # an explicit head_dim (Qwen3's heads are wider than d_model / n_heads): every fast path runs
 # it (they size heads by cfg.head_dim, not d_model), checked against the uncached modules.
-# Measured on the 2-core AMD EPYC (2026-11-27), 8 seeds: the tiled, plain and packed steps
-# 1.4e-6 to 3.3e-6 from float64 for logits up to 16, at most 1.33x the full forward's error.
+# Measured on the 2-core AMD EPYC with AVX-512 (2026-11-27), 8 seeds: the tiled, plain and packed
+# steps 1.4e-6 to 3.3e-6 from float64 for logits up to 16, at most 1.33x the full forward's error.
 
 WIDE = ModelConfig(**{**BASE, "d_ff": 48}, head_dim=16)      # 4 heads of 16 over D=32: H*hd = 2D
 

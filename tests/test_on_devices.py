@@ -13,9 +13,9 @@ latent-attention decode against the uncached model, and a sliding window's cache
 against its uncached forward (day 21); the HTTP server
 (`serve --device`) against generate(). Float32 results are
 judged against float64 runs (tinygpt.testing.check_float32_error): at most FACTOR times as
-far as the oracle's own float32 run, plus FLOOR. Measured on the CPU (AMD EPYC, 2026-11-28):
-grouped dispatch 3.7e-7 from float64 against the loop's 1.4e-7; the absorbed decode 1.0e-7
-against the uncached model's 1.1e-7; a wrong expert, slot or head is off by 0.01 to 1.
+far as the oracle's own float32 run, plus FLOOR. Measured on the CPU (AMD EPYC with AVX-512,
+2026-11-28): grouped dispatch 3.7e-7 from float64 against the loop's 1.4e-7; the absorbed decode
+1.0e-7 against the uncached model's 1.1e-7; a wrong expert, slot or head is off by 0.01 to 1.
 """
 
 from __future__ import annotations

@@ -127,8 +127,8 @@ def test_paged_attention_equals_the_contiguous_cache(n_kv_heads):
             got = torch.cat([got, model(ids[:, t:t + 1], kv_cache=paged.sequence(0))], dim=1)
         exact = copy.deepcopy(model).double()(ids)
     # as close to the float64 model as the contiguous cache (4x its distance plus one float32
-    # step at the logits' size, up to 0.4 here). Measured on AMD EPYC 2026-11-27, also with
-    # torch and its libraries held to other code paths: both 3.5e-8 to 8.9e-8 from float64,
+    # step at the logits' size, up to 0.4 here). Measured on AMD EPYC with AVX-512 2026-11-27, also
+    # with torch and its libraries held to other code paths: both 3.5e-8 to 8.9e-8 from float64,
     # the same bits here (the fixed 1e-6 this replaces held 11x; another CPU's kernels may
     # sum the gathered blocks in another order). A key at the wrong slot moves the logits by
     # 1e-2.

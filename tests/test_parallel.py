@@ -47,8 +47,8 @@ def _check_against(model: TinyGPT, out: dict, prompts, max_new_tokens: int
     distance + 1e-6), tokens identical. The all-reduce adds the ranks' partial sums in another
     order than one matmul adds them, and another CPU's kernels sum in another order again: on
     the shipped model (logits up to 21.5) the two float32 runs differed by 1.1e-5, 1.7e-5 and
-    1.4e-5 from float64 (AMD EPYC 2026-11-27), where a fixed 1e-5 + 1e-5 relative left a
-    4.6x margin. A wrong shard or a missing all-reduce is off by whole logits. Returns the
+    1.4e-5 from float64 (AMD EPYC with AVX-512 2026-11-27), where a fixed 1e-5 + 1e-5 relative left
+    a 4.6x margin. A wrong shard or a missing all-reduce is off by whole logits. Returns the
     float64 errors (parallel, one process)."""
     logits, tokens = _reference(model, prompts, max_new_tokens)
     truth = _float64_logits(model, prompts)
@@ -104,8 +104,8 @@ def test_shards_recombine_to_the_full_products():
     assert torch.equal(torch.cat([s[key] for s in shards]), state[key])
     hidden = torch.randn(5, SMOLLM2_LAYOUT.d_ff, generator=gen)
     # float32 products summed in another order than one matmul's: each within 2x the one
-    # matmul's distance from float64 (measured on AMD EPYC 2026-11-27: partial sums 5e-8 and
-    # one matmul 1.1e-7 for outputs up to 0.33; vocabulary slices 4e-7 and 4e-7 for outputs
+    # matmul's distance from float64 (measured on AMD EPYC with AVX-512 2026-11-27: partial sums
+    # 5e-8 and one matmul 1.1e-7 for outputs up to 0.33; vocabulary slices 4e-7 and 4e-7 for outputs
     # up to 1), where a slice taken from the wrong rows is off by the outputs' own size
     key, step = "layers.0.feed_forward.w2.weight", SMOLLM2_LAYOUT.d_ff // p
     partial = [hidden[:, r * step:(r + 1) * step] @ shards[r][key].T for r in range(p)]
@@ -257,9 +257,9 @@ def test_pipeline_runs_the_micro_batches_asked_in_the_models_dtype():
     with torch.inference_mode():
         want = model(ids)
         truth = copy.deepcopy(model).double()(ids)
-    # micro-batches of 2 and 1 rows against one batch of 5: on a 2-core AMD EPYC (2026-11-29,
-    # 4 draws) equal to one process bit for bit, both 0.008 to 0.010 from float64 for logits
-    # up to 2.8; another CPU's kernels may round other batch shapes otherwise. The floor is
+    # micro-batches of 2 and 1 rows against one batch of 5: on a 2-core AMD EPYC with AVX-512
+    # (2026-11-29, 4 draws) equal to one process bit for bit, both 0.008 to 0.010 from float64 for
+    # logits up to 2.8; another CPU's kernels may round other batch shapes otherwise. The floor is
     # one bfloat16 step (2^-8 relative) of the largest logit. A float32 buffer for bfloat16
     # activations fails the stage outright.
     check_float32_error("the bfloat16 pipeline's logits", run.logits, want, truth,

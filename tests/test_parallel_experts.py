@@ -86,8 +86,8 @@ def _check_layer(what: str, got: torch.Tensor, moe: MoE, x: torch.Tensor) -> tor
     """got as close to the float64 layer as the one-process float32 MoE is: 2x its distance
     plus one float32 step of the largest output (for a reference that happens to be exact).
     The shard routes its own chunk of tokens and each expert runs the same rows as one
-    process's dispatch, so the two agree to float32 rounding (measured on a 2-core AMD EPYC
-    2026-11-27: in the four float32 cases below both were 1.2e-7 to 1.2e-6 from float64 for
+    process's dispatch, so the two agree to float32 rounding (measured on a 2-core AMD EPYC with
+    AVX-512 2026-11-27: in the four float32 cases below both were 1.2e-7 to 1.2e-6 from float64 for
     outputs up to 5.5, the same distance each time; bitwise equal in three cases, the shared
     expert on a chunk of rows rounding differently in the fourth; the bfloat16 case 5.3e-3
     for both, bitwise equal); a lost, doubled or misplaced row is off by an expert's whole
@@ -254,7 +254,7 @@ def test_ep_model_decodes_the_one_process_tokens(cfg):
         # decode at batch 1: rank 1 routes no token but joins every all-to-all
         assert out["stats"]["alltoall_calls"] > 0 and out["stats"]["gather_calls"] > 0
     # the float64 model's routing is the float32 one here (decisive gates), so its logits
-    # are the truth both float32 runs are measured against (2-core AMD EPYC 2026-11-27:
+    # are the truth both float32 runs are measured against (2-core AMD EPYC with AVX-512 2026-11-27:
     # qwen-like 1.0e-7 over 2 ranks, 9.7e-8 in one process; deepseek-like 9.5e-8 and 1.0e-7;
     # logits up to 0.30)
     check_float32_error("the EP model's logits", torch.cat(ranks[0]["logits"]), want_logits,

@@ -247,7 +247,7 @@ def test_rope_matches_transformers_llama():
     # the same float32 operations as transformers' (theta ** (2i / d) inverted, one rounded
     # product per angle, torch's cos and sin): equal up to an ulp (6e-8), though both are 1.1e-6
     # from the float64 angles (the float32 angle of position 31 is that far off; measured on
-    # AMD EPYC 2026-11-27)
+    # AMD EPYC with AVX-512 2026-11-27)
     torch.testing.assert_close(cos, hf_cos, rtol=0, atol=1e-7)
     torch.testing.assert_close(sin, hf_sin, rtol=0, atol=1e-7)
     torch.testing.assert_close(rotate_half(q), hf_rotate_half(q), rtol=0, atol=0)

@@ -387,9 +387,9 @@ def test_quantized_decode_step_matches_the_quantized_model(shipped, scheme, kern
     # ulp can flip a rounding: the int4 step differed from the module-by-module loop by 1.1e-3
     # for logits up to 17, at the old fixed bound (1e-4 x 17). So both are measured against the
     # dequantized model in float64, the step within 2x the loop's distance (measured on AMD EPYC
-    # 2026-11-27, step and loop: int8 dequant 3.9e-6 and 4.7e-6, int8 auto 0.018 and 0.018,
-    # dynamic 0.40 and 0.40, int4-g32 0.0186 and 0.0189); a cache written at the wrong position
-    # or a product given the wrong slice of a stacked weight is off by whole logits.
+    # with AVX-512 2026-11-27, step and loop: int8 dequant 3.9e-6 and 4.7e-6, int8 auto 0.018 and
+    # 0.018, dynamic 0.40 and 0.40, int4-g32 0.0186 and 0.0189); a cache written at the wrong
+    # position or a product given the wrong slice of a stacked weight is off by whole logits.
     with torch.no_grad():
         truth = dequantized_float64(model, qm)(torch.cat(tokens, 1))[0, ids.shape[1] - 1:]
     check_float32_error(f"QuantizedDecodeStep ({scheme}, kernel={kernel})", torch.cat(got),
@@ -410,8 +410,8 @@ def test_generate_and_the_engine_run_a_quantized_model(shipped, scheme):
     # Three paths compute these logits with float32 sums in different orders, and the int4
     # kernels round to bfloat16, so they differ by up to 1.1e-3 (see the test above): the
     # prompts are ones whose greedy steps all have a clear winner (top-2 gap at least 0.02 in
-    # both schemes on AMD EPYC 2026-11-27; at offsets 0 and 37 it was 0.008 and 0.003), so the
-    # tokens agree on any CPU. The grammar's near-ties (cat or dog) make wider gaps rare.
+    # both schemes on AMD EPYC with AVX-512 2026-11-27; at offsets 0 and 37 it was 0.008 and 0.003),
+    # so the tokens agree on any CPU. The grammar's near-ties (cat or dog) make wider gaps rare.
     prompts = [held_out[i:i + 6].tolist() for i in (39, 97, 184)]
     wants = []
     for prompt in prompts:
@@ -439,7 +439,7 @@ def test_dequant_kernel_tracks_the_fp32_model_through_the_cached_loop(shipped):
         want = qm(ids)[0, 11:16]
         truth = dequantized_float64(model, qm)(ids)[0, 11:16]
     # the cached loop within 2x the full forward's distance from the dequantized model in
-    # float64 (measured on AMD EPYC 2026-11-27: 8.8e-6 and 7.5e-6 for logits up to 15)
+    # float64 (measured on AMD EPYC with AVX-512 2026-11-27: 8.8e-6 and 7.5e-6 for logits up to 15)
     check_float32_error("the cached loop's logits", got, want, truth, floor=1e-6)
 
 

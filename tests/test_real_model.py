@@ -97,7 +97,7 @@ def test_logits_and_greedy_tokens_equal_transformers(ours, hf_model):
                                 {"role": "user", "content": "Combien font 12 × 7 ?"}])]
     # Both float32 runs against transformers' model in float64: ours may be at most 3x as far
     # from it as transformers' own float32 run, per prompt. A fixed 1e-4 between the two float32
-    # runs failed on an Intel Xeon (1.76e-4: summation order). Measured on an AMD EPYC,
+    # runs failed on an Intel Xeon (1.76e-4: summation order). Measured on an AMD EPYC with AVX-512,
     # 2026-11-27, per prompt: ours 1.06e-4 / 5.9e-5 / 5.8e-5 / 1.10e-4, theirs 9.3e-5 / 4.2e-5 /
     # 5.8e-5 / 9.3e-5 (at most 1.4x; the same with torch's AVX2 kernels or MKL and oneDNN held
     # to AVX2); a norm epsilon of 1e-6 instead of 1e-5 moves the float64 logits by 1.1e-2.

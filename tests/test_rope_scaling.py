@@ -11,8 +11,8 @@ Tolerance of the logits: ours may be at most FACTOR times as far from transforme
 in float64 as transformers' float32 run is, plus FLOOR (tinygpt.testing.check_float32_error).
 Both runs share the float32 RoPE tables (transformers computes them in float32 even for a
 float64 model, and ours are equal bit for bit), so what differs is the order of the sums.
-Measured on the 2-core AMD EPYC (2026-11-27), 5 weight draws per scaling (logits up to 0.7,
-errors 1.6e-7 to 3.6e-7): ours over theirs 1.00 for linear, yarn and llama3 (the same float32
+Measured on the 2-core AMD EPYC with AVX-512 (2026-11-27), 5 weight draws per scaling (logits up to
+0.7, errors 1.6e-7 to 3.6e-7): ours over theirs 1.00 for linear, yarn and llama3 (the same float32
 sums) and at most 1.21 for dynamic. FACTOR = 4 as in tests/test_moe_hf.py; the same weights
 without the scaling are checked to land more than 100 times the error away (0.04 for dynamic).
 """

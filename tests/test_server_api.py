@@ -88,8 +88,8 @@ def plain(shipped):
 # forward is (check_float32_error: 4x its distance plus a floor of a few float32 steps at the
 # values' size). The engine sums in other orders than the plain forward (other batch shapes,
 # torch's scaled_dot_product_attention over the padded batch; tinygpt.cpu_gemm's products on
-# the batched road), a float32 difference that grows through the layers. Measured on AMD EPYC
-# 2026-11-27, the three tests, both engines: the float32 forward 9.0e-7 to 1.8e-5 from
+# the batched road), a float32 difference that grows through the layers. Measured on AMD EPYC with
+# AVX-512 2026-11-27, the three tests, both engines: the float32 forward 9.0e-7 to 1.8e-5 from
 # float64, the served values 7.7e-7 to 2.1e-5 (the fixed 1e-5 this replaces failed on the
 # plain engine once the padded batch ran through scaled_dot_product_attention).
 ENGINES = ["plain", "real"]

@@ -11,8 +11,8 @@ Mistral, Mixtral and Qwen3-MoE (use_sliding_window) models with a window shorter
 
 Tolerance of the logits against transformers: as tests/test_rope_scaling.py, ours at most
 FACTOR times as far from transformers' float64 run as transformers' float32 run, plus FLOOR.
-Measured on the 2-core AMD EPYC (2026-11-27), 5 weight draws each (logits up to 0.77, errors
-1.4e-7 to 2.6e-7): ours over theirs 1.00 against Mistral's eager attention, Mixtral and
+Measured on the 2-core AMD EPYC with AVX-512 (2026-11-27), 5 weight draws each (logits up to 0.77,
+errors 1.4e-7 to 2.6e-7): ours over theirs 1.00 against Mistral's eager attention, Mixtral and
 Qwen3-MoE (the same float32 sums), at most 1.20 against Mistral's sdpa. A window one key
 wider moves the logits by more than 1e-3 (checked below); so does the mask off by one.
 """

@@ -211,7 +211,7 @@ def test_both_caches_are_rolled_back_to_the_accepted_length():
         other(torch.tensor([context[:n]]), kv_cache=fresh)
         other64(torch.tensor([context[:n]]), kv_cache=exact)
     # as close to the float64 prefill's keys and values as a fresh float32 prefill's (4x its
-    # distance plus two float32 steps at their size, up to 0.9). Measured on AMD EPYC
+    # distance plus two float32 steps at their size, up to 0.9). Measured on AMD EPYC with AVX-512
     # 2026-11-27, also with torch's libraries and our C kernels built for other CPUs: the
     # drafter's cache 1.8e-7 to 3.8e-7, the fresh prefill 2.9e-7 to 4.8e-7 from float64 (the
     # fixed 1e-5 + 1e-4 relative this replaces was far above both). A rejected draft left

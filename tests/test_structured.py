@@ -124,8 +124,8 @@ def test_the_length_limit_counts_the_grammars_text_alone(shipped, monkeypatch):
 def test_a_constraint_does_not_load_torchs_compiler():
     """Every server start builds a constraint (the grammar engine's warm-up): importing
     llguidance.torch there loaded torch._dynamo and inductor: 6-8 s of a 13-17 s start on the
-    2-core AVX2 EPYC with tests running beside it. The constraint fills its mask through
-    llguidance.numpy instead."""
+    2-core AVX2 EPYC with tests running beside it (2026-11-28). The constraint fills its mask
+    through llguidance.numpy instead."""
     code = ("import sys, torch\n"
             "from tinygpt import load_pretrained\n"
             "from tinygpt.structured import Grammars\n"

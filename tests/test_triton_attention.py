@@ -135,8 +135,8 @@ INTERPRETER_CASES = {
     "prefill-causal-fp16": (True, 24, 24, 32, 16, 16, "float16", False),
     "chunk-causal-fp16": (True, 7, 40, 32, 16, 16, "float16", False),
 }
-# float32: far above float32 rounding (measured on AMD EPYC 2026-11-27: the interpreted kernel
-# 9e-8 to 4.2e-7 from the float64 SDPA, SDPA's float32 run 1.3e-7 to 5.0e-7, tiled 1.2e-7 to
+# float32: far above float32 rounding (measured on AMD EPYC with AVX-512 2026-11-27: the interpreted
+# kernel 9e-8 to 4.2e-7 from the float64 SDPA, SDPA's float32 run 1.3e-7 to 5.0e-7, tiled 1.2e-7 to
 # 6.2e-7, for outputs up to 3.6). float16: the output's rounding to float16, at most half a
 # float16 step (9.8e-4 for these outputs, all under 4) plus float32 rounding; measured 6.1e-4,
 # as torch's own float16 SDPA. A missing scale or mask is off by 0.1 or more.

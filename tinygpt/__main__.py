@@ -20,16 +20,16 @@ COMMANDS = {
 # Settings a command wants in the environment before torch loads (OpenMP reads them once, when
 # its library loads). bench: OpenMP's worker threads spin between parallel regions instead of
 # sleeping. A decode step runs about 50 short multi-threaded products one after another; waking
-# sleeping workers for each one cost 13% of the products' time on the 2-core development
-# machine. llama.cpp's thread pool spins in the same way. GOMP_SPINCOUNT bounds the spinning
-# (about 200,000 pauses, a few milliseconds): unbounded, as ACTIVE alone makes it, a worker
-# that ran one parallel region (a prefill, an argmax over the vocabulary) kept spinning through
-# the whole decode that followed, half a core taken from tinygpt.cpu_kernels' product threads
-# (measured per thread: 0.53-0.64 of a core against 0.18 bounded). An explicit setting is never
-# changed. The keys a command added are listed in ENV_ADDED, so that the processes it starts
-# (the benchmarks' servers and chat: tinygpt.bench.load.user_environment) run in the
-# environment the user gave it: a server's spinning OpenMP workers would take a core from
-# its own product threads.
+# sleeping workers for each one cost 13% of the products' time on the 2-core AVX-512 EPYC
+# (2026-11-21). llama.cpp's thread pool spins in the same way. GOMP_SPINCOUNT bounds the
+# spinning (about 200,000 pauses, a few milliseconds): unbounded, as ACTIVE alone makes it, a
+# worker that ran one parallel region (a prefill, an argmax over the vocabulary) kept spinning
+# through the whole decode that followed, half a core taken from tinygpt.cpu_kernels' product
+# threads (measured per thread: 0.53-0.64 of a core against 0.18 bounded, AVX-512 EPYC,
+# 2026-11-25). An explicit setting is never changed. The keys a command added are listed in
+# ENV_ADDED, so that the processes it starts (the benchmarks' servers and chat:
+# tinygpt.bench.load.user_environment) run in the environment the user gave it: a server's
+# spinning OpenMP workers would take a core from its own product threads.
 ENV_DEFAULTS = {"bench": {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "200000"}}
 ENV_ADDED = "TINYGPT_ENV_ADDED"
 

@@ -2,14 +2,15 @@
 
 A decode step of the engine (tinygpt.runner) multiplies every weight matrix by one row per
 scheduled token: 16 rows when 16 sequences decode. torch's F.linear reaches about half of a
-core's multiply-add rate on these shapes (16 x 576 against 576 x 1536 and the like) and less
-on two; the kernel in tinygpt/csrc/cpu_gemm.c (compiled on first use, like
-tinygpt.cpu_kernels') keeps a block of running sums in registers, 6 rows x 32 outputs with
-AVX-512 (6 x 8 with AVX2, 6 x 4 without: gemm_tiles.h's BLOCK_ROWS x BLOCK_VECS vectors), so
-each weight it loads feeds 6 multiply-adds, and splits every product over the cores. It reads
-the tiled layout of tinygpt.cpu_kernels (W (N, K) as (N / 16, K, 16)), and each output is
-summed in the order cpu_kernels' batch-1 kernel uses: a row's products come out the same bits
-whether it was multiplied alone by `generate()` or with fifteen others by the engine.
+core's multiply-add rate (AMD EPYC with AVX-512, 2026-11-25) on these shapes (16 x 576
+against 576 x 1536 and the like) and less on two; the kernel in tinygpt/csrc/cpu_gemm.c
+(compiled on first use, like tinygpt.cpu_kernels') keeps a block of running sums in
+registers, 6 rows x 32 outputs with AVX-512 (6 x 8 with AVX2, 6 x 4 without: gemm_tiles.h's
+BLOCK_ROWS x BLOCK_VECS vectors), so each weight it loads feeds 6 multiply-adds, and splits
+every product over the cores. It reads the tiled layout of tinygpt.cpu_kernels (W (N, K) as
+(N / 16, K, 16)), and each output is summed in the order cpu_kernels' batch-1 kernel uses: a
+row's products come out the same bits whether it was multiplied alone by `generate()` or with
+fifteen others by the engine.
 
     GemmLinear        y_i = x @ W_i^T for weights that share their input (q, k, v; gate and
                       up), stacked and tiled once: x (M, K) float32, any M -> (M, N_i) each

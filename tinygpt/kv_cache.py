@@ -541,9 +541,9 @@ class DecodeStep:
     prepacked copy of the weights (q/k/v stacked, gate/up stacked, oneDNN's blocked layout)
     and runs oneDNN's inner product.
     The copy doubles the weights' memory and is a snapshot, and each product pays a fixed
-    ~30 us, so it loses on tiny models. Packing is checked against the plain products when
-    the step is built; when it cannot be used a PackFallbackWarning says why, `pack_reason`
-    keeps it, and `packed` tells which path runs.
+    ~30 us (AVX-512 EPYC, 2026-11-21), so it loses on tiny models. Packing is checked against
+    the plain products when the step is built; when it cannot be used a PackFallbackWarning
+    says why, `pack_reason` keeps it, and `packed` tells which path runs.
     """
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, compile: bool = False,
@@ -793,8 +793,8 @@ class DecodeStep:
         torch on one thread while the tiled CPU products run (tinygpt.native.
         torch_single_thread says why), else nothing changes. generate() holds it for the
         step and the sampling together: a two-thread argmax between two steps wakes an
-        OpenMP team that then spins beside the products (SmolLM2 in float32 on 2 cores:
-        about 1 ms of a 20 ms token)."""
+        OpenMP team that then spins beside the products (SmolLM2 in float32 on the 2-core
+        AVX-512 EPYC, 2026-11-25: about 1 ms of a 20 ms token)."""
         if self._weights is not None and self.tiled and batch <= self._max_rows:
             return torch_single_thread()
         return contextlib.nullcontext()
@@ -805,8 +805,8 @@ class DecodeStep:
             # torch's operations in the step would otherwise start OpenMP teams of their own
             # between them, whose workers then compete with the product threads for the same
             # cores (with torch's attention over 9 heads in the step, before the layers ran
-            # in C, a step on a busy machine took 5x longer). At batch 1 these operations
-            # are far too small to gain from a split.
+            # in C, a step on the busy AVX-512 EPYC (2026-11-25) took 5x longer). At batch 1
+            # these operations are far too small to gain from a split.
             with self.token_threads(token.shape[0]):
                 return self._fused(token)
         if self._weights is not None:

@@ -44,7 +44,7 @@ Decoding naively from the latent cache is the worst of both: every step decompre
 cached latent (2 x S x kv_lora_rank x H x (nope + v) FLOPs). One float32 decode step of a
 DeepSeek-V2-Lite-shaped layer (D 2048, 16 heads, latent 512, RoPE key 64, nope and v 128)
 over 4,096 cached tokens took 230 and 344 ms naive and 12 and 8 ms absorbed, two runs each,
-on a 2-core AMD EPYC shared with other work (2026-11-27).
+on a 2-core AMD EPYC with AVX-512, shared with other work (2026-11-27).
 
 Pieces:
 

@@ -228,9 +228,10 @@ def in_huge_pages(t: torch.Tensor) -> torch.Tensor:
     Why: a decode step streams every weight once, and with 4 KiB pages the stream crosses a
     page every 4 KiB: a TLB miss each time, and the hardware prefetchers stop at each
     boundary. SmolLM2's 120 layer products (425 MB of float32 tiles) as a chain on the 2-core
-    AMD EPYC, 2026-11-27, six interleaved rounds: 19.4-21.3 ms in 4 KiB pages, 14.6-16.2 ms
-    in huge pages (1.20-1.44x). Only whole 2 MiB extents inside the mapping get huge pages and
-    the mapping ends at the data's last 4 KiB page, so no memory is spent beyond the data."""
+    AMD EPYC with AVX-512, 2026-11-27, six interleaved rounds: 19.4-21.3 ms in 4 KiB pages,
+    14.6-16.2 ms in huge pages (1.20-1.44x). Only whole 2 MiB extents inside the mapping get
+    huge pages and the mapping ends at the data's last 4 KiB page, so no memory is spent beyond
+    the data."""
     n = t.numel() * t.element_size()
     if not huge_pages_enabled() or n < HUGE_PAGE or t.device.type != "cpu":
         return t.contiguous()

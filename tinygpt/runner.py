@@ -25,13 +25,14 @@ On the CPU with a float32 model the runner takes a faster road by default (batch
 
     products   q, k, v as one product and gate, up as another, every token's row at once,
                through tinygpt.cpu_gemm's register-blocked kernel split over the cores (torch's
-               F.linear at 16 rows reaches about half of one core's multiply-add rate)
+               F.linear at 16 rows reaches about half of one core's multiply-add rate, AMD
+               EPYC with AVX-512, 2026-11-25)
     attention  the decodes (one token each) through cpu_gemm's paged attention, which reads
                each sequence's keys and values in place from its blocks (no gathered
                copies, no padding, no mask), and the prefill chunks through its chunk
                attention (their scores in register blocks, in place too). 16 decodes beside
                a 256-token chunk, 1,000 positions each, all in one padded batch took 3.2 s a
-               step on SmolLM2 (the 2-core AMD EPYC, 2026-11-27), 0.5 s split
+               step on SmolLM2 (the 2-core AMD EPYC with AVX-512, 2026-11-27), 0.5 s split
     the rest   RMSNorm in one call (cpu_gemm.rms_norm; torch's is seven operations), RoPE as
                roll(x) * signed sin, as the batch-1 decode step computes it
                (tinygpt.kv_cache.DecodeStep), all on one torch thread (Engine.step)
@@ -41,12 +42,11 @@ On the CPU with a float32 model the runner takes a faster road by default (batch
                sequence as fast as generate(), and each row's logits have the bits
                generate()'s step gives for the same cache
 
-Where one engine step of 16 decodes on SmolLM2-135M went on the course's 2-core machine
-(2 threads, a shared machine, 2026-11-25; `python -m tinygpt bench --only smollm2_cpu`
-measures the throughput): plain, about 56 ms of products, 19 ms of head, 27 ms of attention
-and small operations, 2 ms of sampling (104 ms a step); batched, about 26, 7, 3 (attention)
-+ 6 (small operations) and 2 ms (44 ms a step). batched=False keeps the plain road: the
-oracle.
+Where one engine step of 16 decodes on SmolLM2-135M went on the 2-core AMD EPYC with AVX-512
+(2 threads, shared, 2026-11-25; `python -m tinygpt bench --only smollm2_cpu` measures the
+throughput): plain, about 56 ms of products, 19 ms of head, 27 ms of attention and small
+operations, 2 ms of sampling (104 ms a step); batched, about 26, 7, 3 (attention) + 6 (small
+operations) and 2 ms (44 ms a step). batched=False keeps the plain road: the oracle.
 """
 
 from __future__ import annotations
@@ -115,16 +115,16 @@ class ModelRunner:
         head, over the batched products' own tiles (no second copy) and the paged pool in
         place. decode_layers_reason says why not where they cannot.
 
-        Measured (SmolLM2 in float32 on the 2-core AMD EPYC, greedy requests of 64 tokens,
-        tokens/s of the engine, prefill included): on 2026-11-27 the C layers 47.7 against
-        41.5 for the batched road at one request, but 71.1 / 78.4 / 89.0 against
+        Measured (SmolLM2 in float32 on the 2-core AMD EPYC with AVX-512, greedy requests of
+        64 tokens, tokens/s of the engine, prefill included): on 2026-11-27 the C layers 47.7
+        against 41.5 for the batched road at one request, but 71.1 / 78.4 / 89.0 against
         80.6 / 111.7 / 132.5 at 2 / 3 / 4 (their float32 products ran one row after another),
         so only one sequence took them; since their products run every row side by side
         (2026-11-28), 108-116 / 142-143 / 170-180 against 92-93 / 130-131 / 166-169.
         Beyond 4 rows (MAX_ROWS) the C layers' float32 products are the batched road's own
         register-blocked tiles (cpu_gemm.c, the same bits per row) and their attention is
         split over the pool, so only the Python between the products is saved: on
-        2026-11-29 (same machine, 64 tokens, medians of 4-6 runs taking turns) 107.6 against
+        2026-11-29 (the AVX2 EPYC, 64 tokens, medians of 4-6 runs taking turns) 107.6 against
         87.3 tokens/s at 5 requests, 123.0 / 105.6 at 8, 163.1 / 147.5 at 16, 159.6 / 154.6
         at 32. Steps of up to decode_layers_rows decodes take them; more, and any step with a
         prefill chunk, take the batched road."""

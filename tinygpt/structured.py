@@ -78,7 +78,7 @@ class GrammarConstraint:
     def __init__(self, matcher, vocab_size: int, eos_ids: Sequence[int]) -> None:
         # llguidance.numpy, not llguidance.torch: the same fill, and importing the latter
         # compiles a helper with torch.compile, which loads torch's compiler stack (6-8 s on
-        # the 2-core development machine) in every server start for nothing we use
+        # the 2-core AVX2 EPYC, 2026-11-28) in every server start for nothing we use
         import llguidance.numpy
 
         self.matcher, self.vocab_size = matcher, vocab_size
@@ -149,7 +149,8 @@ class Grammars:
         self._lock = threading.Lock()
         self.cached, self.compiled = cached, 0
         # the engine indexes the vocabulary on its first matcher (0.7 s for SmolLM2's 49,152
-        # tokens on the development machine): pay that here, once, not in the first request
+        # tokens on the AVX-512 EPYC, 2026-11-27): pay that here, once, not in the first
+        # request
         self._compile("warm-up", lambda: self._llg.LLMatcher.grammar_from_regex("a"))
 
     # -- what can be asked for -----------------------------------------------------------------

@@ -47,8 +47,8 @@ def notebook_threads(preferred: int) -> int:
     whoever runs the notebook sets it (`make test` runs two notebooks at once on two cores with
     OMP_NUM_THREADS=1). Threads that wait on each other on a busy core make a cell several
     times slower: day 21's streaming run took 4.2 s on one thread and 11.4 s on two beside one
-    busy process (AVX2 EPYC, 2 cores). An OMP_NUM_THREADS that is not a positive integer is
-    ignored, as OpenMP ignores it."""
+    busy process (AVX2 EPYC, 2 cores, 2026-11-28). An OMP_NUM_THREADS that is not a positive
+    integer is ignored, as OpenMP ignores it."""
     if isinstance(preferred, bool) or not isinstance(preferred, int) or preferred < 1:
         raise ValueError(f"preferred must be an integer >= 1, got {preferred!r}")
     if grading():

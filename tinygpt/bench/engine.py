@@ -47,9 +47,9 @@ from tinygpt.sampling import SamplingParams
 SERIAL_TARGET = 5.0          # engine over the batch-1 loop, tokens/s
 HF_TARGET = 1.5              # engine over transformers' continuous batching, tokens/s
 CPU_ENGINE = dict(max_running=64, token_budget=2048)
-# why engine_vs_serial misses on the CPU (cProfile of the engine at 64 requests, AMD EPYC,
-# 2026-11-28: the batched forward about half its time, the requests' token loops a quarter,
-# the scheduler a tenth)
+# why engine_vs_serial misses on the CPU (cProfile of the engine at 64 requests, AMD EPYC with
+# AVX-512, 2026-11-28: the batched forward about half its time, the requests' token loops a
+# quarter, the scheduler a tenth)
 CPU_WHY = ("the batch-1 loop runs each step in one C call, while the engine's per-token Python "
            "(each request's own token loop with its sampling and stop checks, and the "
            "scheduler) costs about as much as its batched forward on a model this small")

@@ -1,10 +1,10 @@
 """`make bench-llamacpp`: llama.cpp beside tinygpt on the same weights, batch-1 greedy decode.
 
 An optional extra, not part of `make test`: it needs llama-cpp-python (`pip install
-llama-cpp-python==0.3.36`, which compiles llama.cpp: about 25 minutes on 2 cores) and the gguf
-package. The model has SmolLM2-135M's shape with seeded random weights (speed does not depend
-on what the weights say); each format is written as a GGUF file with the gguf package and
-decoded by both engines in turn, round after round:
+llama-cpp-python==0.3.36`, which compiles llama.cpp: about 25 minutes on the 2-core AVX-512
+EPYC, 2026-11-25) and the gguf package. The model has SmolLM2-135M's shape with seeded random
+weights (speed does not depend on what the weights say); each format is written as a GGUF
+file with the gguf package and decoded by both engines in turn, round after round:
 
     F32    llama.cpp's F32 file        vs  tinygpt's float32 generate()        target >= 0.8x
     F16    llama.cpp's F16 file        vs  tinygpt in bfloat16 (information)

@@ -71,8 +71,8 @@ MLA_QUICK_CONFIG = ModelConfig(vocab_size=512, d_model=128, n_layers=2, n_heads=
 MLA_QUICK_CONTEXT = 256
 
 WINDOW, WINDOW_BLOCK = 256, 16
-# 8,192 tokens (32 windows): 16,384 took 325 s through the engine on a 2-core AMD EPYC at a
-# load average of 6 (2026-11-27), past the couple of minutes a row should take
+# 8,192 tokens (32 windows): 16,384 took 325 s through the engine on a 2-core AMD EPYC with
+# AVX-512 at a load average of 6 (2026-11-27), past the couple of minutes a row should take
 WINDOW_TOKENS, WINDOW_REFERENCE = 8192, 512
 WINDOW_CONFIG = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                             d_ff=128, max_seq_len=WINDOW_TOKENS + 64, sliding_window=WINDOW)

@@ -86,7 +86,9 @@ def tensor_parallel_rows(ctx: BenchContext) -> list[Comparison]:
                            "tokens/s, 152M model (cost model's ratio as the target)",
                            (cfg, model.state_dict()), 2, 16))
         del model
-    if ctx.quick:       # three ranks each loading SmolLM2 (40 s on 2 cores): the full plan only
+    # three ranks each loading SmolLM2 (40 s on the 2-core AVX2 EPYC, 2026-11-28): the full
+    # plan only
+    if ctx.quick:
         ctx.log("tensor_parallel: tp_decode_real runs in the full plan only")
         return rows
     try:

@@ -58,7 +58,8 @@ def bench_plan(quick: bool = False) -> BenchPlan:
     """The standard plans. Quick: the course-sized model wherever possible, few repeats (a CI
     smoke run of every row: 165 s alone on one thread of the 2-core AVX2 EPYC, 200 s in
     make test beside the other worker, 2026-11-28). Full: a ~31M model for the cache
-    comparison, more repeats and rounds (a few minutes on 2 cores).
+    comparison, more repeats and rounds (not re-timed since 2026-11-21, when the plan was much
+    smaller).
     Both measure bandwidth on the 610 MB model of bandwidth_model_config().
     Both keep the targets' workloads: 512 + 128 tokens for the cache, 128 new tokens for HF."""
     course = course_model_config()

@@ -28,12 +28,13 @@ F.linear), fbgemm's dynamic int8 linear (also rounds the activations to 7-bit in
 scale per call, and multiplies integers), and dequantize-then-matmul (rebuilds a float32 weight
 every call: slower than float32). Both int8 kernels reached the target on a fast day (2.4x and
 2.6x); on 2026-11-24, with the machine's memory bandwidth at 21-25 GB/s instead of 34-47, the
-weight-only kernel measured 1.65-1.69x and fbgemm's 2.1-2.6x in the same runs: the weight-only
-kernel converts activations and accumulates in bfloat16 and is bound by that arithmetic on 2
-cores, not by the int8 bytes. The targeted row therefore uses fbgemm's kernel; its extra
-activation rounding costs +0.016% held-out loss on the shipped checkpoint (the weight-only
-kernel +0.003%), far inside the 1% budget, and the row beside it keeps the weight-only kernel
-in view.
+weight-only kernel measured 1.65-1.69x and fbgemm's 2.1-2.6x in the same runs (all of these:
+the 2-core development machine on or before 2026-11-24, most likely the AVX-512 EPYC): the
+weight-only kernel converts activations and accumulates in bfloat16 and is bound by that
+arithmetic on 2 cores, not by the int8 bytes. The targeted row therefore uses fbgemm's kernel;
+its extra activation rounding costs +0.016% held-out loss on the shipped checkpoint (the
+weight-only kernel +0.003%), far inside the 1% budget, and the row beside it keeps the
+weight-only kernel in view.
 """
 
 from __future__ import annotations

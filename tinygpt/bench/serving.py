@@ -50,8 +50,10 @@ LLAMA_TARGET = 1.0         # the server over llama.cpp F32, at every concurrency
 STREAMS = (4, 16)
 LONG_PROMPT = 1000         # prompt tokens of the serve_streams_long rows (about)
 LONG_TOKENS = 64           # new tokens per request in those rows
-STREAM_ROUNDS = 9          # rounds of the one-stream rows (about 13 s each with llama.cpp)
-STREAMS_ROUNDS = 5         # rounds of the several-stream rows (30 s to 2 minutes each)
+STREAM_ROUNDS = 9          # rounds of the one-stream rows (about 13 s each with llama.cpp on
+                           # the AVX2 EPYC, 2026-11-29)
+STREAMS_ROUNDS = 5         # rounds of the several-stream rows (30 s to 2 minutes each with
+                           # llama.cpp on the AVX2 EPYC, 2026-11-29)
 
 
 def decode_rate(stamps: list[float]) -> float:
@@ -257,9 +259,9 @@ def _one_stream(ctx, model, url, model_id, prompt, expected, tokens, rounds, lla
     """The one-stream rows. Each round runs generate(), the served stream and llama.cpp once,
     in an order that rotates from round to round (no contender always runs after the same
     one); a row's ratio is the median of its rounds' ratios, each taken within one round: on
-    a shared 2-core machine one round's rates move by about 10%, a slow stretch moves every
-    contender of that round together, and the ratio of two medians taken from different
-    rounds does not cancel it."""
+    the shared 2-core AVX2 EPYC (2026-11-29) one round's rates move by about 10%, a slow
+    stretch moves every contender of that round together, and the ratio of two medians taken
+    from different rounds does not cancel it."""
     texts = set()
 
     def served_once() -> float:

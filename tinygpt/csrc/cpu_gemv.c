@@ -11,11 +11,12 @@
  *                no horizontal sums are needed at the end. (bfloat16 tiles hold two
  *                columns per step: see "bfloat16 weights" below.)
  *   the threads  every product is split across the cores by tiles. The split must cost far
- *                less than a product (40-120 us here), so the helper threads are started once
- *                and spin between products (briefly: then they sleep). The thread that calls
- *                takes work too, and work is handed out by an atomic counter, so a helper that
- *                the operating system has not scheduled (a busy machine) makes a product no
- *                slower than one core would; it never waits for a helper that took nothing.
+ *                less than a product (40-120 us on the AVX-512 EPYC, 2026-11-25), so the
+ *                helper threads are started once and spin between products (briefly: then
+ *                they sleep). The thread that calls takes work too, and work is handed out by
+ *                an atomic counter, so a helper that the operating system has not scheduled (a
+ *                busy machine) makes a product no slower than one core would; it never waits
+ *                for a helper that took nothing.
  *                When the caller keeps waiting for chunks a helper took and then lost its
  *                core, the pool runs alone for a while (pool.h says how).
  *
@@ -72,12 +73,12 @@ int tg_use_portable(int on) {
  * at the multiply-add's latency, not its throughput. At one row that is faster than the
  * weights arrive from memory; at 2-4 rows (a few sequences decoding together, speculative
  * decoding's verify pass) the rows' chains one after another made a product of 4 rows cost
- * 3.5x one row from the cache. f32_rows loads each pair of weight vectors once for all rows
- * and runs every row's two chains side by side (up to 8 independent chains; vectors as wide as
- * the registers, vec.h, so it compiles for any CPU). Each row's sums are the portable loop's,
- * in the same order (even columns into one sum, odd into the other, added at the end;
- * multiply-adds fused or not as the compiler fuses both), so the two give the same bits and a
- * row's result does not depend on how many rows share the product. */
+ * 3.5x one row from the cache (AVX-512 EPYC, 2026-11-28). f32_rows loads each pair of weight
+ * vectors once for all rows and runs every row's two chains side by side (up to 8 independent
+ * chains; vectors as wide as the registers, vec.h, so it compiles for any CPU). Each row's sums
+ * are the portable loop's, in the same order (even columns into one sum, odd into the other,
+ * added at the end; multiply-adds fused or not as the compiler fuses both), so the two give
+ * the same bits and a row's result does not depend on how many rows share the product. */
 static inline __attribute__((always_inline)) void f32_rows(
         const float *w, const float *x, float *y, long n, long k, long t0, long t1,
         const int rows) {
@@ -1009,7 +1010,8 @@ int tg_layer(int dtype, float *x, long rows, long d, const float *attention_norm
  * x is then RMS-normed in place with it, and with w_head (not NULL, n_head rows tiled in
  * `dtype`) logits (rows, n_head) = the head's product of x: the step's end in the same call,
  * because the first torch operation after streaming the layers' weights costs 0.1-0.2 ms of
- * cold instruction and data caches, about 1% of a SmolLM2 step. Stops at the first error. */
+ * cold instruction and data caches, about 1% of a SmolLM2 step (AVX-512 EPYC, 2026-11-27).
+ * Stops at the first error. */
 int tg_layers(long count, int dtype, float *x, long rows, long d,
               const float *const *attention_norm, const float *const *ffn_norm, float eps,
               const void *const *w_qkv, long n_qkv, const void *const *w_o, long n_o,

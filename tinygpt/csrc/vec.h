@@ -6,11 +6,11 @@
  * loop over a tile row's vectors themselves and size their register blocks by VW: a vector
  * type wider than the registers (16 floats on an AVX2 CPU) makes GCC move every operation
  * through the stack, which ran cpu_gemm.c's products at 1.4 GFLOP/s on an AVX2-only AMD
- * EPYC (torch's F.linear: 25-50). In the products each lane does the same arithmetic in the
- * same order whatever VW is, so they have the same bits on every width that fuses the same
- * multiply-adds (tinygpt/native.py keeps GCC from splitting any: its tuning for AMD's Zen
- * cores would, in 128- and 256-bit loops). Loads and stores need no alignment. Shared by
- * cpu_gemv.c, cpu_gemm.c, attention.h, gemm_tiles.h and chunk_attention.h. */
+ * EPYC, 2026-11-28 (torch's F.linear: 25-50). In the products each lane does the same
+ * arithmetic in the same order whatever VW is, so they have the same bits on every width that
+ * fuses the same multiply-adds (tinygpt/native.py keeps GCC from splitting any: its tuning for
+ * AMD's Zen cores would, in 128- and 256-bit loops). Loads and stores need no alignment.
+ * Shared by cpu_gemv.c, cpu_gemm.c, attention.h, gemm_tiles.h and chunk_attention.h. */
 #ifndef TINYGPT_VEC_H
 #define TINYGPT_VEC_H
 

@@ -28,7 +28,8 @@ def parse_workers() -> int:
     at least one. The engine's decode step spreads its products over every core, and each of
     these threads that computes takes a core from it: with two of them on a 2-core machine,
     hostile structured requests stretched ordinary streams' token gaps to 100-105 ms; with
-    one, 66-72 ms (the bench row structured_hostile_stall, AMD EPYC, 2026-11-27)."""
+    one, 66-72 ms (the bench row structured_hostile_stall, AMD EPYC with AVX-512,
+    2026-11-27)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, (cores or 2) // 2)
 
