@@ -1,10 +1,11 @@
-"""nbgrader's generate -> autograde flow, run in a scratch course folder.
+"""nbgrader's generate -> autograde flow: the release in place, the checks in a scratch course.
 
 `release` is what `make release` runs (`python -m autograder release`): it regenerates course/
 in place and records the assignment in the gradebook. `generate_release` runs the same nbgrader
 step in a scratch course (the drift check and the grader use it); `autograde` grades a set of
-submitted notebooks of one day and reads every cell's score back from the gradebook. Both work
-in a scratch copy so the repository's own folders are never touched by a check.
+submitted notebooks of one day and reads every cell's score back from the gradebook.
+`generate_release` and `autograde` work in a scratch copy, so a check never touches the
+repository's own folders.
 """
 
 from __future__ import annotations

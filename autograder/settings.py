@@ -43,7 +43,8 @@ def nbgrader_config(root: Path | str = REPO_ROOT, db_url: str | None = None) -> 
     # NBGRADER_EXECUTION, so the notebooks run in grading mode (tinygpt.testing.grading) and
     # create no widget at all (tests/test_course_integrity.py checks every widget cell). 120 s
     # stays as a cap, about 4x the slowest cell seen in make test before grading mode (32 s
-    # under two workers on the 2-core development machine, 2026-11-24).
+    # under two workers on the 2-core development machine, most likely the AVX-512 EPYC,
+    # 2026-11-24).
     c.Execute.timeout = NBGRADER_CELL_TIMEOUT_S
     c.Autograde.autograde_preprocessors = autograde_preprocessors()
     stamp_gradebooks_in_process()

@@ -436,8 +436,8 @@ def _tiled_refusal(model: torch.nn.Module, cache: KVCache) -> str | None:
 def _fused_refusal(cfg: ModelConfig) -> str | None:
     """Why the fused step cannot compute this model's layers, or None when it can. It has no
     q/k norm, multi-head latent attention, sliding windows or dynamic RoPE (day 21:
-    cfg.fast_path_refusal, cfg.positions_refusal); a
-    mixture-of-experts layer runs in it through tinygpt.moe.MoEDecode (day 20)."""
+    cfg.fast_path_refusal, cfg.positions_refusal); a mixture-of-experts layer runs in it
+    through tinygpt.moe.MoEDecode (day 20)."""
     if cfg.qk_norm:
         return "the model normalizes queries and keys per head before RoPE (qk_norm=True)"
     if cfg.attention == "mla":                  # day 21: MLAttention's absorbed decode runs

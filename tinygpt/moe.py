@@ -223,8 +223,8 @@ def dropped_pairs(experts: torch.Tensor, n_experts: int, capacity: int) -> int:
 
 def _check_moe_args(d_model, n_experts, top_k, d_expert, router, renormalize, n_group,
                     topk_group, scale, d_shared) -> None:
-    """MoE's arguments, checked up front with ModelConfig's messages: TypeError for a wrong
-    type, ValueError for a bad value."""
+    """MoE's arguments, checked up front, value errors worded as ModelConfig's: TypeError for
+    a wrong type, ValueError for a bad value."""
     if router not in ROUTERS:
         raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
     if not isinstance(renormalize, bool):
@@ -274,8 +274,8 @@ class MoE(nn.Module):
     through (DeepSeek-V3: n_shared_experts * d_expert wide). `last_experts` holds the experts the
     most recent forward chose (N, k) and `last_ran` those whose weights it read, for measuring
     what a step reads (MoEDecode, the decode steps' path, sets both too). Bad arguments are
-    refused up front, with ModelConfig's messages (n_group, topk_group and scale other than 1
-    need router "sigmoid_groups").
+    refused up front (value errors worded as ModelConfig's; n_group, topk_group and scale
+    other than 1 need router "sigmoid_groups").
     """
 
     def __init__(self, d_model: int, n_experts: int, top_k: int, d_expert: int,

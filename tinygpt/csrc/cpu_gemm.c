@@ -2,7 +2,7 @@
  * row to a step's token budget (decodes and prefill chunks together: 256 rows by default,
  * tinygpt.scheduler). A step of at most 32 decodes and nothing else (tinygpt.runner's
  * decode_layers_rows) runs cpu_gemv.c's decode layers (tg_layers) instead, whose float32
- * products beyond 4 rows are this file's register blocks (gemm_tiles.h).
+ * products beyond 4 rows are the register blocks this file uses too (gemm_tiles.h).
  *
  * An engine step that decodes 16 sequences multiplies every weight matrix by 16 rows. Each
  * weight read from memory now feeds 16 multiply-adds instead of one, so the step is no longer

@@ -814,7 +814,8 @@ int tg_gemv(int dtype, const void *w, const float *x, float *y, long m, long n, 
  * fifth of a SmolLM2-sized step; here they run on the calling thread (the products on the
  * pool) and the layer is one call. Everything is float32 (a bfloat16 cache is read and written
  * in bfloat16), computed as the model's forward does (tinygpt.model.TinyGPT; RoPE to the bit,
- * the norms and attention up to the order of their sums): RMS norm x / sqrt(mean(x^2) + eps) * w, RoPE
+ * the rest up to float rounding: other summation orders, fused multiply-adds, attention's own
+ * exp in attention.h, SiLU through expf): RMS norm x / sqrt(mean(x^2) + eps) * w, RoPE
  * x * cos + roll(x, head_dim / 2) * sin_signed, attention softmax(q . K / sqrt(head_dim)) V
  * with query head h reading kv head h / (heads / kv_heads), SiLU g / (1 + exp(-g)).
  */

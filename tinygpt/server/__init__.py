@@ -66,13 +66,13 @@ Errors. Every error is an OpenAI-style JSON body {"error": {"message", "type", "
 "code"}}: 400 for malformed JSON (lone surrogates, NaN and integers of more than 4300 digits
 included), values out of range, unsupported fields and prompts or max_tokens that do not fit
 the context; 422 for a body that is not a JSON object, a required field missing or a field of
-the wrong type (a number too large for a double, which parses to infinity, included; inside
-an object field, metadata or a schema, it is kept as it is); 404 for an unknown model or
-path; 413, 408; 429 (with Retry-After) when the engine's queue is full; 503 while shutting
-down. Streaming requests are checked whole before the 200 and the first event. A bad request
-never disturbs the others. A streaming client that disconnects has its request cancelled at once. On
-SIGTERM uvicorn stops accepting connections, running requests get `--grace` seconds to
-finish, and the rest are cancelled.
+the wrong type (a number with a fraction or an exponent too large for a double, which parses to
+infinity, included; inside an object field, metadata or a schema, it is kept as it is); 404 for
+an unknown model or path; 413, 408; 429 (with Retry-After) when the engine's queue is full; 503
+while shutting down. Streaming requests are checked whole before the 200 and the first event. A
+bad request never disturbs the others. A streaming client that disconnects has its request
+cancelled at once. On SIGTERM uvicorn stops accepting connections, running requests get
+`--grace` seconds to finish, and the rest are cancelled.
 
 The engine (tinygpt/engine.py) is AsyncEngine by default: continuous batching on a paged KV
 cache (--max-running, --token-budget, --kv-blocks) with automatic prefix caching: full KV

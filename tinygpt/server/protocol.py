@@ -50,12 +50,12 @@ class APIError(Exception):
 # tool_choice: checks.held_to_fields), and published as refused (additionalProperties: false),
 # which they are. Chat messages, their parts and their tool calls are the exception (_MESSAGE):
 # clients resend an assistant reply with the keys they got it with (the openai SDK: refusal,
-# annotations, audio, function_call), so their unknown keys are accepted, ignored, and
-# published as allowed. NaN and Infinity are not JSON (checks.parse_json: 400); a number too
-# large for a double parses to infinity, which a number field refuses (allow_inf_nan=False: a
-# 422) and an object field (metadata, a schema) keeps. Strict: a value of another JSON type is
-# a 422, never converted ("5" is not max_tokens 5, false is not token id 0; an integer is
-# still a number)
+# annotations, audio, function_call), so their unknown keys are accepted, ignored, and published
+# as allowed. NaN and Infinity are not JSON (checks.parse_json: 400); a number with a fraction or
+# an exponent too large for a double parses to infinity, which a number field refuses
+# (allow_inf_nan=False: a 422) and an object field (metadata, a schema) keeps. Strict: a value of
+# another JSON type is a 422, never converted ("5" is not max_tokens 5, false is not token id 0;
+# an integer is still a number)
 
 _BODY = ConfigDict(extra="allow", allow_inf_nan=False, strict=True,
                    json_schema_extra={"additionalProperties": False})
