@@ -12,12 +12,11 @@ below), and each greedy pick beats the runner-up by at least 0.056 in float64 (l
 from __future__ import annotations
 
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 
 from tests.test_mla import hf_model as hf_deepseek  # noqa: E402
-from tests.test_moe_hf import serve_once  # noqa: E402
+from tests.test_moe_hf import hf_greedy, serve_once  # noqa: E402
 from tests.test_moe_hf import word_tokenizer as deepseek_words  # noqa: E402
 from tests.test_rope_scaling import hf_llama, sharpen  # noqa: E402
 from tests.test_rope_scaling import word_tokenizer as llama_words  # noqa: E402
@@ -34,17 +33,6 @@ FOLDERS = {
     "deepseek_v3": (lambda: hf_deepseek(seed=5), lambda: deepseek_words(),
                     "the cat sat on the"),
 }
-
-
-def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    """transformers' greedy tokens. The prompts hold token 0 and pad_token_id is 0: without an
-    attention_mask generate() would take those tokens for padding, mask them and shift the
-    positions after them."""
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(
-            1, len(prompt), dtype=torch.long), max_new_tokens=n, min_new_tokens=n,
-            do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 @pytest.mark.parametrize("name", sorted(FOLDERS))
