@@ -479,6 +479,10 @@ def test_cli_errors(fake_pretrained, capsys, monkeypatch):
     assert "empty" in capsys.readouterr().err
     assert main([]) == 2  # --prompt is required
     assert main(["--help"]) == 0
+    # a device this machine lacks is an error naming it, not torch's traceback
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["--prompt", "a", "--device", "cuda"]) == 2
+    assert "--device cuda: CUDA is not available here" in capsys.readouterr().err
 
     def missing(device=None):
         raise FileNotFoundError("no checkpoint")

@@ -570,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
                                 repetition_penalty=args.repetition_penalty,
                                 max_new_tokens=args.max_new_tokens, stop=tuple(args.stop),
                                 seed=args.seed)
-        device = tinygpt.pick_device(args.device)
+        device = tinygpt.usable_device(args.device)
     except (TypeError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
