@@ -57,3 +57,21 @@ def test_bad_arguments_are_refused():
     assert main(["--model", "tinygpt", "--max-tokens", "0"], stdin=io.StringIO()) == 2
     assert main(["--model", "no-such-model"], stdin=io.StringIO()) == 2
     assert main(["--model", "tinygpt", "--max-tokens", "100000"], stdin=io.StringIO()) == 2
+
+
+@pytest.mark.parametrize("threads", ["0", "100000", "99999999999999999999999"])
+def test_a_thread_count_torch_cannot_take_is_refused_before_the_model_loads(
+        monkeypatch, capsys, threads):
+    """100000 threads crashed the process (a segfault) and 10**23 overflowed in torch."""
+    import tinygpt
+    import tinygpt.loading
+
+    def load_model(*_args, **_kwargs):
+        raise AssertionError("the model was loaded before --threads was refused")
+
+    monkeypatch.setattr(tinygpt.loading, "load_model", load_model)
+    assert main(["--model", "tinygpt", "--threads", threads], stdin=io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: --threads must be an integer from 1 to "
+                   f"{4 * tinygpt.usable_cores()} (4 per usable core, "
+                   f"{tinygpt.usable_cores()} here), got {threads}\n")

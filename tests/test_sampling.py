@@ -137,6 +137,54 @@ def test_temperature_divides():
         < entropy(apply_temperature(WORKED, 3.0))
 
 
+TINY_TEMPERATURES = [1e-38, 3e-38, 1e-45, 1e-300, 5e-324]
+LARGE = WORKED * 10           # logits of a trained model's size: / 3e-38 overflows float32 too
+TIED = torch.tensor([[40.0, 90.0, -30.0, 90.0, 89.99]])
+
+
+@pytest.mark.parametrize("t", TINY_TEMPERATURES)
+def test_a_tiny_temperature_is_the_argmax_not_an_overflow(t):
+    # LARGE / 1e-38 overflows float32 to +inf (and 5e-324 is 0 in float32): the server once
+    # answered such a request with a 500
+    out = apply_temperature(LARGE, t)
+    assert torch.isfinite(out.amax()) and not torch.isnan(out).any()
+    assert torch.softmax(out, dim=-1).tolist() == [[0.0, 0.0, 0.0, 1.0, 0.0]]
+    params = SamplingParams(temperature=t, top_p=0.9, min_p=0.1, top_k=3)
+    assert sample_next_token(LARGE.expand(4, -1), params).tolist() == [3] * 4
+    assert explain_sampling(LARGE[0], params)[-1].probs == [0.0, 0.0, 0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("t", TINY_TEMPERATURES)
+def test_a_tiny_temperature_shares_the_draw_among_tied_maxima(t):
+    probs = torch.softmax(apply_temperature(TIED, t), dim=-1)
+    torch.testing.assert_close(probs, torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]))
+    drawn = {sample_next_token(TIED, SamplingParams(temperature=t, seed=s)).item()
+             for s in range(40)}
+    assert drawn == {1, 3}
+
+
+def test_temperature_divides_exactly_when_nothing_overflows():
+    rows = torch.tensor([[3e37, 2.9e37, -1e30], [1.0, 2.0, 4.0]])
+    # row 0 overflows at T = 0.01, row 1 does not: only row 0 is shifted by its max
+    out = apply_temperature(rows, 0.01)
+    assert torch.equal(out[1], rows[1] / 0.01)
+    assert out[0, 0] == 0 and -1.1e38 < out[0, 1] < -0.9e38 and out[0, 2] == float("-inf")
+    assert torch.equal(apply_temperature(rows, 1e-3)[1], rows[1] / 1e-3)
+
+
+def test_a_tiny_temperature_on_the_device_path_is_the_argmax():
+    from tinygpt.device_sampling import filtered_logits, row_params, sample_rows
+
+    for t in (1e-38, 3e-38, 1e-45):
+        params = row_params([SamplingParams(temperature=t)] * 2)
+        logits = torch.cat([LARGE, TIED])
+        out = filtered_logits(logits, params)
+        assert torch.softmax(out, dim=-1).tolist() == [[0.0, 0.0, 0.0, 1.0, 0.0],
+                                                       [0.0, 0.5, 0.0, 0.5, 0.0]]
+        assert not torch.isnan(out).any()
+        assert sample_rows(logits, params)[0].item() == 3
+
+
 def test_top_k_keeps_ties():
     logits = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0]])
     assert kept(top_k_filter(logits, 1)) == {1, 2, 4}
@@ -592,3 +640,17 @@ def test_same_seed_same_token_and_token_is_allowed(logits, seed, t):
 
 def test_filter_stage_names_are_complete():
     assert sorted(HF_ORDER) == sorted(FILTER_STAGES) == sorted(VLLM_ORDER)
+
+
+def test_the_seed_is_bounded_by_what_a_torch_generator_takes():
+    from tinygpt.sampling import MAX_GENERATOR_SEED
+
+    assert MAX_GENERATOR_SEED == 2**64 - 1
+    logits = torch.tensor([[0.0, 1.0, 2.0]])
+    for seed in (0, 2**63, MAX_GENERATOR_SEED):                 # every one of them samples
+        assert 0 <= sample_next_token(logits, SamplingParams(seed=seed)).item() < 3
+    with pytest.raises((ValueError, RuntimeError)):             # and the bound is torch's own
+        torch.Generator().manual_seed(MAX_GENERATOR_SEED + 1)
+    for seed in (MAX_GENERATOR_SEED + 1, 99_999_999_999_999_999_999_999):
+        with pytest.raises(ValueError, match=r"seed must be None or an int in \[0, 2\*\*64 - 1\]"):
+            SamplingParams(seed=seed)

@@ -498,3 +498,210 @@ def test_a_request_the_kv_pool_cannot_hold_is_a_400_and_others_are_served():
     assert too_big.status_code == 400, too_big.text
     assert "num_blocks" in too_big.json()["error"]["message"]
     assert fits.status_code == 200
+
+
+# -- tiny temperatures, streams that fail, text offsets and bytes, big responses ---------------
+
+
+def completion_stream(url: str, path: str, body: dict) -> list[str]:
+    """The data lines of a streamed request, in order."""
+    with httpx.stream("POST", f"{url}{path}", json={**body, "stream": True},
+                      timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        return [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def streamed_text(lines: list[str], chat: bool) -> str:
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(line)["choices"] for line in lines[:-1]]
+    return "".join((c[0]["delta"].get("content") or "") if chat else c[0]["text"]
+                   for c in chunks if c)
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 3e-38, 1e-45, 1e-300, 5e-324])
+def test_a_tiny_temperature_answers_the_greedy_tokens(served, temperature):
+    # logits / 1e-38 overflowed float32 and the server answered 500 "logits must not contain
+    # NaN or +inf"; the limit of sampling as T -> 0 is the argmax
+    for path, body, chat in (
+            ("/v1/completions", {"prompt": "The cat"}, False),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}, True)):
+        body = {"model": "tinygpt", "max_tokens": 8, "ignore_eos": True, **body}
+        texts = []
+        for t in (0, temperature):
+            answer = httpx.post(f"{served}{path}", json={**body, "temperature": t}, timeout=60)
+            assert answer.status_code == 200, answer.text
+            choice = answer.json()["choices"][0]
+            texts.append(choice["message"]["content"] if chat else choice["text"])
+            lines = completion_stream(served, path, {**body, "temperature": t})
+            texts.append(streamed_text(lines, chat))
+        assert texts == [texts[0]] * 4, (path, texts)
+
+
+def test_text_offsets_count_whole_characters_before_each_token(served, reference):
+    # "é中x" is five byte tokens (each shown as U+FFFD), then "x"; text_offset once counted
+    # each byte token's U+FFFD as a character, putting "x" at 5 in "é中x the house"
+    _, tokenizer = reference
+    body = {"model": "tinygpt", "prompt": "é中x", "max_tokens": 2, "echo": True,
+            "logprobs": 0, "temperature": 0}
+    assert tokenizer.encode("é中x")[:5] == list(b"\xc3\xa9\xe4\xb8\xad")
+    choice = httpx.post(f"{served}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    text, logprobs = choice["text"], choice["logprobs"]
+    assert logprobs["text_offset"][:6] == [0, 0, 1, 1, 1, 2]
+    for token, offset in zip(logprobs["tokens"][5:], logprobs["text_offset"][5:], strict=True):
+        assert text[offset:offset + len(token)] == token, (text, logprobs)
+    lines = completion_stream(served, "/v1/completions", body)
+    streamed = [json.loads(line)["choices"][0]["logprobs"] for line in lines[:-1]]
+    assert sum((part["text_offset"] for part in streamed), []) == logprobs["text_offset"]
+    alone = httpx.post(f"{served}/v1/completions", json={**body, "echo": False},
+                       timeout=60).json()["choices"][0]["logprobs"]
+    assert alone["text_offset"] == logprobs["text_offset"][6:]      # after the 3 characters
+    # a prompt that ends inside a character: its bytes stay at 0, and the reply starts after
+    # the U+FFFD the cut character shows as
+    cut = {**body, "prompt": [72, 0xe4, 0xb8], "max_tokens": 1}
+    cut_choice = httpx.post(f"{served}/v1/completions", json=cut, timeout=60).json()["choices"][0]
+    assert cut_choice["text"].startswith("H\ufffd")
+    assert cut_choice["logprobs"]["text_offset"] == [0, 1, 1, 2]
+
+
+class InProcess:
+    """The server's app over an AsyncEngine in this process (httpx's ASGI transport, no
+    sockets), and an event loop to call it on: for tests that patch the server's code."""
+
+    def __init__(self, model, tokenizer) -> None:
+        import asyncio
+
+        from tinygpt.engine import AsyncEngine
+        from tinygpt.server import create_app
+
+        self.loop = asyncio.new_event_loop()
+        self.engine = AsyncEngine(model, tokenizer, max_waiting=16)
+        self.client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(self.engine, tokenizer,
+                                                         model.cfg.max_seq_len)),
+            base_url="http://tinygpt", timeout=60)
+
+    def post(self, path: str, body: dict) -> httpx.Response:
+        return self.loop.run_until_complete(self.client.post(path, json=body))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.client.aclose())
+        self.loop.run_until_complete(self.engine.shutdown(1.0))
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def random_model(reference):
+    """The shipped tokenizer over a random 2-layer model: its most likely tokens include byte
+    tokens, which the trained model's seldom do."""
+    from tinygpt.model import ModelConfig, TinyGPT
+
+    _, tokenizer = reference
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=4,
+                      n_kv_heads=2, d_ff=64, max_seq_len=128)
+    model = TinyGPT(cfg).eval()
+    app = InProcess(model, tokenizer)
+    yield app, model, tokenizer
+    app.close()
+
+
+def test_logprob_bytes_are_the_tokens_own_and_shared_keys_keep_the_most_probable(
+        random_model):
+    app, model, tokenizer = random_model
+    vocab_bytes = {tokenizer.token_bytes([i])[0] for i in range(tokenizer.vocab_size)}
+    chat = app.post("/v1/chat/completions", {
+        "model": "tinygpt", "messages": [{"role": "user", "content": "é中x"}],
+        "max_tokens": 6, "ignore_eos": True, "logprobs": True, "top_logprobs": 20,
+        "temperature": 0}).json()["choices"][0]["logprobs"]["content"]
+    entries = chat + [alt for entry in chat for alt in entry["top_logprobs"]]
+    assert any(entry["token"] == "\ufffd" for entry in entries)      # byte tokens were met
+    for entry in entries:
+        # a byte token's bytes once were the UTF-8 of U+FFFD (239, 191, 189)
+        assert bytes(entry["bytes"]) in vocab_bytes, entry
+        assert bytes(entry["bytes"]).decode("utf-8", "replace") == entry["token"]
+    # completions' top_logprobs are keyed by text: byte tokens share "\ufffd", which keeps
+    # the most probable of them
+    ids = tokenizer.encode("The cat sat on the mat. é中x")
+    scored = app.post("/v1/completions", {"model": "tinygpt", "prompt": ids, "max_tokens": 0,
+                                          "echo": True, "logprobs": 20}).json()
+    tops = scored["choices"][0]["logprobs"]["top_logprobs"]
+    with torch.inference_mode():
+        logp = torch.log_softmax(model(torch.tensor([ids]))[0].float(), dim=-1)
+    shared = 0
+    for position, top in enumerate(tops[1:]):
+        values, order = logp[position].topk(20)
+        byte_values = [v for v, i in zip(values.tolist(), order.tolist(), strict=True)
+                       if tokenizer.decode([i]) == "\ufffd"]
+        if len(byte_values) >= 2:
+            shared += 1
+            assert top["\ufffd"] == pytest.approx(max(byte_values), abs=1e-4), (position, top)
+    assert shared > 0
+
+
+def test_a_stream_that_fails_midway_still_ends_with_done(random_model, monkeypatch):
+    # the engine fails a request when its sampling loop raises; the stream then sent its error
+    # event and stopped, and clients that wait for "data: [DONE]" (as vLLM sends it) hung
+    import tinygpt.generate
+
+    app, _, _ = random_model
+    calls = {"n": 0}
+    real = tinygpt.generate.sample_next_token
+
+    def fails_on_the_fourth_token(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("the sampler broke")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tinygpt.generate, "sample_next_token", fails_on_the_fourth_token)
+    for path, body in (("/v1/completions", {"prompt": "The cat"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user",
+                                                               "content": "Hi"}]})):
+        calls["n"] = 0
+        response = app.post(path, {"model": "tinygpt", "max_tokens": 10, "ignore_eos": True,
+                                   "stream": True, **body})
+        lines = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+        assert lines[-1] == "[DONE]", lines[-3:]
+        error = json.loads(lines[-2])["error"]
+        assert "the sampler broke" in error["message"] and error["type"] == "server_error"
+        assert calls["n"] == 4 and len(lines) >= 3       # it failed mid-way, after a frame
+
+
+def test_a_whole_response_is_built_off_the_event_loop(random_model, monkeypatch):
+    """A whole response with echo and logprobs over many long prompts is megabytes of JSON;
+    built on the event loop, 37 MB of it held /health back for a second. The building is made slow
+    here (each choice's logprobs take 0.5 s, sleeping), so the check does not depend on the
+    machine: /health must be answered within 100 ms meanwhile."""
+    import asyncio
+    import threading
+
+    from tinygpt.server import responses
+
+    app, _, _ = random_model
+    building, timeline = threading.Event(), {}
+    take = responses.Choice.take
+
+    def slow_take(self):
+        building.set()
+        time.sleep(0.5)
+        timeline["built"] = time.perf_counter()
+        return take(self)
+
+    monkeypatch.setattr(responses.Choice, "take", slow_take)
+
+    async def scenario():
+        body = {"model": "tinygpt", "prompt": "The cat", "max_tokens": 2, "echo": True,
+                "logprobs": 2, "n": 2, "seed": 1}
+        whole = asyncio.create_task(app.client.post("/v1/completions", json=body))
+        while not building.is_set():
+            await asyncio.sleep(0.005)
+        sent = time.perf_counter()
+        health = await app.client.get("/health")
+        answered = time.perf_counter()
+        return await whole, health, answered - sent, timeline["built"] - answered
+
+    whole, health, took, left = app.loop.run_until_complete(scenario())
+    assert whole.status_code == 200 and len(whole.json()["choices"]) == 2
+    assert health.status_code == 200
+    assert took < 0.1 and left > 0, (f"/health took {took:.3f} s and was answered "
+                                     f"{-left:.3f} s after the response was built")

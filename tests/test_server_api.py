@@ -22,6 +22,7 @@ from tinygpt.engine import AsyncEngine, Engine
 from tinygpt.model import ModelConfig, TinyGPT
 from tinygpt.sampling import SamplingParams
 from tinygpt.server import MAX_STOP_CHARS, create_app
+from tinygpt.server.protocol import MAX_ECHO_ENTRIES
 from tinygpt.testing import check_float32_error
 
 
@@ -642,3 +643,150 @@ def test_parse_workers_are_half_the_cores_and_create_app_checks_them(monkeypatch
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="workers must be"):
             create_app(Engine(model), tokenizer, 32, workers=bad)
+
+
+# -- a field's type, a message's parts, the defaults, the model, the cost of echo -------------
+
+TYPE_ERRORS = [   # a field of several types: its real path, and what it accepts
+    ("/v1/completions", {"prompt": "The cat", "logprobs": 5.0}, "logprobs",
+     "logprobs must be an integer 0-20 or false, got 5.0"),
+    ("/v1/completions", {"prompt": "hi", "stop": ["a", 5]}, "stop.1",
+     "stop.1 must be a string, got 5"),
+    ("/v1/completions", {"prompt": [[1, 2], [3, "a"]]}, "prompt.1.1",
+     'prompt.1.1 must be an integer, got "a"'),
+    ("/v1/completions", {"prompt": [1.5]}, "prompt.0", "prompt.0 must be a string, a token id "
+     "(an integer) or a list of token ids, got 1.5"),
+    ("/v1/completions", {"prompt": [True]}, "prompt.0", "prompt.0 must be a string, a token id "
+     "(an integer) or a list of token ids, got true"),
+    ("/v1/completions", {"prompt": None}, "prompt", "prompt must be a string, a list of "
+     "strings, a list of token ids or a list of lists of token ids, got null"),
+    ("/v1/completions", {"prompt": 5}, "prompt", "prompt must be a string, a list of strings, "
+     "a list of token ids or a list of lists of token ids, got 5"),
+    ("/v1/completions", {"prompt": [1, "a"]}, "prompt.1", 'prompt.1 must be an integer, got "a"'),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"text": "b"}]}]}, "messages.0.content.1.type",
+     "messages.0.content.1.type is required"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]},
+     "messages.0.content", 'messages.0.content must be a string or a list of parts ({"type": '
+     '"text", "text": ...}), got 5'),
+    ("/v1/chat/completions", {"messages": HI, "tool_choice": {"type": "function"}},
+     "tool_choice.function", "tool_choice.function is required"),
+    ("/v1/chat/completions", {"messages": HI, "temperature": "hot"}, "temperature",
+     'temperature must be a number, got "hot"'),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "message"), TYPE_ERRORS,
+                         ids=[f"{c[2]}-{i}" for i, c in enumerate(TYPE_ERRORS)])
+def test_a_wrong_type_names_the_fields_real_path_and_what_it_accepts(small, path, body, param,
+                                                                      message):
+    response = small.post(path, {"model": "tinygpt", **body})
+    assert response.status_code == 422 and is_openai_error(response), response.text
+    error = response.json()["error"]
+    assert (error["param"], error["message"]) == (param, message)
+
+
+MALFORMED = [   # OpenAI refuses each of these chat messages; the server took them as ""
+    ([{"role": "user"}], "messages.0.content"),
+    ([{"role": "user", "content": None}], "messages.0.content"),
+    ([{"role": "system", "content": []}], "messages.0.content"),
+    ([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text"}]}],
+     "messages.0.content.1.text"),
+    ([*HI, {"role": "assistant", "tool_calls": []}], "messages.1.content"),
+    ([*HI, {"role": "assistant", "content": None}], "messages.1.content"),
+    ([{"role": "tool", "content": "hi"}], "messages.0.tool_call_id"),
+    ([{"role": "robot", "content": "hi"}], "messages.0.role"),
+]
+
+
+@pytest.mark.parametrize(("messages", "param"), MALFORMED,
+                         ids=[f"{c[1]}-{i}" for i, c in enumerate(MALFORMED)])
+def test_a_malformed_chat_message_is_a_400_naming_its_field(small, messages, param):
+    for path in ("/v1/chat/completions", "/tokenize"):
+        response = small.post(path, {"model": "tinygpt", "messages": messages})
+        assert response.status_code == 400 and is_openai_error(response), response.text
+        assert response.json()["error"]["param"] == param, response.text
+    if param.endswith("role"):
+        assert "['system', 'developer', 'user', 'assistant', 'tool'], got 'robot'" in \
+            response.json()["error"]["message"]
+
+
+def test_an_assistant_turn_of_calls_alone_needs_no_content(small):
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    for reply in ({"role": "assistant", "tool_calls": [call]},
+                  {"role": "assistant", "content": None, "tool_calls": [call]}):
+        messages = [*HI, reply, {"role": "tool", "tool_call_id": "call_1", "content": "3"}]
+        chat = small.post("/tokenize", {"messages": messages})    # (no room to generate)
+        assert chat.status_code == 200, chat.text
+
+
+def test_chat_generates_to_the_end_of_the_context_by_default_and_completions_16(small):
+    chat = small.post("/v1/chat/completions", {"messages": [{"role": "user",
+                                                             "content": "Hello"}],
+                                               "ignore_eos": True}).json()
+    usage = chat["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 64, usage
+    assert chat["choices"][0]["finish_reason"] == "length"
+    completion = small.post("/v1/completions", {"prompt": "The", "ignore_eos": True}).json()
+    assert completion["usage"]["completion_tokens"] == 16
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {"messages": HI}),
+    ("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1]})])
+def test_an_unknown_model_is_a_404_naming_the_served_one(small, path, body):
+    response = small.post(path, {**body, "model": "gpt-4"})
+    assert response.status_code == 404 and is_openai_error(response), response.text
+    assert response.json()["error"] == {
+        "message": "the model 'gpt-4' is not served here; this server serves 'tinygpt'",
+        "type": "invalid_request_error", "param": "model", "code": "model_not_found"}
+
+
+def test_echoed_logprobs_are_bounded_per_request(real):
+    from tinygpt.server.checks import bound_echo
+    from tinygpt.server.protocol import APIError
+
+    assert MAX_ECHO_ENTRIES == 2**18
+    bound_echo([8191], 1, 20, True)               # one whole SmolLM2 context, 20 alternatives
+    bound_echo([512] * 32, 1, 15, True)           # 32 x 512 x 16 = 2**18: at the bound
+    bound_echo([512] * 16, 2, 15, True)           # n counts as the prompts do
+    bound_echo([512] * 64, 16, 20, False)         # nothing echoed
+    for prompts, n in (([512] * 31 + [513], 1), ([512] * 16 + [1], 2)):
+        with pytest.raises(APIError) as over:
+            bound_echo(prompts, n, 15, True)
+        assert over.value.param == "logprobs" and "262144" in over.value.message
+    body = {"model": "tinygpt", "prompt": [[5] * 1000] * 64, "max_tokens": 1, "echo": True,
+            "logprobs": 20}
+    response = real.post("/v1/completions", body)
+    assert response.status_code == 400 and is_openai_error(response), response.text
+    error = response.json()["error"]
+    assert error["param"] == "logprobs", error
+    assert "1344000" in error["message"] and "262144" in error["message"], error
+    at_bound = real.post("/v1/completions", {**body, "prompt": [[5] * 512] * 32,
+                                             "max_tokens": 0, "logprobs": 15})
+    assert at_bound.status_code == 200, at_bound.text[:300]
+    assert sum(len(choice["logprobs"]["top_logprobs"]) for choice in
+               at_bound.json()["choices"]) == 32 * 512
+
+
+def test_a_chat_reply_without_max_tokens_stops_where_the_kv_pool_ends(shipped):
+    """Where the engine's KV pool holds fewer positions than the context (SmolLM2's capped
+    pool), chat's default is the rest of the pool: exactly what the engine admits."""
+    from dataclasses import replace
+
+    from tinygpt.server.prompts import Prompts
+
+    model, tokenizer = shipped
+    ids = tokenizer.encode_chat(HI)
+
+    def chat_params(**options) -> SamplingParams:
+        prompts = Prompts(tokenizer, 1024, tokenizer.vocab_size, "tinygpt", **options)
+        return prompts.prepare(json.dumps({"messages": HI}).encode(), True).params[0]
+
+    assert chat_params().max_new_tokens == 1024 - len(ids)
+    params = chat_params(max_positions=8 * 16)
+    assert params.max_new_tokens == 8 * 16 + 1 - len(ids)
+    engine = Engine(model, tokenizer, num_blocks=8)
+    engine.check_request(ids, params)
+    with pytest.raises(ValueError, match="KV blocks"):
+        engine.check_request(ids, replace(params, max_new_tokens=params.max_new_tokens + 1))

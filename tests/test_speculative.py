@@ -221,3 +221,22 @@ def test_both_caches_are_rolled_back_to_the_accepted_length():
                             for c in (drafter.cache, fresh, exact))
         check_float32_error(f"the drafter's cached {name}", got, want, truth, factor=4,
                             floor=SPEC_FLOOR)
+
+
+@pytest.mark.parametrize("t", [1e-38, 1e-45, 5e-324])
+def test_a_tiny_temperature_picks_the_greedy_tokens(t):
+    """logits / 1e-38 overflows float32 (and 5e-324 is 0 in float32): the distributions are
+    the sampler's (tinygpt.sampling.apply_temperature), one-hot on the argmax, and both
+    drafters give the target's greedy tokens."""
+    model, tokenizer = load_pretrained()
+    prompt = tokenizer.encode("The cat sat on the mat. The dog sat on the mat. The cat")
+    want = generate(model, prompt, SamplingParams(temperature=0, max_new_tokens=20)).token_ids
+    params = SamplingParams(temperature=t, max_new_tokens=20, seed=0)
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt]))[0]
+        assert logits.abs().max() / t == float("inf")                 # it would overflow
+        assert torch.equal(target_probs(logits, params),
+                           target_probs(logits, SamplingParams(temperature=0)))
+    for draft in (PromptLookupDrafter(), TinyGPT(model.cfg, seed=9).eval()):
+        got = speculative_generate(model, draft, prompt, params, gamma=3)
+        assert got.token_ids == want, type(draft).__name__

@@ -3,7 +3,9 @@ tinygpt.structured's llguidance grammars). In process on the shipped model, whos
 are nonsense but must still parse: response_format json_object and json_schema, vLLM's
 structured_outputs (json, regex, choice) on completions, tools with every tool_choice, calls
 streamed as OpenAI streams them, a conversation that carries calls and their results, n > 1,
-max_tokens too small ("length"), hostile schemas, and a schema compiled once. Against a live
+max_tokens too small ("length"), hostile schemas, a schema compiled once, grammars that
+compile but cannot begin a reply (a 400 before any stream, refused from the cache the second
+time), boolean schemas, and a json_schema beside another response_format type. Against a live
 server on SmolLM2-135M-Instruct with the official openai client: `parse` with a pydantic
 model, and tool calls whole and streamed."""
 
@@ -204,6 +206,79 @@ def test_a_schema_is_compiled_once(real):
     assert grammars.compiled == before + 1            # compiled here, by the served Grammars
     chat(real, **fields, seed=2)
     assert grammars.compiled == before + 1            # and not again
+
+
+CYCLE = {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+# grammars that compile but that the engine cannot begin a reply with: a regex whose first
+# token runs the lexer out of fuel, a rule with no end, a $ref cycle (no text matches either)
+UNSTARTABLE = [({"structured_outputs": {"regex": "a{1000000}"}}, "structured_outputs.regex"),
+               ({"structured_outputs": {"grammar": "start: start"}},
+                "structured_outputs.grammar"),
+               ({"structured_outputs": {"json": CYCLE}}, "structured_outputs.json"),
+               ({"response_format": {"type": "json_schema", "json_schema": {
+                   "name": "cycle", "schema": CYCLE}}}, "response_format.json_schema.schema")]
+
+
+def refused(real, path: str, body: dict, param: str) -> str:
+    """The message of the 400 a request gets, checked whole: JSON, never a stream begun."""
+    response = real.post(path, {"model": "tinygpt", "max_tokens": 5, **body})
+    assert response.status_code == 400, (body, response.text[:300])
+    assert response.headers["content-type"].startswith("application/json"), body
+    error = response.json()["error"]
+    assert error["param"] == param, (body, error)
+    return error["message"]
+
+
+def test_a_grammar_the_engine_cannot_begin_is_a_short_400_before_any_stream(real):
+    for fields, param in UNSTARTABLE:
+        for path, prompt in (("/v1/chat/completions", {"messages": HI}),
+                             ("/v1/completions", {"prompt": "Hello"})):
+            for stream in (False, True):
+                message = refused(real, path, {**prompt, **fields, "stream": stream}, param)
+                assert len(message) < 300 and "\n" not in message, message
+                assert "cannot begin a reply" in message and "<state>" not in message
+
+
+def test_a_grammar_that_cannot_begin_is_refused_from_the_cache_the_second_time(real):
+    grammars = real.app.state.served.prompts.grammars
+    pattern = f"a{{{1_000_000 + int.from_bytes(os.urandom(2), 'big')}}}"   # new each run
+    body = {"prompt": "Hello", "structured_outputs": {"regex": pattern}}
+    before = grammars.compiled
+    first = refused(real, "/v1/completions", body, "structured_outputs.regex")
+    assert "cannot begin a reply" in first and grammars.compiled == before + 1
+    assert refused(real, "/v1/completions", body, "structured_outputs.regex") == first
+    assert grammars.compiled == before + 1            # refused again without a compile
+
+
+def test_boolean_schemas_true_is_any_value_and_false_is_a_400(real):
+    for seed in range(3):
+        replies = [chat(real, seed=seed, temperature=1.0, max_tokens=40, response_format={
+            "type": "json_schema", "json_schema": {"name": "any", "schema": schema}}
+        )["choices"][0]["message"]["content"] for schema in (True, {})]
+        assert replies[0] == replies[1]                    # true is {}: the same grammar
+        completions = [real.post("/v1/completions", {
+            "model": "tinygpt", "prompt": "the cat", "max_tokens": 40, "seed": seed,
+            "temperature": 1.0, "structured_outputs": {"json": schema}})
+            for schema in (True, "true", {})]
+        assert [r.status_code for r in completions] == [200] * 3, completions[0].text[:300]
+        assert len({r.json()["choices"][0]["text"] for r in completions}) == 1
+    for path, body, param in [
+            ("/v1/completions", {"prompt": "x", "structured_outputs": {"json": False}},
+             "structured_outputs.json"),
+            ("/v1/completions", {"prompt": "x", "structured_outputs": {"json": "false"}},
+             "structured_outputs.json"),
+            ("/v1/chat/completions", {"messages": HI, "response_format": {
+                "type": "json_schema", "json_schema": {"name": "none", "schema": False}}},
+             "response_format.json_schema.schema")]:
+        assert "false admits no value" in refused(real, path, body, param)
+
+
+def test_a_json_schema_beside_another_response_format_type_is_a_400(real):
+    spec = {"name": "person", "schema": PERSON}
+    for kind in ("text", "json_object"):
+        message = refused(real, "/v1/chat/completions", {"messages": HI, "response_format": {
+            "type": kind, "json_schema": spec}}, "response_format.json_schema")
+        assert "only allowed with type 'json_schema'" in message and repr(kind) in message
 
 
 # -- a live server on SmolLM2-135M-Instruct, with the official openai client ------------------

@@ -2,7 +2,8 @@
 to calls that max_tokens cuts: finish_reason "length" with the calls begun (the last one's
 arguments as far as they were written), never a text message; whole, streamed, and read by
 the official openai client, in process on the shipped model. The oracle for a cut reply is
-the same greedy request with room to finish: the cut arguments are a prefix of its."""
+the same greedy request with room to finish: the cut arguments are a prefix of its. A named
+tool_choice of a type other than "function" is a 400 naming tool_choice.type."""
 
 from __future__ import annotations
 
@@ -158,3 +159,18 @@ def test_the_openai_client_reads_a_cut_call_and_an_auto_reply(real):
     full = whole.choices[0].message.tool_calls[0].function.arguments
     assert call.function.arguments.startswith('{"city": ')         # cut inside them ...
     assert full.startswith(call.function.arguments)                 # ... as far as written
+
+
+def test_a_named_tool_choice_of_another_type_is_a_400_naming_the_type(real):
+    body = {"model": "tinygpt", "messages": HI, "tools": [WEATHER]}
+    named = {"function": {"name": "get_weather"}}
+    response = real.post("/v1/chat/completions", {**body, "tool_choice": {
+        "type": "bogus", **named}})
+    assert response.status_code == 400, response.text[:300]
+    error = response.json()["error"]
+    assert error["param"] == "tool_choice.type"
+    assert error["message"] == "tool_choice.type must be 'function', got 'bogus'"
+    response = real.post("/v1/chat/completions", {**body, "tool_choice": {
+        "type": "function", "function": {"name": "get_time"}}})    # a name that is no tool's
+    assert response.status_code == 400 and response.json()["error"]["param"] == "tool_choice"
+    assert "'get_time', which is not among the tools" in response.json()["error"]["message"]

@@ -86,6 +86,34 @@ def load_pretrained(*args, **kwargs):
     return _load_pretrained(*args, **kwargs)
 
 
+THREADS_PER_CORE = 4       # thread_count's bound: usable cores x this
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system reports one, else
+    os.cpu_count())."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):      # macOS and Windows have no sched_getaffinity
+        return os.cpu_count() or 1
+
+
+def thread_count(value, option: str = "--threads") -> int:
+    """A command line's thread count (`--threads`), checked before torch.set_num_threads sees
+    it: returns `value` when it is an int from 1 to usable_cores() x THREADS_PER_CORE, else a
+    ValueError naming `option` and that range. The bound: torch's thread pool runs no faster
+    with more threads than cores, a few per core are still worth measuring (oversubscription),
+    while every thread costs a stack and a huge count crashes the process (100,000 threads
+    end in a segfault; past 2**63, torch raises an overflow)."""
+    bound = usable_cores() * THREADS_PER_CORE
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
+        raise ValueError(f"{option} must be an integer from 1 to {bound} ({THREADS_PER_CORE} "
+                         f"per usable core, {usable_cores()} here), got {value!r}")
+    return value
+
+
 def usable_device(name: str):
     """pick_device(name), refused with a ValueError when this machine cannot run it (a
     command line's --device: cuda without CUDA, cuda:N without an N-th GPU, mps without
@@ -103,6 +131,8 @@ def usable_device(name: str):
             and device.index >= torch.cuda.device_count():
         raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA "
                          f"device(s), cuda:0 .. cuda:{torch.cuda.device_count() - 1}")
+    if device.type == "cpu" and device.index not in (None, 0):
+        raise ValueError(f"--device {name}: the CPU is one device here: cpu (or cpu:0)")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"--device {name}: Apple's MPS is not available here")
     return device

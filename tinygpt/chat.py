@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="0 = greedy (default 0.7)")
     parser.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling (0.9)")
     parser.add_argument("--seed", type=int, default=None, help="seed for reproducible replies")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads: 1 to 4 per usable core (default: torch's)")
     parser.add_argument("--stats", action="store_true",
                         help="after each reply, print its tokens, the time to its first token "
                              "and the tokens per second after it")
@@ -77,6 +78,14 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
+    import tinygpt
+
+    if args.threads is not None:
+        try:
+            tinygpt.thread_count(args.threads, "--threads")
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     import torch
 
     from tinygpt.generate import stream
@@ -84,9 +93,6 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
     from tinygpt.sampling import SamplingParams
 
     if args.threads is not None:
-        if args.threads < 1:
-            print(f"error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
-            return 2
         torch.set_num_threads(args.threads)
     try:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from tinygpt.sampling import SamplingParams
+from tinygpt.sampling import SamplingParams, sharpened
 
 HOST_ONLY = {"typical_p": 1.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
              "presence_penalty": 0.0}
@@ -110,15 +110,21 @@ def _check(logits: torch.Tensor, params: RowParams) -> None:
 def filtered_logits(logits: torch.Tensor, params: RowParams) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p per row, as new float32 (B, V) logits with the
     removed tokens at -inf. Greedy rows (temperature 0) are scaled by 1 (their draw is the
-    argmax anyway). No host synchronization."""
+    argmax anyway). A row whose logits / T overflows (a tiny T) is divided shifted by its max,
+    as tinygpt.sampling.apply_temperature does; a temperature that float32 rounds to 0 (below
+    1e-45) is greedy. No host synchronization."""
     _check(logits, params)
     vocab = logits.shape[1]
     # (torch.full, not torch.tensor: a tensor made from a Python number is a copy from the
     # host, which a capturing stream refuses)
     neg_inf = torch.full((), float("-inf"), device=logits.device)
     temperature = torch.where(params.temperature > 0, params.temperature,
-                              torch.ones_like(params.temperature))
-    x = logits.float() / temperature[:, None]
+                              torch.ones_like(params.temperature))[:, None]
+    raw = logits.float()
+    x = raw / temperature
+    overflow = ~torch.isfinite(x.amax(dim=-1, keepdim=True)) \
+        & torch.isfinite(raw.amax(dim=-1, keepdim=True))
+    x = torch.where(overflow, sharpened(raw, temperature), x)
 
     # top-k: the k-th largest value of each row; k = 0 (off) or k >= V keeps everything
     sorted_x = torch.sort(x, dim=-1, descending=True).values

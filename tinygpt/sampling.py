@@ -9,7 +9,8 @@ steps compose by plain function application and end in one softmax:
                                       logits of every distinct token seen (prompt included)
     apply_frequency_presence_penalty  OpenAI style: subtract count * f + (count > 0) * p over the
                                       generated tokens
-    apply_temperature                 logits / T; T -> 0 approaches greedy, T > 1 flattens
+    apply_temperature                 logits / T; T -> 0 approaches greedy, T > 1 flattens (a T
+                                      so small that logits / T overflows: (logits - max) / T)
     top_k_filter                      keep the k largest (ties with the k-th are kept)
     top_p_filter                      keep the smallest prefix (by probability) whose mass
                                       reaches p, including the token that crosses p
@@ -49,6 +50,7 @@ FILTER_STAGES = ("temperature", "top_k", "top_p", "min_p", "typical")
 HF_ORDER: tuple[str, ...] = ("temperature", "top_k", "top_p", "min_p", "typical")
 VLLM_ORDER: tuple[str, ...] = ("temperature", "min_p", "top_k", "top_p", "typical")
 DEFAULT_ORDER = HF_ORDER
+MAX_GENERATOR_SEED = 2**64 - 1     # torch.Generator.manual_seed takes seeds 0 .. 2**64 - 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -85,7 +87,8 @@ class SamplingParams:
     max_new_tokens      >= 1: the most tokens to generate (0 is rejected: asking for nothing is
                         almost always a bug, and every loop in the course produces >= 1 token).
     stop                stop strings, matched on decoded text; a single str means (str,).
-    seed                None (use torch's global generator) or an int >= 0.
+    seed                None (use torch's global generator) or an int in
+                        [0, MAX_GENERATOR_SEED = 2**64 - 1], the seeds a torch.Generator takes.
     """
 
     temperature: float = 1.0
@@ -141,8 +144,9 @@ class SamplingParams:
 
         if self.seed is not None:
             store("seed", _integer("seed", self.seed))
-            if self.seed < 0:
-                raise ValueError(f"seed must be None or an int >= 0, got {self.seed}")
+            if not 0 <= self.seed <= MAX_GENERATOR_SEED:
+                raise ValueError(f"seed must be None or an int in [0, 2**64 - 1] (what a "
+                                 f"torch.Generator takes), got {self.seed}")
 
     @property
     def greedy(self) -> bool:
@@ -247,14 +251,35 @@ def apply_frequency_presence_penalty(logits: torch.Tensor, generated_ids: torch.
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """logits / temperature, for temperature > 0. Shape (B, V) -> (B, V).
 
-    Temperature 0 (greedy) is not a division: use argmax (sample_next_token does).
+    Temperature 0 (greedy) is not a division: use argmax (sample_next_token does). A tiny
+    temperature (1e-38, say) can overflow logits / T to +-inf in float32; such a row gets
+    (logits - its max) / T instead (see sharpened), which softmax and every filter read the
+    same way, and which tends to the argmax as T -> 0 (tied maxima share it).
     """
     logits = _check_logits(logits)
     temperature = _real("temperature", temperature)
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 here (for 0 = greedy, take the argmax), "
                          f"got {temperature}")
-    return logits / temperature
+    scaled = logits / temperature
+    if temperature >= 1:            # |x / T| <= |x|: nothing can overflow
+        return scaled
+    finite = torch.isfinite(scaled.amax(dim=-1, keepdim=True))     # (B, 1)
+    if bool(finite.all()):
+        return scaled
+    return torch.where(finite, scaled, sharpened(logits, temperature))
+
+
+def sharpened(logits: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
+    """(logits - row max) / temperature: logits (B, V) whose rows have a finite max, T > 0 (a
+    number, or a (B, 1) tensor of them).
+
+    Softmax does not change when a row is shifted, so this is the distribution of
+    logits / T, but its largest entries are 0, never +inf. The others are negative; one that
+    overflows becomes -inf, the probability 0 it tends to. The maxima stay 0 also when T is
+    below the dtype's smallest number (5e-324 is 0 in float32, and 0 / 0 would be NaN)."""
+    shifted = logits - logits.amax(dim=-1, keepdim=True)
+    return torch.where(shifted == 0, shifted, shifted / temperature)
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:

@@ -35,16 +35,23 @@ import torch
 
 from tinygpt.generate import GenerationResult, model_device, prepare_prompt
 from tinygpt.kv_cache import DecodeStep, KVCache
-from tinygpt.sampling import SamplingParams, min_p_filter, top_k_filter, top_p_filter
+from tinygpt.sampling import (
+    SamplingParams,
+    apply_temperature,
+    min_p_filter,
+    top_k_filter,
+    top_p_filter,
+)
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The distribution sampling draws from: (N, V) logits -> (N, V) float32 probabilities
-    (one-hot on the argmax at temperature 0)."""
+    (one-hot on the argmax at temperature 0). Temperature as the sampler applies it
+    (tinygpt.sampling.apply_temperature): a tiny one (1e-38) gives the argmax, not an overflow."""
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
-    x = logits / params.temperature
+    x = apply_temperature(logits, params.temperature)
     x = min_p_filter(top_p_filter(top_k_filter(x, params.top_k), params.top_p), params.min_p)
     return torch.softmax(x, dim=-1)
 

@@ -16,7 +16,11 @@ A constraint masks each step's logits with the tokens the grammar allows next (t
 ids only once the text so far is complete) and advances with the token chosen, so the text
 always parses, and once the grammar is complete only the end can follow. Errors in what a
 client sends (a schema that is not JSON Schema, a pattern that is not a regex, a grammar past
-the limits) raise GrammarError with the engine's message, which the server answers with a 400.
+the limits) raise GrammarError with the first line of the engine's message, which the server
+answers with a 400. The compile also takes the first step every request will take (the first
+mask, then a token it allows), so that a grammar that compiles but cannot begin a reply (a
+$ref cycle, a regex too large for the lexer) is a GrammarError there, before any request runs;
+a failed compile is cached as a good one is.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 
 MAX_GRAMMAR_CHARS = 200_000      # a schema, regex or grammar's text; more is a GrammarError
 CACHED_GRAMMARS = 256            # compiled grammars kept (least recently used goes first)
+MAX_ERROR_CHARS = 200            # of the engine's message in a GrammarError (its first line)
 # JSON as the constraint writes it: one space after ":" and ",", no other whitespace, so the
 # model cannot pad forever and runs of forced tokens (keys, punctuation) are long
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -37,6 +42,13 @@ JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separat
 
 class GrammarError(ValueError):
     """What a client sent cannot be compiled (the grammar engine's message says why)."""
+
+
+def engine_error(message: str) -> str:
+    """The first line of the grammar engine's error, at most MAX_ERROR_CHARS long: the rest
+    is a dump of the parser's state and the grammar, for the engine's developers."""
+    first = next((line for line in message.splitlines() if line.strip()), "unknown error")
+    return first if len(first) <= MAX_ERROR_CHARS else first[:MAX_ERROR_CHARS - 3] + "..."
 
 
 class _Vocabulary:
@@ -98,7 +110,7 @@ class GrammarConstraint:
         """(vocab_size,) bool: the tokens that may come next."""
         self._fill(self.matcher, self._words, 0)
         if self.matcher.is_error():
-            raise GrammarError(self.matcher.get_error())
+            raise GrammarError(engine_error(self.matcher.get_error()))
         bits = (self._bits[0, :, None] >> self._shifts) & 1
         allowed = bits.reshape(-1)[:self.vocab_size].bool()
         ends = self.matcher.is_accepting()
@@ -115,7 +127,7 @@ class GrammarConstraint:
             return
         if not self.matcher.consume_token(int(token_id)):
             raise GrammarError(f"token {token_id} does not continue the grammar: "
-                               f"{self.matcher.get_error()}")
+                               f"{engine_error(self.matcher.get_error())}")
 
     def forced(self) -> list[int]:
         """The tokens the grammar allows and no other (llguidance's fast-forward)."""
@@ -124,8 +136,9 @@ class GrammarConstraint:
 
 class Grammars:
     """Grammars for one tokenizer (a tinygpt tokenizer: token_bytes, special_tokens, encode;
-    or tinygpt.loading.HFTokenizer), compiled on demand and cached by their text (thread-safe:
-    the server compiles on its worker threads, never on the event loop or the engine's)."""
+    or tinygpt.loading.HFTokenizer), compiled on demand and cached by their text, a grammar
+    that cannot be used with its GrammarError (thread-safe: the server compiles on its worker
+    threads, never on the event loop or the engine's). `compiled` counts the compiles run."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_id: int | None = None, *,
                  cached: int = CACHED_GRAMMARS) -> None:
@@ -145,7 +158,9 @@ class Grammars:
             self.tokenizer = llguidance.LLTokenizer(
                 llguidance.TokenizerWrapper(_Vocabulary(tokenizer, vocab_size, eos_id)),
                 n_vocab=vocab_size)
-        self._cache: OrderedDict[str, Grammar] = OrderedDict()
+        # short errors: without this, each message carries the parser's state and the grammar
+        self._limits = llguidance.LLParserLimits(verbose_errors=False)
+        self._cache: OrderedDict[str, Grammar | GrammarError] = OrderedDict()
         self._lock = threading.Lock()
         self.cached, self.compiled = cached, 0
         # the engine indexes the vocabulary on its first matcher (0.7 s for SmolLM2's 49,152
@@ -192,24 +207,51 @@ class Grammars:
             grammar = self._cache.get(key)
             if grammar is not None:
                 self._cache.move_to_end(key)
-                return grammar
-        grammar = self._compile(key, build)
-        with self._lock:
-            self._cache[key] = grammar
-            self.compiled += 1
-            while len(self._cache) > self.cached:
-                self._cache.popitem(last=False)
+        if grammar is None:
+            try:
+                grammar = self._compile(key, build)
+            except GrammarError as err:  # kept too: asking again costs no second compile
+                grammar = err
+            with self._lock:
+                self._cache[key] = grammar
+                self.compiled += 1
+                while len(self._cache) > self.cached:
+                    self._cache.popitem(last=False)
+        if isinstance(grammar, GrammarError):
+            raise GrammarError(str(grammar))
         return grammar
 
     def _compile(self, key: str, build) -> Grammar:
         try:
             text = build()
         except ValueError as err:        # not JSON, not a schema, not a regex ...
-            raise GrammarError(str(err)) from None
-        matcher = self._llg.LLMatcher(self.tokenizer, text, log_level=0)
+            raise GrammarError(engine_error(str(err))) from None
+        matcher = self._llg.LLMatcher(self.tokenizer, text, log_level=0, limits=self._limits)
         if matcher.is_error():           # the constructor never raises: it sets an error
-            raise GrammarError(matcher.get_error())
+            raise GrammarError(engine_error(matcher.get_error()))
         grammar = Grammar(key, matcher, self.vocab_size)
-        probe = grammar.constraint(eos_ids=(0,))
-        probe.allowed()                  # some errors ($ref cycles) show at the first mask
+        self._first_step(grammar)
         return grammar
+
+    def _first_step(self, grammar: Grammar) -> None:
+        """Take the first step every request with `grammar` will take, so that a grammar the
+        engine cannot begin is a GrammarError here and not a failed request: the first mask,
+        then, on a copy, the first token it allows and the mask after that. Some grammars
+        compile and fail only there: a $ref cycle or a rule that never ends admits no text
+        ("NoExtensionBias"); a{1000000} runs the lexer out of fuel at its first token. The
+        first mask is computed on the compiled matcher itself, so each request's copy starts
+        from it (paid once): computed on a throwaway copy, it could use up lexer fuel that the
+        copies share and leave the next copy's first mask to fail (a{1000000}'s did)."""
+        eos = (self.tokenizer.eos_token,)
+        try:
+            allowed = GrammarConstraint(grammar._matcher, self.vocab_size, eos).allowed()
+            allowed[list(eos)] = False
+            tokens = allowed.nonzero()
+            if len(tokens):
+                probe = grammar.constraint(eos)
+                if not probe.matcher.consume_token(int(tokens[0])):
+                    raise GrammarError(engine_error(probe.matcher.get_error()))
+                probe.allowed()
+        except GrammarError as err:
+            why = " (no text matches it)" if str(err) == "NoExtensionBias" else ""
+            raise GrammarError(f"the engine cannot begin a reply with it{why}: {err}") from None

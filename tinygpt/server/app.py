@@ -35,7 +35,9 @@ def parse_workers() -> int:
 
 
 class CountResponses:
-    """ASGI middleware: counts every HTTP response by path and status as its start goes out.
+    """ASGI middleware: counts every HTTP response by path and status as its start goes out
+    (but a crash's 500, which Starlette sends from outside the middleware: create_app's handler
+    counts that one).
     Plain ASGI on purpose: Starlette's BaseHTTPMiddleware (`@app.middleware("http")`) passes
     each chunk of a streamed response through a memory stream and a task of its own, CPU the
     engine's decode step loses on a small machine, once per token."""
@@ -78,7 +80,13 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
             grammars = Grammars(tokenizer, vocab)
         except (ValueError, TypeError, AttributeError) as err:
             grammars = f"the grammar engine cannot read this model's tokenizer ({err})"
-    prompts = Prompts(tokenizer, context, vocab, model_id, eos_ids, end_of_turn_ids, grammars)
+    # the paged engine's KV pool bounds a request's positions (chat's default max_tokens stops
+    # where it ends); the serial engine and the tensor-parallel one have no pool here
+    cache = getattr(getattr(engine, "engine", None), "cache", None)
+    max_positions = (None if getattr(cache, "allocator", None) is None
+                     else cache.allocator.num_blocks * cache.block_size)
+    prompts = Prompts(tokenizer, context, vocab, model_id, eos_ids, end_of_turn_ids, grammars,
+                      max_positions)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 1):
         raise ValueError(f"workers must be None (half the cores) or an integer >= 1, "
@@ -123,9 +131,11 @@ def create_app(engine, tokenizer, context: int, *, grace_s: float = 5.0,
                                        headers=err.headers))     # a 405's Allow, say
 
     @app.exception_handler(Exception)
-    async def crashed(_, err: Exception):       # a bug: still a JSON body, and logged
+    async def crashed(request, err: Exception):     # a bug: still a JSON body, logged, counted
         import traceback
         traceback.print_exception(err)
+        # Starlette answers this one outside the middleware, so CountResponses never sees it
+        metrics.count(request.scope["path"], 500)
         return error_response(APIError(500, f"internal error: {type(err).__name__}",
                                        kind="server_error"))
 

@@ -1,10 +1,12 @@
 """The checks every request passes before it touches the model, shared by the endpoints: the
-body as JSON (parse_json), against its pydantic model (validate), lists too long for any valid
-request (too_long), the fields that must be in range or are not implemented (check_common),
-the prompt and max_tokens against the context (fit_context), and the sampling settings
-(sampling_params). Each failure is an APIError naming the field: a 400; a 422 for a body that
-is not a JSON object, a required field missing or a field of the wrong type; a 404 for another
-model."""
+body as JSON (parse_json), against its pydantic model (validate, with first_error reading
+pydantic's errors back to the request's own paths), lists too long for any valid request
+(too_long), the model's name (check_model), the fields that must be in range or are not
+implemented (check_common), each chat message against OpenAI's rules (check_message), the
+prompt and max_tokens against the context (fit_context), what echo may return
+(bound_echo), and the sampling settings (sampling_params). Each failure is an APIError naming
+the field: a 400; a 422 for a body that is not a JSON object, a required field missing or a
+field of the wrong type; a 404 (model_not_found) for another model."""
 
 from __future__ import annotations
 
@@ -12,12 +14,18 @@ import json
 import re
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
+from tinygpt.server import protocol
 from tinygpt.server.protocol import (
+    COMPLETION_MAX_TOKENS,
     MAX_CHOICES,
+    MAX_ECHO_ENTRIES,
     MAX_LOGPROBS,
     MAX_N,
     MAX_SEED,
     MAX_STOP_CHARS,
+    MESSAGE_ROLES,
     MODEL_ID,
     APIError,
 )
@@ -76,20 +84,104 @@ def _lone_surrogate(value: Any, path: str) -> str | None:
 
 
 def validate(model, data: Any):
-    """A pydantic model from parsed JSON; APIError 422 naming the first bad field."""
-    from pydantic import ValidationError
-
+    """A pydantic model from parsed JSON; APIError 422 naming the first bad field by its path
+    in the request and saying what the field accepts (first_error)."""
     if not isinstance(data, dict):
         raise APIError(422, f"the body must be a JSON object, got {type(data).__name__}")
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or None
-        message = str(first.get("msg"))
-        raise APIError(422, f"{where}: {message}" if where else message, param=where) from None
+        where, message = first_error(err.errors())
+        raise APIError(422, message, param=where) from None
     except (ValueError, TypeError, OverflowError, RecursionError) as err:
         raise APIError(422, f"the body does not fit the schema: {err}") from None
+
+
+# pydantic reports a field that takes several types (a union) once per type it tried, each
+# error's location holding that type's name ("str", "list[int]", "ToolChoice") after the
+# field's path. A segment that names no field of protocol.py's models is such a name.
+FIELD_NAMES = frozenset(field.alias or name for model in vars(protocol).values()
+                        if isinstance(model, type) and issubclass(model, BaseModel)
+                        for name, field in model.model_fields.items())
+# what a union field accepts, by its path (list indexes as N), for a value none of its types
+# takes; any other field's words come from pydantic's error types (TYPE_WORDS)
+ACCEPTS = {
+    "prompt": "a string, a list of strings, a list of token ids or a list of lists of token "
+              "ids",
+    "prompt.N": "a string, a token id (an integer) or a list of token ids",
+    "stop": "a string or a list of strings",
+    "logprobs": f"an integer 0-{MAX_LOGPROBS} or false",
+    "messages.N.content": 'a string or a list of parts ({"type": "text", "text": ...})',
+    "tool_choice": '"none", "auto", "required" or {"type": "function", "function": '
+                   '{"name": ...}}',
+}
+TYPE_WORDS = {"string_type": "a string", "int_type": "an integer", "float_type": "a number",
+              "bool_type": "a boolean", "list_type": "a list", "dict_type": "an object",
+              "model_type": "an object", "finite_number": "a finite number"}
+
+
+def _is_member(segment: Any) -> bool:
+    return isinstance(segment, str) and segment not in FIELD_NAMES
+
+
+def _path(loc: tuple) -> str:
+    return ".".join(str(segment) for segment in loc if not _is_member(segment))
+
+
+def _shown(value: Any) -> str:
+    """A value as the request wrote it, short: a container by its kind only."""
+    if isinstance(value, list | dict):
+        return "a list" if isinstance(value, list) else "an object"
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def first_error(errors: list[dict]) -> tuple[str | None, str]:
+    """(param, message) for pydantic's errors (ValidationError.errors()): the first one, at
+    its path in the request. Where the path runs through a union, the types whose errors lie
+    inside the value took its JSON type (a list given for a string or a list is judged as a
+    list); the one that got furthest is followed to the deepest part that is wrong. When none
+    took it, or several got equally far, the message lists what each would have taken."""
+    loc = tuple(errors[0]["loc"])
+    while (k := next((i for i, seg in enumerate(loc) if _is_member(seg)), None)) is not None:
+        members: dict[str, list[dict]] = {}      # each type tried: its errors, type name left out
+        for error in errors:
+            at = tuple(error["loc"])
+            if at[:k] == loc[:k] and len(at) > k and _is_member(at[k]):
+                members.setdefault(at[k], []).append({**error, "loc": at[:k] + at[k + 1:]})
+        reached = {name: _progress(found[0]["loc"][k:]) for name, found in members.items()
+                   if len(found[0]["loc"]) > k}
+        best = max(reached.values(), default=None)
+        leaders = [name for name, progress in reached.items() if progress == best]
+        if len(leaders) != 1:
+            tried = [members[name][0] for name in leaders or members]
+            return _path(tried[0]["loc"]), _expected(tried, union=True)
+        errors = members[leaders[0]]
+        loc = tuple(errors[0]["loc"])
+    return _path(loc) or None, _expected(errors[:1], union=False)
+
+
+def _progress(inside: tuple) -> tuple[int, int]:
+    """How far a type got into a value: the list index it failed at, then the depth."""
+    index = next((seg for seg in inside if isinstance(seg, int)), -1)
+    return index, len(inside)
+
+
+def _expected(tried: list[dict], union: bool) -> str:
+    """The message for errors at one path, one per type tried there; a union field's words
+    from ACCEPTS."""
+    first = tried[0]
+    where = _path(tuple(first["loc"]))
+    if first["type"] == "missing":
+        return f"{where} is required"
+    words = ACCEPTS.get(re.sub(r"\.[0-9]+(?=\.|$)", ".N", where)) if union else None
+    if words is None:
+        known = [TYPE_WORDS.get(error["type"]) for error in tried]
+        if None in known:
+            return f"{where}: {first['msg']}" if where else str(first["msg"])
+        known = list(dict.fromkeys(known))
+        words = " or ".join([", ".join(known[:-1]), known[-1]] if len(known) > 1 else known)
+    return f"{where} must be {words}, got {_shown(first.get('input'))}"
 
 
 def too_long(data: Any, context: int) -> None:
@@ -154,6 +246,13 @@ def held_to_fields(body):
         yield "tool_choice.function", choice.function
 
 
+def check_model(name: str | None, model_id: str) -> None:
+    """APIError 404 (OpenAI's model_not_found) for a model other than the one served."""
+    if name is not None and name != model_id:
+        raise APIError(404, f"the model {name!r} is not served here; this server serves "
+                            f"{model_id!r}", param="model", code="model_not_found")
+
+
 def check_common(body, chat: bool, model_id: str = MODEL_ID) -> None:
     """The fields of a generation request that do not need the tokenizer: unknown fields (at
     the top level and in the objects held_to_fields names), the model's name, n, best_of,
@@ -162,9 +261,7 @@ def check_common(body, chat: bool, model_id: str = MODEL_ID) -> None:
     refuse_unknown(body)
     for where, part in held_to_fields(body):
         refuse_unknown(part, where)
-    if body.model is not None and body.model != model_id:
-        raise APIError(404, f"the model {body.model!r} does not exist; this server serves "
-                            f"{model_id!r}", param="model", code="model_not_found")
+    check_model(body.model, model_id)
     bounded("n", body.n, 1, MAX_N)
     if body.best_of is not None and body.best_of != (body.n or 1):
         raise APIError(400, f"best_of must equal n (ranking candidates is not implemented), got "
@@ -196,10 +293,38 @@ def check_common(body, chat: bool, model_id: str = MODEL_ID) -> None:
             raise APIError(400, "suffix (insertion) is not implemented", param="suffix")
 
 
+def check_message(i: int, message) -> None:
+    """OpenAI's rules for the i-th chat message (a protocol.Message), each broken one a 400
+    naming the field: a role of MESSAGE_ROLES; content (a string or a non-empty list of parts,
+    a text part with its text) on every message but an assistant's that makes calls; a tool
+    message's tool_call_id. Keys beyond those the message class knows are not looked at."""
+    where, role, content = f"messages.{i}", message.role, message.content
+    if role not in MESSAGE_ROLES:
+        raise APIError(400, f"{where}.role must be one of {list(MESSAGE_ROLES)}, got {role!r}",
+                       param=f"{where}.role")
+    if content is None and not (role == "assistant" and message.tool_calls):
+        needs = ("content or tool_calls (at least one call)" if role == "assistant" else
+                 "content: a string or a non-empty list of parts")
+        raise APIError(400, f"{where}.content: a {role} message needs {needs}",
+                       param=f"{where}.content")
+    if content == []:
+        raise APIError(400, f"{where}.content: a list of parts must hold at least one part (or "
+                            f"give a string)", param=f"{where}.content")
+    for j, part in enumerate(content if isinstance(content, list) else ()):
+        if part.type == "text" and part.text is None:
+            raise APIError(400, f"{where}.content.{j}.text is required: a text part is "
+                                f'{{"type": "text", "text": "..."}}',
+                           param=f"{where}.content.{j}.text")
+    if role == "tool" and message.tool_call_id is None:
+        raise APIError(400, f"{where}.tool_call_id is required: a tool message answers the call "
+                            f"with that id", param=f"{where}.tool_call_id")
+
+
 def fit_context(prompt_len: int, max_tokens: int | None, context: int,
-                param: str = "max_tokens") -> int:
-    """The tokens to generate for a prompt of prompt_len: max_tokens (default 16, or what
-    is left of the context), refused when the prompt and it do not fit."""
+                param: str = "max_tokens", default: int | None = COMPLETION_MAX_TOKENS) -> int:
+    """The tokens to generate for a prompt of prompt_len: max_tokens, refused when the prompt
+    and it do not fit; when it is not given, `default` tokens (/v1/completions' 16) or, with
+    default None (chat's), the rest of the context, and never more than the rest."""
     if prompt_len == 0:
         raise APIError(400, "the prompt is empty: give at least one token", param="prompt")
     if prompt_len >= context:
@@ -207,7 +332,8 @@ def fit_context(prompt_len: int, max_tokens: int | None, context: int,
                             f"{context}, so a prompt may have at most {context - 1}",
                        param="prompt", code="context_length_exceeded")
     if max_tokens is None:
-        return min(16, context - prompt_len)
+        rest = context - prompt_len
+        return rest if default is None else min(default, rest)
     if max_tokens < 1:
         raise APIError(400, f"{param} must be >= 1, got {max_tokens}", param=param)
     if prompt_len + max_tokens > context:
@@ -216,6 +342,22 @@ def fit_context(prompt_len: int, max_tokens: int | None, context: int,
                             f"(at most {context - prompt_len})", param=param,
                        code="context_length_exceeded")
     return max_tokens
+
+
+def bound_echo(prompt_lens: list[int], n: int, logprobs: int | None, echo: bool) -> None:
+    """Refuse (400) a completion whose echoed prompt log-probabilities would hold more than
+    MAX_ECHO_ENTRIES entries: each echoed token has its own and logprobs alternatives, for
+    every prompt and each of its n choices. What a request may make the server write stays
+    bounded; one prompt of a whole 8,192-token context with logprobs 20 is 172,011."""
+    if not echo or logprobs is None:
+        return
+    entries = sum(prompt_lens) * n * (logprobs + 1)
+    if entries > MAX_ECHO_ENTRIES:
+        raise APIError(400, f"logprobs: echo with logprobs {logprobs} would return {entries} "
+                            f"log-probabilities ({sum(prompt_lens)} prompt tokens x n={n} x "
+                            f"{logprobs + 1}); a request may return at most {MAX_ECHO_ENTRIES} "
+                            f"for its prompts: lower logprobs or n, or send fewer tokens",
+                       param="logprobs")
 
 
 def sampling_params(body, max_tokens: int, seed: int | None):

@@ -1,19 +1,31 @@
 """`python -m tinygpt serve`'s command line: the flags (build_parser), the default KV pool
-(default_kv_blocks), and main, which checks the flags, loads the model, starts the engine
-(batching, serial, or tensor-parallel over local ranks), builds the app and runs uvicorn until
-SIGINT or SIGTERM. argparse reads the flags before torch, uvicorn and the app load, so `--help`
-and a malformed flag (an unknown one, a value that is not a number) answer at once; values out
-of range (a negative --port, --max-running 0) are reported after torch has loaded."""
+(default_kv_blocks) and its smallest size (min_kv_blocks), and main, which checks the flags
+(check_flags), binds the address (bind), then (serve) loads the model, starts the engine
+(batching, serial, or tensor-parallel over local ranks), builds the app, announces the address
+with the port it got and runs uvicorn on the bound socket until SIGINT or SIGTERM.
+
+argparse reads the flags before torch, uvicorn and the app load, so `--help` and a malformed
+flag (an unknown one, a value that is not a number) answer at once; values out of range (a
+negative --port, --max-running 0, a --token-budget below --max-running, an infinite --grace,
+more --threads than tinygpt.thread_count allows, an empty --host) and flags the serial engine
+would ignore are reported after torch has loaded, before the model does: one `error:` line,
+exit 2. An address that cannot be bound (a port in use, a host that does not resolve) is exit
+1, also before the model loads. Only --kv-blocks below min_kv_blocks waits for the model (its
+chat template sets the minimum), and is exit 2 before the engine starts."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
+import math
 import signal
+import socket
 import sys
 
 from tinygpt.server.protocol import (
     BODY_TIMEOUT_S,
+    COMPLETION_MAX_TOKENS,
     HEADER_TIMEOUT_S,
     KEEP_ALIVE_S,
     KV_POOL_BYTES,
@@ -41,6 +53,7 @@ def default_kv_blocks(cfg, max_running: int, model_id: str, block_size: int = 16
 
 # --quantize NAME -> the tinygpt.quant scheme it serves
 QUANTIZE = {"int8": "int8", "int4": "int4-g32"}
+MAX_RUNNING, TOKEN_BUDGET = 32, 256      # --max-running's and --token-budget's defaults
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,8 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m tinygpt serve",
         description="Serve a TinyGPT checkpoint over an OpenAI-compatible HTTP API.")
     parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+                        help="address to listen on (default 127.0.0.1: this machine only; "
+                             "0.0.0.0 for every interface)")
+    parser.add_argument("--port", type=int, default=8000,
+                        help="port (default 8000; 0: a free one, announced at start)")
     parser.add_argument("--model", default=None,
                         help="tinygpt (the shipped checkpoint, default), tinygpt-moe (day "
                              "20's mixture of experts), smollm2 (the installed "
@@ -60,22 +75,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help="requests that may wait; one more gets 429 (default 64)")
     parser.add_argument("--grace", type=float, default=5.0,
                         help="seconds running requests get to finish on shutdown (default 5)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads: 1 to 4 per usable core (default: torch's)")
     parser.add_argument("--engine", choices=("batch", "serial"), default="batch",
                         help="batch: continuous batching on a paged KV cache (default); serial: "
                              "one request at a time (the reference)")
-    parser.add_argument("--max-running", type=int, default=32,
-                        help="sequences in the batch at once (default 32)")
-    parser.add_argument("--token-budget", type=int, default=256,
-                        help="tokens one step may feed; long prompts are prefilled in chunks "
-                             "(default 256)")
+    # the batching engine's flags default to None, so that main knows which were given (the
+    # serial engine refuses them); main fills in MAX_RUNNING and TOKEN_BUDGET
+    parser.add_argument("--max-running", type=int, default=None,
+                        help=f"sequences in the batch at once (default {MAX_RUNNING})")
+    parser.add_argument("--token-budget", type=int, default=None,
+                        help=f"tokens one step may feed, at least --max-running; long prompts "
+                             f"are prefilled in chunks (default {TOKEN_BUDGET})")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="split the model over N local ranks (tinygpt.parallel; gloo ranks, "
                              "CPU only); N must divide the heads (default 1)")
     parser.add_argument("--kv-blocks", type=int, default=None,
-                        help=f"KV-cache blocks of 16 positions (default: room for "
-                             f"--max-running sequences of 512 positions, at most "
-                             f"{KV_POOL_BYTES // 2**20} MiB)")
+                        help=f"KV-cache blocks of 16 positions, at least room for the model's "
+                             f"chat template and a {COMPLETION_MAX_TOKENS}-token reply "
+                             f"(default: room for --max-running sequences of 512 positions, "
+                             f"at most {KV_POOL_BYTES // 2**20} MiB)")
     parser.add_argument("--no-prefix-caching", action="store_true",
                         help="do not keep the KV blocks of earlier prompts for reuse")
     parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
@@ -97,43 +116,106 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m tinygpt serve [--host H] [--port N] [--model PATH] ...`"""
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    import torch
-    import uvicorn
-
+def check_flags(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the flags, one message per problem (empty: nothing); fills in the
+    defaults of --max-running and --token-budget. Needs nothing loaded but tinygpt itself
+    (--device is checked in main, with torch)."""
     import tinygpt
-    from tinygpt.engine import AsyncEngine, SerialEngine
-    from tinygpt.loading import load_model
-    from tinygpt.server.app import create_app
-    from tinygpt.server.limits import timed_h11
 
     problems = []
+    if not args.host.strip():
+        problems.append(f"--host must name an address (127.0.0.1: this machine only, 0.0.0.0: "
+                        f"every interface), got {args.host!r}")
     if not 0 <= args.port <= 65535:
         problems.append(f"--port must be in [0, 65535], got {args.port}")
     if args.max_queue < 0:
         problems.append(f"--max-queue must be >= 0, got {args.max_queue}")
-    if not args.grace >= 0:
-        problems.append(f"--grace must be >= 0 seconds, got {args.grace}")
-    if args.threads is not None and args.threads < 1:
-        problems.append(f"--threads must be >= 1, got {args.threads}")
+    if not (args.grace >= 0 and math.isfinite(args.grace)):
+        problems.append(f"--grace must be a finite number of seconds >= 0, got {args.grace}")
+    if args.threads is not None:
+        try:
+            tinygpt.thread_count(args.threads, "--threads")
+        except ValueError as err:
+            problems.append(str(err))
+    if args.engine == "serial":
+        given = [flag for flag, value in (("--max-running", args.max_running),
+                                          ("--token-budget", args.token_budget),
+                                          ("--kv-blocks", args.kv_blocks)) if value is not None]
+        given += ["--no-prefix-caching"] if args.no_prefix_caching else []
+        if given:
+            problems.append(f"--engine serial has no batch, KV pool or prefix cache: drop "
+                            f"{', '.join(given)} (or use --engine batch)")
+    if args.max_running is None:
+        args.max_running = MAX_RUNNING
+    if args.token_budget is None:
+        args.token_budget = TOKEN_BUDGET
     for flag, value in (("--max-running", args.max_running),
                         ("--tensor-parallel-size", args.tensor_parallel_size),
                         ("--token-budget", args.token_budget), ("--kv-blocks", args.kv_blocks),
                         ("--max-body-bytes", args.max_body_bytes)):
         if value is not None and value < 1:
             problems.append(f"{flag} must be >= 1, got {value}")
+    if args.token_budget < args.max_running:
+        problems.append(f"--token-budget ({args.token_budget}) must be >= --max-running "
+                        f"({args.max_running}): each running sequence feeds one token a step")
     for flag, value in (("--body-timeout", args.body_timeout),
                         ("--header-timeout", args.header_timeout)):
-        if not value > 0:
-            problems.append(f"{flag} must be > 0 seconds, got {value}")
+        if not (value > 0 and math.isfinite(value)):
+            problems.append(f"{flag} must be a finite number of seconds > 0, got {value}")
     if args.tensor_parallel_size > 1 and args.engine == "serial":
         problems.append("--tensor-parallel-size > 1 runs the batching engine; drop --engine "
                         "serial")
+    return problems
+
+
+def min_kv_blocks(tokenizer, block_size: int = 16) -> int:
+    """The smallest pool --kv-blocks may ask for: room for one request a client sends with the
+    defaults, the model's chat template around a one-word message and a reply of
+    COMPLETION_MAX_TOKENS tokens (/v1/completions' default). The server admits requests up to
+    the pool's positions when that is fewer than the context (see tinygpt.server.prompts), so
+    a smaller pool would answer 400 to almost everything."""
+    prompt = len(tokenizer.encode_chat([{"role": "user", "content": "Hi"}]))
+    return -(-(prompt + COMPLETION_MAX_TOKENS - 1) // block_size)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port) and listening (uvicorn serves it; connections made
+    while the model loads wait in its backlog); an OSError whose message names the flag at
+    fault: --host for an address that does not resolve or is not this machine's, --port for
+    one in use or reserved."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn does
+    try:
+        sock.bind((host, port))
+        sock.listen()     # now, so that a second server on this port fails here too
+    except OSError as err:
+        sock.close()
+        reason = err.strerror or str(err)
+        if isinstance(err, socket.gaierror):
+            raise OSError(f"--host {host}: no such address ({reason})") from None
+        if err.errno == errno.EADDRNOTAVAIL:
+            raise OSError(f"--host {host}: not an address of this machine ({reason})") from None
+        if err.errno in (errno.EADDRINUSE, errno.EACCES):
+            raise OSError(f"--port {port}: {reason}" + (
+                " (another server is listening there?)" if err.errno == errno.EADDRINUSE
+                else " (ports below 1024 need privileges)")) from None
+        raise OSError(f"--host {host} --port {port}: {reason}") from None
+    return sock
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tinygpt serve [--host H] [--port N] [--model PATH] ...`: 2 for bad flags or a
+    model that cannot be served, 1 when the address cannot be bound, 0 after SIGINT/SIGTERM."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    import torch
+
+    import tinygpt
+
+    problems = check_flags(args)
     try:
         device = tinygpt.usable_device(args.device)
     except ValueError as err:
@@ -146,16 +228,43 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("error: " + "; ".join(problems), file=sys.stderr)
         return 2
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    try:                 # before the model loads: an address in use fails at once
+        sock = bind(args.host, args.port)
+    except OSError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    with sock:
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
+        return serve(args, device, sock)
+
+
+def serve(args: argparse.Namespace, device, sock: socket.socket) -> int:
+    """main's second half, on checked flags and a bound socket: load the model, start the
+    engine and the app, announce the address and run uvicorn until SIGINT or SIGTERM."""
+    import uvicorn
+
+    from tinygpt.engine import AsyncEngine, SerialEngine
+    from tinygpt.loading import load_model
+    from tinygpt.server.app import create_app
+    from tinygpt.server.limits import guarded_h11
+
     try:
         model, tokenizer, info = load_model(args.model)
     except (OSError, ValueError) as err:
         print(f"error: cannot load the model: {err}", file=sys.stderr)
         return 2
     model = model.to(device)
-    if args.kv_blocks is None and args.engine == "batch":
-        args.kv_blocks = default_kv_blocks(model.cfg, args.max_running, info.model_id)
+    if args.engine == "batch":
+        if args.kv_blocks is None:
+            args.kv_blocks = default_kv_blocks(model.cfg, args.max_running, info.model_id)
+        least = min_kv_blocks(tokenizer)
+        if args.kv_blocks < least:
+            print(f"error: --kv-blocks {args.kv_blocks} is too small for {info.model_id}: at "
+                  f"least {least} blocks of 16 positions hold its chat template around a "
+                  f"one-word message and a {COMPLETION_MAX_TOKENS}-token reply",
+                  file=sys.stderr)
+            return 2
     if args.quantize is not None:
         from tinygpt.quant import quantize_model
 
@@ -178,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                 model.eval(), tokenizer, functools.partial(load_model, args.model),
                 args.tensor_parallel_size, max_waiting=args.max_queue,
                 max_running=args.max_running, token_budget=args.token_budget,
-                num_blocks=args.kv_blocks)
+                num_blocks=args.kv_blocks, prefix_caching=not args.no_prefix_caching)
         except ValueError as err:
             print(f"error: --tensor-parallel-size {args.tensor_parallel_size}: {err}",
                   file=sys.stderr)
@@ -196,9 +305,8 @@ def main(argv: list[str] | None = None) -> int:
                      end_of_turn_ids=info.end_of_turn_ids)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                             timeout_graceful_shutdown=round(args.grace) + 5,
-                            loop="asyncio", http=timed_h11(args.header_timeout),
-                            timeout_keep_alive=KEEP_ALIVE_S,
-                            h11_max_incomplete_event_size=64 * 1024)
+                            loop="asyncio", http=guarded_h11(args.header_timeout),
+                            timeout_keep_alive=KEEP_ALIVE_S)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
@@ -209,14 +317,15 @@ def main(argv: list[str] | None = None) -> int:
             super().handle_exit(sig, frame)
 
     server = Server(config)
+    host = f"[{args.host}]" if ":" in args.host else args.host
     print(f"serving {info.model_id} ({sum(p.numel() for p in model.parameters()):,} parameters) on "
-          f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+          f"http://{host}:{sock.getsockname()[1]}/v1", file=sys.stderr, flush=True)
     # uvicorn shuts down gracefully on SIGINT / SIGTERM and then re-raises the signal to the
     # handler that was there before it; this one turns that into a clean exit with status 0.
     stopped: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda number, _frame: stopped.append(number))
-    server.run()
+    server.run(sockets=[sock])
     if stopped:
         print(f"stopped on {signal.Signals(stopped[0]).name}", file=sys.stderr)
     return 0 if server.started else 1

@@ -6,9 +6,9 @@ and a whole generation request into a Job, one entry per choice. The tokenizer e
 
 prepare, tokenize and detokenize (parsing, the checks, the chat template, tokenization) run on
 the server's thread pool, never on the event loop. On the loop run info() (routes.py answers
-/tokenizer_info with it) and the decodes responses.py makes as it writes a reply: token_text
+/tokenizer_info with it) and the decodes responses.py makes as it streams a reply: token_text
 for the tokens of its logprobs, and the tokenizer's decode of a prompt given as ids (for echo
-and for logprobs' text_offset)."""
+and for logprobs' text_offset); a whole reply is built, decodes included, on a worker thread."""
 
 from __future__ import annotations
 
@@ -16,8 +16,11 @@ import inspect
 from dataclasses import dataclass
 
 from tinygpt.server.checks import (
+    bound_echo,
     bounded,
     check_common,
+    check_message,
+    check_model,
     fit_context,
     parse_json,
     sampling_params,
@@ -26,6 +29,7 @@ from tinygpt.server.checks import (
 )
 from tinygpt.server.protocol import (
     CHAT_ROLES,
+    COMPLETION_MAX_TOKENS,
     MAX_CHOICES,
     APIError,
     ChatCompletionRequest,
@@ -77,10 +81,13 @@ class Prompts:
     end_of_turn_ids a chat reply (default: the tokenizer's "<|endoftext|>", and "<|end|>" then
     it; see tinygpt.loading.ModelInfo). grammars: the tinygpt.structured.Grammars replies are
     held to, or why there are none (structured outputs, tool_choice "required" and a named
-    tool_choice are then a 400 saying so)."""
+    tool_choice are then a 400 saying so). max_positions: the most positions one request may
+    take in the engine's KV pool, when that is fewer than the context (a chat reply without
+    max_tokens stops there, where it would otherwise be refused; default: the context)."""
 
     def __init__(self, tokenizer, context: int, vocab: int, model_id: str, eos_ids=None,
-                 end_of_turn_ids=None, grammars="not set up") -> None:
+                 end_of_turn_ids=None, grammars="not set up",
+                 max_positions: int | None = None) -> None:
         self.tokenizer, self.context, self.vocab, self.model_id = (tokenizer, context, vocab,
                                                                    model_id)
         self.specials = getattr(tokenizer, "special_tokens", {})
@@ -95,6 +102,7 @@ class Prompts:
                            and getattr(tokenizer, "add_bos", False) else [])
         self.chars_per_token = max_token_chars(tokenizer, vocab)
         self.grammars = grammars     # tinygpt.structured.Grammars, or why there are none
+        self.max_positions = context if max_positions is None else max_positions
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
@@ -104,23 +112,25 @@ class Prompts:
     def chat_ids(self, messages, tools: list | None = None) -> tuple[list[int], int]:
         """Token ids of the conversation through the chat template (+ the assistant's turn),
         and its characters; tools, earlier calls and their results are written in
-        tinygpt.server.tools' format. APIError 400 for what the template cannot render."""
+        tinygpt.server.tools' format. APIError 400 for a message OpenAI refuses
+        (checks.check_message) and for what the template cannot render."""
         turns = []
         for i, message in enumerate(messages):
+            check_message(i, message)
             content = message.content
             if isinstance(content, list):
                 kinds = sorted({part.type for part in content} - {"text"})
                 if kinds:
                     raise APIError(400, f"messages[{i}].content: only text parts are "
                                         f"implemented, got {kinds}", param="messages")
-                content = "\n".join(part.text or "" for part in content)
-            role, content = message.role, content or ""
+                content = "\n".join(part.text for part in content)
+            role = message.role
             if message.tool_calls:
                 if role != "assistant":
                     raise APIError(400, f"messages[{i}].tool_calls: only an assistant turn "
                                         f"makes calls", param="messages")
-                content = assistant_text(content, [call.model_dump()
-                                                   for call in message.tool_calls])
+                content = assistant_text(content or "", [call.model_dump()    # None: calls only
+                                                         for call in message.tool_calls])
             elif role == "tool":
                 role, content = "user", tool_result_text(content, message.tool_call_id)
             turns.append({"role": CHAT_ROLES.get(role, role), "content": content})
@@ -204,13 +214,13 @@ class Prompts:
                     bounded(name, getattr(body, name), 1, context)
             name = "max_completion_tokens" if body.max_completion_tokens is not None else \
                 "max_tokens"
-            asked, param = getattr(body, name), name
+            asked, param, default = getattr(body, name), name, self.chat_default(len(ids))
             logprobs = (body.top_logprobs or 0) if body.logprobs else None
             echo = False
             stop_ids = self.end_of_turn
         else:
             prompts, texts = self.completion_prompts(body.prompt)
-            asked, param = body.max_tokens, "max_tokens"
+            asked, param, default = body.max_tokens, "max_tokens", COMPLETION_MAX_TOKENS
             logprobs, echo = body.logprobs, bool(body.echo)
             stop_ids = self.eos
             if asked == 0:
@@ -224,9 +234,10 @@ class Prompts:
         if len(prompts) * (body.n or 1) > MAX_CHOICES:
             raise APIError(400, f"{len(prompts)} prompts times n={body.n or 1} choices; at "
                                 f"most {MAX_CHOICES} choices per request", param="n")
+        bound_echo([len(ids) for ids in prompts], body.n or 1, logprobs, echo)
         params, prompt_of = [], []
         for p, ids in enumerate(prompts):
-            max_tokens = fit_context(len(ids), asked, context, param)
+            max_tokens = fit_context(len(ids), asked, context, param, default)
             for i in range(body.n or 1):
                 seed = None if body.seed is None else body.seed + i
                 params.append(sampling_params(body, max_tokens, seed))
@@ -237,6 +248,15 @@ class Prompts:
                    bool(options.get("include_usage") and options.get("continuous_usage_stats")),
                    score_only, shape.grammar, shape.reads, shape.call_name, shape.param)
 
+    def chat_default(self, prompt_len: int) -> int | None:
+        """A chat reply's max_tokens when the request gives none: the rest of the context
+        (None, as OpenAI's chat and vLLM's), or, where the KV pool holds fewer positions than
+        the context, the rest of the pool (the engine refuses a request that could outgrow
+        it: prompt + max_tokens - 1 positions)."""
+        if self.max_positions >= self.context:
+            return None
+        return max(1, self.max_positions + 1 - prompt_len)
+
     # -- the tokenizer endpoints (vLLM's shapes) -----------------------------------------------
 
     def _tokenizer_body(self, kind, raw: bytes):
@@ -245,9 +265,7 @@ class Prompts:
         if body.model_extra:
             raise APIError(400, f"unsupported field(s) {sorted(body.model_extra)}",
                            param=sorted(body.model_extra)[0])
-        if body.model is not None and body.model != self.model_id:
-            raise APIError(404, f"the model {body.model!r} does not exist", param="model",
-                           code="model_not_found")
+        check_model(body.model, self.model_id)
         return body
 
     def tokenize(self, raw: bytes) -> dict:

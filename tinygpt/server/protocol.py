@@ -23,8 +23,11 @@ MAX_STOP_CHARS = 1024                # all stop strings together, in characters
 MAX_N = 16                           # choices per prompt
 MAX_CHOICES = 64                     # choices per request (prompts times n)
 MAX_LOGPROBS = 20                    # top alternatives per token
+MAX_ECHO_ENTRIES = 2**18             # echoed prompt tokens x (logprobs + 1), over all choices
+COMPLETION_MAX_TOKENS = 16           # /v1/completions' default max_tokens (OpenAI's legacy one)
 MAX_SEED = 2**63 - 1
 RETRY_AFTER_S = 1                    # the 429's Retry-After
+MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")   # a chat message's roles
 CHAT_ROLES = {"developer": "system"}   # OpenAI roles renamed for the chat template
 
 
@@ -153,7 +156,8 @@ class ToolCall(BaseModel):
 
 
 class Message(BaseModel):
-    """One turn of a conversation."""
+    """One turn of a conversation (checks.check_message holds it to OpenAI's rules: a role of
+    MESSAGE_ROLES, content unless an assistant turn makes calls, a tool turn's tool_call_id)."""
 
     model_config = _MESSAGE
     role: str

@@ -2,23 +2,74 @@
 same as server-sent events (`events`), with each choice's text, finish reason, usage and
 log-probabilities (completions': tokens, token_logprobs, top_logprobs, text_offset; chat's:
 content entries with bytes). A choice gathers its events in a Choice; an error event ends the
-response with an OpenAI error body (before the 200 when it is not streamed, as the stream's
-last event when it is). A chat reply read for tool calls (tinygpt.server.tools) that turns
-out to be calls becomes a message with tool_calls and finish_reason "tool_calls"; streamed,
-it is held back while it may still become calls, then sent as each call's id and name and
-then its arguments. One that max_tokens cut while it was writing calls (always, for a reply
-held to calls; for "auto", once it began with the tag) is a message with content null, the
-calls begun in tool_calls (the last with its arguments so far, tools.cut_tool_calls) and
-finish_reason "length", whole or streamed alike, as OpenAI's."""
+response with an OpenAI error body (before the 200 when it is not streamed; streamed, as an
+event followed by "data: [DONE]", as vLLM's, so that clients waiting for it end). A whole
+response is gathered on the event loop, then built and serialized on a worker thread
+(`answer`): echo with logprobs makes megabytes of JSON (37 MB held /health back a second
+when it was built on the loop), and the loop keeps serving the other requests meanwhile.
+
+A token's text is its own decode, so a byte token of a character cut in pieces shows as U+FFFD;
+its `bytes` (chat) are its own bytes (`token_bytes`), and its text_offset is the number of
+characters of the text that are whole before its first byte (`TextOffsets`: every byte of "é"
+is at 0). In completions' top_logprobs, a dict keyed by text, alternatives with the same text
+(several byte tokens shown as U+FFFD) share one key, which holds the most probable of them.
+
+A chat reply read for tool calls (tinygpt.server.tools) that turns out to be calls becomes a
+message with tool_calls and finish_reason "tool_calls"; streamed, it is held back while it may
+still become calls, then sent as each call's id and name and then its arguments. One that
+max_tokens cut while it was writing calls (always, for a reply held to calls; for "auto",
+once it began with the tag) is a message with content null, the calls begun in tool_calls
+(the last with its arguments so far, tools.cut_tool_calls) and finish_reason "length", whole
+or streamed alike, as OpenAI's."""
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
+
+from fastapi.responses import JSONResponse
 
 from tinygpt.server.prompts import Job, Prompts
 from tinygpt.server.protocol import APIError
 from tinygpt.server.tools import CALL_OPEN, cut_tool_calls, may_be_calls, parse_tool_calls
+
+
+def token_bytes(prompts: Prompts, token_id: int) -> bytes:
+    """A token's own bytes (tinygpt's tokenizers and SmolLM2's have token_bytes); a tokenizer
+    without them (a Hugging Face folder's) gives the UTF-8 of its text."""
+    own = getattr(prompts.tokenizer, "token_bytes", None)
+    if own is None:
+        return prompts.token_text(token_id).encode("utf-8")
+    return own([token_id])[0]
+
+
+def continues(pending: bytes, byte: bytes) -> bool:
+    """Whether `byte` continues the unfinished UTF-8 character `pending` (a valid start)."""
+    try:
+        codecs.getincrementaldecoder("utf-8")("strict").decode(pending + byte)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class TextOffsets:
+    """text_offset, one token at a time, over tokens whose text is their bytes decoded as UTF-8
+    (errors replaced, as the tokenizers decode). next(bytes) gives `start` plus the number of
+    characters that are whole before the token's first byte: a character cut between tokens
+    counts once its last byte is in, so each of its bytes is at its own offset; bytes that
+    turn out not to be a character (a U+FFFD in the text) count once the next byte shows it."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.start, self.whole = start, 0
+        self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def next(self, data: bytes) -> int:
+        pending = self.utf8.getstate()[0]
+        cut = bool(pending) and bool(data) and not continues(pending, data[:1])   # a U+FFFD
+        offset = self.start + self.whole + (1 if cut else 0)
+        self.whole += len(self.utf8.decode(data))
+        return offset
 
 
 class Choice:
@@ -32,45 +83,48 @@ class Choice:
         self.tokens: list[tuple[int, float, tuple]] = []     # not yet sent (logprobs)
         self.started = False
         self.holding, self.held = job.reads != "text", ""     # text that may be tool calls
-        self.offset = 0          # text_offset: characters before the next token
-        if job.logprobs is not None and not job.chat and not job.echo:
-            self.offset = len(self.text_prompt if self.text_prompt is not None
-                              else prompts.tokenizer.decode(self.prompt))
+        self.offsets: TextOffsets | None = None     # the reply's text_offset, once needed
+
+    def prompt_text(self) -> str:
+        return self.text_prompt if self.text_prompt is not None else \
+            self.prompts.tokenizer.decode(self.prompt)
+
+    def reply_offsets(self) -> TextOffsets:
+        """The reply's offsets, which start where the prompt's text ends (echoed or not)."""
+        if self.offsets is None:
+            self.offsets = TextOffsets(len(self.prompt_text()))
+        return self.offsets
 
     def prompt_part(self) -> tuple[str, dict | None]:
         """With echo: the prompt's text and its completions-shaped logprobs."""
-        text = self.text_prompt if self.text_prompt is not None else \
-            self.prompts.tokenizer.decode(self.prompt)
+        text = self.prompt_text()
+        self.offsets = TextOffsets(len(text))
         if self.job.logprobs is None:
             return text, None
         entries = self.request.prompt_logprob_list or [None] * len(self.prompt)
-        pieces = [self.prompts.token_text(i) for i in self.prompt]
-        logprobs = {"tokens": pieces,
+        offsets = TextOffsets()
+        logprobs = {"tokens": [self.prompts.token_text(i) for i in self.prompt],
                     "token_logprobs": [None if e is None else e[0] for e in entries],
                     "top_logprobs": [None if e is None else self._top_dict(e[1])
                                      for e in entries],
-                    "text_offset": self._offsets(pieces)}
+                    "text_offset": [offsets.next(token_bytes(self.prompts, i))
+                                    for i in self.prompt]}
         return text, logprobs
 
-    def _offsets(self, pieces: list[str]) -> list[int]:
-        out = []
-        for piece in pieces:
-            out.append(self.offset)
-            self.offset += len(piece)
-        return out
-
     def _top_dict(self, top) -> dict[str, float]:
+        """{text: logprob}; alternatives with the same text keep the most probable."""
         out: dict[str, float] = {}
         for token_id, value in top:
-            out.setdefault(self.prompts.token_text(token_id), value)
+            key = self.prompts.token_text(token_id)
+            if key not in out or value > out[key]:
+                out[key] = value
         return out
 
     def _chat_entry(self, token_id: int, value: float, top) -> dict:
-        text = self.prompts.token_text
-        return {"token": text(token_id), "logprob": value,
-                "bytes": list(text(token_id).encode("utf-8")),
-                "top_logprobs": [{"token": text(i), "logprob": v,
-                                  "bytes": list(text(i).encode("utf-8"))} for i, v in top]}
+        def entry(i: int, v: float) -> dict:
+            return {"token": self.prompts.token_text(i), "logprob": v,
+                    "bytes": list(token_bytes(self.prompts, i))}
+        return {**entry(token_id, value), "top_logprobs": [entry(i, v) for i, v in top]}
 
     def take(self) -> dict | None:
         """Logprobs of the tokens since the last call, in this endpoint's shape."""
@@ -79,10 +133,11 @@ class Choice:
         tokens, self.tokens = self.tokens, []
         if self.job.chat:
             return {"content": [self._chat_entry(i, v, t) for i, v, t in tokens]}
-        pieces = [self.prompts.token_text(i) for i, _, _ in tokens]
-        return {"tokens": pieces, "token_logprobs": [v for _, v, _ in tokens],
+        return {"tokens": [self.prompts.token_text(i) for i, _, _ in tokens],
+                "token_logprobs": [v for _, v, _ in tokens],
                 "top_logprobs": [self._top_dict(t) for _, _, t in tokens],
-                "text_offset": self._offsets(pieces)}
+                "text_offset": [self.reply_offsets().next(token_bytes(self.prompts, i))
+                                for i, _, _ in tokens]}
 
     def add(self, event) -> None:
         if self.job.score_only:             # the token generated to score the prompt
@@ -128,10 +183,12 @@ def usage(job: Job, choices: list[Choice]) -> dict:
             "total_tokens": prompt_tokens + completion}
 
 
-async def whole(job: Job, requests: list, ident: str, stamp: int, prompts: Prompts) -> dict:
-    """The response of a request that is not streamed, once every choice has ended."""
+async def whole(job: Job, requests: list, ident: str, stamp: int,
+                prompts: Prompts) -> JSONResponse:
+    """The response of a request that is not streamed, once every choice has ended: its events
+    gathered here, on the event loop, the response built and serialized off it (`answer`)."""
     choices = [Choice(i, job, r, prompts) for i, r in enumerate(requests)]
-    out = []
+    texts = []
     try:
         for choice in choices:
             pieces = []
@@ -142,40 +199,50 @@ async def whole(job: Job, requests: list, ident: str, stamp: int, prompts: Promp
                 choice.add(event)
                 if not job.score_only:
                     pieces.append(event.text)
-            text = "".join(pieces)
-            if job.chat:
-                message, finish = {"role": "assistant", "content": text}, choice.finish
-                calls = calls_of(job, text, finish)
-                if calls is not None:
-                    message = {"role": "assistant", "content": None, "tool_calls": calls}
-                    finish = "tool_calls" if finish == "stop" else finish
-                item = {"index": choice.index, "message": message, "logprobs": choice.take(),
-                        "finish_reason": finish}
-            else:
-                logprobs = None
-                if job.echo:
-                    head, head_logprobs = choice.prompt_part()
-                    text = head + text
-                    logprobs = head_logprobs
-                tail = choice.take()
-                if logprobs is not None and tail is not None:
-                    logprobs = {k: logprobs[k] + tail[k] for k in logprobs}
-                item = {"index": choice.index, "text": text, "logprobs": logprobs or tail,
-                        "finish_reason": choice.finish}
-            out.append(item)
+            texts.append("".join(pieces))
     finally:
         for request in requests:
             request.cancel()
-    return {"id": ident, "object": "chat.completion" if job.chat else "text_completion",
-            "created": stamp, "model": prompts.model_id, "choices": out,
+    return await asyncio.to_thread(answer, job, choices, texts, ident, stamp, prompts)
+
+
+def answer(job: Job, choices: list[Choice], texts: list[str], ident: str, stamp: int,
+           prompts: Prompts) -> JSONResponse:
+    """The whole response of ended choices and their texts, as JSON (run on a worker thread:
+    the decodes of logprobs and echo, and the serializing, can take seconds)."""
+    body = {"id": ident, "object": "chat.completion" if job.chat else "text_completion",
+            "created": stamp, "model": prompts.model_id,
+            "choices": [choice_item(job, c, t) for c, t in zip(choices, texts, strict=True)],
             "usage": usage(job, choices)}
+    return JSONResponse(body)
+
+
+def choice_item(job: Job, choice: Choice, text: str) -> dict:
+    """One ended choice of a whole response."""
+    if job.chat:
+        message, finish = {"role": "assistant", "content": text}, choice.finish
+        calls = calls_of(job, text, finish)
+        if calls is not None:
+            message = {"role": "assistant", "content": None, "tool_calls": calls}
+            finish = "tool_calls" if finish == "stop" else finish
+        return {"index": choice.index, "message": message, "logprobs": choice.take(),
+                "finish_reason": finish}
+    logprobs = None
+    if job.echo:
+        head, logprobs = choice.prompt_part()
+        text = head + text
+    tail = choice.take()
+    if logprobs is not None and tail is not None:
+        logprobs = {k: logprobs[k] + tail[k] for k in logprobs}
+    return {"index": choice.index, "text": text, "logprobs": logprobs or tail,
+            "finish_reason": choice.finish}
 
 
 async def events(job: Job, requests: list, ident: str, stamp: int, prompts: Prompts):
     """The response as server-sent events, in the order the choices' tokens arrive: chat sends
     each choice's role first; with echo the prompt comes before a choice's first token; the
-    usage when asked for; then "data: [DONE]". Leaving early (the client went away) cancels
-    every choice's request."""
+    usage when asked for; then "data: [DONE]" (after an error event too, with no usage).
+    Leaving early (the client went away) cancels every choice's request."""
     choices = [Choice(i, job, r, prompts) for i, r in enumerate(requests)]
     kind = "chat.completion.chunk" if job.chat else "text_completion"
 
@@ -242,6 +309,7 @@ async def events(job: Job, requests: list, ident: str, stamp: int, prompts: Prom
             problem = failure(event, job)
             if problem is not None:
                 yield f"data: {json.dumps(problem.body())}\n\n"
+                yield "data: [DONE]\n\n"
                 return
             if job.echo and not choice.started:     # prompt logprobs are known now
                 head, head_logprobs = choice.prompt_part()

@@ -1,6 +1,6 @@
 """The endpoints, each a few lines that hand the work on: request bodies are read here under
-the HTTP limits (limits.read_body), then parsed, checked and tokenized on the thread pool
-(prompts.Prompts), submitted to the engine, and answered whole or streamed
+the HTTP limits, JSON only (limits.read_body), then parsed, checked and tokenized on the thread
+pool (prompts.Prompts), submitted to the engine, and answered whole or streamed
 (responses.whole / responses.events). What a route needs it reads from `app.state.served`,
 which create_app (app.py) sets: the routes hold no state of their own."""
 
@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from tinygpt.engine import EngineClosed, EngineFull
+from tinygpt.server.checks import check_model
 from tinygpt.server.limits import read_body
 from tinygpt.server.metrics import Metrics
 from tinygpt.server.openapi import ERRORS, request_body, stream_or
@@ -30,6 +31,7 @@ from tinygpt.server.protocol import (
     CompletionResponse,
     DetokenizeRequest,
     DetokenizeResponse,
+    ErrorResponse,
     ModelCard,
     ModelList,
     TokenizeRequest,
@@ -67,6 +69,11 @@ def served(request: Request) -> Served:
 
 router = APIRouter()
 
+# the endpoints that read a JSON body (limits.read_body) also answer 415
+BODY_ERRORS = {**ERRORS, 415: {"model": ErrorResponse, "description": "a Content-Type other "
+                               "than application/json, or a Content-Encoding other than "
+                               "identity"}}
+
 # -- health, metrics, models ----------------------------------------------------------------------
 
 
@@ -89,10 +96,7 @@ async def models(request: Request):
 @router.get("/v1/models/{name:path}", responses={200: {"model": ModelCard}, **ERRORS})
 async def one_model(request: Request, name: str):
     model_id = served(request).prompts.model_id
-    if name != model_id:
-        raise APIError(404, f"the model {name!r} does not exist; this server serves "
-                            f"{model_id!r}", param="model", kind="not_found_error",
-                       code="model_not_found")
+    check_model(name, model_id)          # OpenAI's answer, as the generation endpoints give it
     return served(request).model_card()
 
 
@@ -100,14 +104,14 @@ async def one_model(request: Request, name: str):
 
 
 @router.post("/tokenize", openapi_extra=request_body(TokenizeRequest),
-             responses={200: {"model": TokenizeResponse}, **ERRORS})
+             responses={200: {"model": TokenizeResponse}, **BODY_ERRORS})
 async def tokenize(request: Request):
     state = served(request)
     return await state.off_loop(state.prompts.tokenize, await state.body(request))
 
 
 @router.post("/detokenize", openapi_extra=request_body(DetokenizeRequest),
-             responses={200: {"model": DetokenizeResponse}, **ERRORS})
+             responses={200: {"model": DetokenizeResponse}, **BODY_ERRORS})
 async def detokenize(request: Request):
     state = served(request)
     return await state.off_loop(state.prompts.detokenize, await state.body(request))
@@ -160,12 +164,12 @@ async def generate(request: Request, chat: bool):
 
 
 @router.post("/v1/completions", openapi_extra=request_body(CompletionRequest),
-             responses={200: stream_or(CompletionResponse), **ERRORS})
+             responses={200: stream_or(CompletionResponse), **BODY_ERRORS})
 async def completions(request: Request):
     return await generate(request, chat=False)
 
 
 @router.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest),
-             responses={200: stream_or(ChatCompletionResponse), **ERRORS})
+             responses={200: stream_or(ChatCompletionResponse), **BODY_ERRORS})
 async def chat_completions(request: Request):
     return await generate(request, chat=True)

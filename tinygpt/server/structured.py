@@ -2,8 +2,12 @@
 response_format ({"type": "json_object"} or {"type": "json_schema", "json_schema": {"name",
 "schema", "strict"}}), tools with tool_choice (chat), and vLLM's structured_outputs (json,
 regex, choice, grammar, json_object) on both endpoints. Each problem is a 400 naming the field:
-an unknown type, a schema that is not JSON Schema, a pattern that is not a regex, a grammar past
-the limits, two ways of constraining one reply.
+an unknown type, a json_schema beside a type that would not use it, a schema that is not JSON
+Schema (or is false, which admits no value; true is {}), a pattern that is not a regex, a
+grammar past the limits or that the engine cannot begin a reply with (the compile takes its
+first step: tinygpt.structured), a named tool_choice whose type is not "function", two ways
+of constraining one reply. The message is short: the engine's first line, at most 300
+characters in all.
 
 Tool calls follow tinygpt.server.tools' format. tool_choice "required" constrains the reply to
 one or more calls of the listed functions (one only with parallel_tool_calls false), a named
@@ -56,8 +60,8 @@ class Shape:
 def _compile(what: str, param: str, build) -> Grammar:
     try:
         return build()
-    except GrammarError as err:
-        raise APIError(400, f"{what}: {err}"[:1000], param=param) from None
+    except GrammarError as err:      # (the engine's first line; the compile took its first step)
+        raise APIError(400, f"{param}: {what}: {err}"[:300], param=param) from None
 
 
 MAX_DEPTH = 200       # levels of nesting in a schema or tool parameters (the engine's own
@@ -88,9 +92,29 @@ def _schema_grammar(grammars: Grammars, schema, param: str) -> Grammar:
     if not isinstance(schema, dict | bool):
         raise APIError(400, f"{param}: a JSON Schema is an object (or true / false)",
                        param=param)
+    if schema is False:
+        raise APIError(400, f"{param}: the schema false admits no value, so no reply can be "
+                            f"written; give true or {{}} for any JSON value, or an object "
+                            f"schema", param=param)
+    if schema is True:               # any JSON value, as {} is (the engine takes only objects)
+        schema = {}
     check_depth(schema, param)
     return _compile("the schema cannot be used", param,
                     lambda: grammars.json_schema(closed(schema)))
+
+
+def check_response_format(fmt) -> None:
+    """APIError 400 for a response_format that cannot be read as it was meant: an unknown
+    type, or a json_schema beside a type that would leave it unused."""
+    if fmt is None:
+        return
+    if fmt.type not in ("text", "json_object", "json_schema"):
+        raise APIError(400, f"response_format.type must be one of ['text', 'json_object', "
+                            f"'json_schema'], got {fmt.type!r}"[:300], param="response_format")
+    if fmt.json_schema is not None and fmt.type != "json_schema":
+        raise APIError(400, f"response_format.json_schema is only allowed with type "
+                            f"'json_schema', got type {fmt.type!r}",
+                       param="response_format.json_schema")
 
 
 def response_format_grammar(grammars: Grammars, fmt) -> Grammar | None:
@@ -98,25 +122,22 @@ def response_format_grammar(grammars: Grammars, fmt) -> Grammar | None:
         return None
     if fmt.type == "json_object":
         return grammars.json_object()
-    if fmt.type == "json_schema":
-        spec = fmt.json_schema
-        if spec is None:
-            raise APIError(400, "response_format: type json_schema needs json_schema: {\"name\", "
-                                "\"schema\"}", param="response_format")
-        if not NAME.match(spec.name):
-            raise APIError(400, f"response_format.json_schema.name must match {NAME.pattern}, "
-                                f"got {spec.name!r}"[:300], param="response_format")
-        return _schema_grammar(grammars, {} if spec.schema_ is None else spec.schema_,
-                               "response_format.json_schema.schema")
-    raise APIError(400, f"response_format.type must be one of ['text', 'json_object', "
-                        f"'json_schema'], got {fmt.type!r}"[:300], param="response_format")
+    spec = fmt.json_schema           # (type json_schema: check_response_format read the rest)
+    if spec is None:
+        raise APIError(400, "response_format: type json_schema needs json_schema: {\"name\", "
+                            "\"schema\"}", param="response_format")
+    if not NAME.match(spec.name):
+        raise APIError(400, f"response_format.json_schema.name must match {NAME.pattern}, "
+                            f"got {spec.name!r}"[:300], param="response_format")
+    return _schema_grammar(grammars, {} if spec.schema_ is None else spec.schema_,
+                           "response_format.json_schema.schema")
 
 
 def structured_outputs_grammar(grammars: Grammars, spec) -> Grammar | None:
     if spec is None:
         return None
     given = [name for name in ("json_", "regex", "choice", "grammar", "json_object")
-             if getattr(spec, name) not in (None, False)]
+             if getattr(spec, name) is not None and (name != "json_object" or spec.json_object)]
     if len(given) != 1:
         raise APIError(400, "structured_outputs: give exactly one of json, regex, choice, "
                             "grammar and json_object", param="structured_outputs")
@@ -227,6 +248,7 @@ def reply_shape(grammars: Grammars | str, body, chat: bool) -> Shape:
     grammars: the served model's, or why there are none."""
     tools = body.tools if chat else None
     choice = body.tool_choice if chat else None
+    check_response_format(body.response_format)
     asked = [name for name, value in (("response_format", response_format_active(body)),
                                       ("structured_outputs", body.structured_outputs),
                                       ("tools", tools and choice != "none")) if value]
@@ -261,8 +283,11 @@ def reply_shape(grammars: Grammars | str, body, chat: bool) -> Shape:
         raise APIError(400, f"tool_choice must be 'none', 'auto', 'required' or {{\"type\": "
                             f"\"function\", \"function\": {{\"name\"}}}}, got {choice!r}"[:300],
                        param="tool_choice")
+    if choice.type != "function":
+        raise APIError(400, f"tool_choice.type must be 'function', got {choice.type!r}"[:300],
+                       param="tool_choice.type")
     named = [tool for tool in tools if tool.function.name == choice.function.name]
-    if choice.type != "function" or not named:
+    if not named:
         raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among "
                             f"the tools"[:300], param="tool_choice")
     return Shape(tool_grammar(grammars, named, many=False), "calls", tools,
