@@ -16,6 +16,14 @@ repository, and --db, a gradebook URL, default: sqlite:///<root>/gradebook.db):
 
 Maintainers: `execute [DAY ...]` re-runs solution notebooks in place; `days` lists the days;
 `mutants [DAY ...]` grades single-point mutants of the answer cells (autograder/mutants.py).
+
+Bad input is refused before any slow work, with one `error: ...` line naming the option and
+what it accepts, and exit status 2: a --root without a course (solutions/dayNN_slug/), a --db
+that is not a database URL or cannot be opened, an unknown day, a --student that is not a
+student id (collect's rule) or that grade or feedback does not know, a collect source or
+--pattern collect cannot use, an output file (export's CSV, grade's --json) that cannot be
+written, a --memory-gb too small for a kernel to start. A gradebook that fails later is one
+`error:` line too, with exit status 1.
 """
 
 from __future__ import annotations
@@ -30,15 +38,103 @@ from dataclasses import asdict
 from pathlib import Path
 
 from autograder.notebooks import days
-from autograder.settings import REPO_ROOT
+from autograder.settings import REPO_ROOT, SOURCE_DIR
+
+GRADEBOOK_COMMANDS = ("release", "grade", "export", "feedback")
+# Below this address-space limit a sandboxed kernel does not start at all (on the development
+# machine, the AVX-512 EPYC, 2026-11-29: 512 MiB failed, 768 MiB started; importing torch
+# needs more still).
+MIN_MEMORY_GB = 1.0
+SHOWN = 10  # known students listed in an error message
+
+
+class UsageError(Exception):
+    """Bad input found before any work: main prints it as one `error:` line, exit status 2."""
+
+
+def _listing(names: list[str]) -> str:
+    """The first SHOWN names, comma-separated, and how many more."""
+    if not names:
+        return "none"
+    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return ", ".join(names[:SHOWN]) + more
 
 
 def _pick_days(requested: list[str], root: Path) -> list[str]:
     known = days(root)
     unknown = [d for d in requested if d not in known]
     if unknown:
-        raise SystemExit(f"unknown day(s) {unknown}; the course has {known}")
+        raise UsageError(f"unknown day(s) {', '.join(unknown)}; the course has "
+                         f"{', '.join(known)}")
     return requested or known
+
+
+def _check_root(text: str) -> Path:
+    """--root as a resolved Path: a folder whose solutions/ holds at least one day."""
+    if text == "":
+        raise UsageError("--root is empty: give the course folder (it holds solutions/)")
+    root = Path(text).resolve()
+    if not root.is_dir():
+        raise UsageError(f"--root {text}: not a folder; give the course folder (it holds "
+                         f"{SOURCE_DIR}/)")
+    if not days(root):
+        raise UsageError(f"--root {text}: not a course folder: no {SOURCE_DIR}/dayNN_slug/"
+                         f"dayNN_slug.ipynb in it (every command reads the days there)")
+    return root
+
+
+def _check_db(url: str | None) -> None:
+    """--db, when given: a URL SQLAlchemy can parse, whose driver loads, that opens."""
+    if url is None:
+        return
+    if url == "":
+        raise UsageError("--db is empty: give a gradebook URL such as sqlite:////path/"
+                         "gradebook.db or postgresql://user@/tinygpt?host=/run/pg (or leave "
+                         "--db out for <root>/gradebook.db)")
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise UsageError(f"--db {url!r} is not a database URL: give one such as sqlite:////"
+                         "path/gradebook.db or postgresql://user@/tinygpt?host=/run/pg") from None
+    shown = parsed.render_as_string(hide_password=True)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        folder = Path(parsed.database).parent
+        if not folder.is_dir():
+            raise UsageError(f"--db {shown}: the SQLite file's folder {folder} does not exist")
+    try:
+        engine = create_engine(parsed)
+        with engine.connect():
+            pass
+        engine.dispose()
+    except (SQLAlchemyError, ImportError) as err:
+        raise UsageError(f"--db {shown}: cannot open the gradebook: "
+                         f"{str(err).strip().splitlines()[0]}") from None
+
+
+def _output_file(text: str, option: str) -> Path:
+    """`text` as a Path a file can be written to (its folder exists, it is not a folder)."""
+    if text == "":
+        raise UsageError(f"{option} is empty: give a file path")
+    path = Path(text)
+    if path.is_dir():
+        raise UsageError(f"{option} {text}: is a folder; give a file path")
+    if not path.parent.is_dir():
+        raise UsageError(f"{option} {text}: the folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{option} {text}: cannot be written (permission denied)")
+    return path
+
+
+def _check_student_ids(students: list[str] | None) -> None:
+    from autograder.collect import STUDENT_ID, STUDENT_ID_RULE
+
+    for student in students or []:
+        if not STUDENT_ID.match(student):
+            raise UsageError(f"--student {student!r} is not a student id: {STUDENT_ID_RULE}")
 
 
 def _count(text: str) -> int:
@@ -67,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--root", type=Path, default=REPO_ROOT,
+    common.add_argument("--root", default=str(REPO_ROOT),
                         help="course folder with solutions/ and course/ (default: this repo)")
     common.add_argument("--db", default=None,
                         help="gradebook URL, e.g. postgresql://user@/tinygpt?host=/run/pg "
@@ -79,9 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[common], help=help_)
         p.add_argument("days", nargs="*", help="day ids such as day01_logits (default: all)")
     p = sub.add_parser("collect", parents=[common], help="import submissions")
-    p.add_argument("source", type=Path, help="a folder <student>/<dayNN>/ or a .zip")
+    p.add_argument("source", help="a folder <student>/<dayNN>/ or a .zip")
     p.add_argument("--pattern", default=None,
-                   help="regex with groups 'student' and 'day' for zip file names")
+                   help="regex with groups 'student' and 'day' for zip file names (a .zip "
+                        "source only)")
     p = sub.add_parser("grade", parents=[common], help="autograde a day")
     p.add_argument("day")
     p.add_argument("--student", action="append", help="only these students (repeatable)")
@@ -91,8 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cell-timeout", type=_positive, default=60.0, help="seconds per cell, > 0")
     p.add_argument("--total-timeout", type=_positive, default=600.0,
                    help="seconds per notebook, > 0")
-    p.add_argument("--memory-gb", type=_positive, default=6.0,
-                   help="address-space limit per kernel in GiB, > 0")
+    p.add_argument("--memory-gb", type=_positive, default=None,
+                   help=f"address-space limit per sandboxed kernel in GiB, >= {MIN_MEMORY_GB:g} "
+                        "(default: 6; not with --no-sandbox, which sets no limit)")
     p.add_argument("--no-sandbox", action="store_true",
                    help="run student code without bubblewrap (only for code you trust)")
     p.add_argument("--no-integrity", action="store_true",
@@ -101,11 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a worker process per student, its kernel started on demand (the plain, "
                         "slower path; default: serving workers with kernels started ahead)")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    p.add_argument("--json", help="also write the results as JSON here")
     p.add_argument("--by-exercise", action="store_true",
                    help="show a column per exercise in the summary")
     p = sub.add_parser("export", parents=[common], help="grades to CSV")
-    p.add_argument("csv", nargs="?", type=Path, default=Path("grades.csv"))
+    p.add_argument("csv", nargs="?", default="grades.csv")
     p = sub.add_parser("mutants", parents=[common],
                        help="mutation testing: grade single-point mutants of the answer cells "
                             "of <root>/solutions (no gradebook: --db is not used)")
@@ -120,38 +218,125 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    root = args.root.resolve()
-    warnings.filterwarnings("ignore", module="nbgrader")  # its SQLAlchemy session warnings
+def _check_grade(args: argparse.Namespace) -> None:
+    """grade's options that need no gradebook: --memory-gb and --json."""
+    if args.memory_gb is not None and args.no_sandbox:
+        raise UsageError("--memory-gb applies in the sandbox only (prlimit inside bubblewrap); "
+                         "with --no-sandbox no memory limit is set: give one of the two")
+    if args.memory_gb is not None and args.memory_gb < MIN_MEMORY_GB:
+        raise UsageError(f"--memory-gb {args.memory_gb:g} is too small for a kernel to start: "
+                         f"give a number >= {MIN_MEMORY_GB:g}")
+    if args.json is not None:
+        args.json = _output_file(args.json, "--json")
 
+
+def _check_grade_students(args: argparse.Namespace, root: Path) -> None:
+    """Every --student of grade has a submission of the day or is in the gradebook (a typo
+    must not add a student)."""
+    if not args.student:
+        return
+    from autograder.grade import students_for
+    from autograder.grading import _api
+
+    known = students_for(args.day, root, _api(root, args.db))
+    unknown = [s for s in args.student if s not in known]
+    if unknown:
+        raise UsageError(f"--student {', '.join(unknown)}: no submission of {args.day} in "
+                         f"submitted/ and not in the gradebook; known students: "
+                         f"{_listing(known)}")
+
+
+def _check_feedback_students(args: argparse.Namespace, root: Path) -> None:
+    """--student of feedback: an error when none of them has a graded submission of the day,
+    a warning naming those that have none when some do."""
+    if not args.student:
+        return
+    from autograder.reports import graded_students
+
+    graded = graded_students(args.day, root, args.db)
+    missing = [s for s in dict.fromkeys(args.student) if s not in graded]
+    if len(missing) == len(set(args.student)):
+        raise UsageError(f"--student {', '.join(missing)}: no graded submission of {args.day}; "
+                         f"graded students: {_listing(graded)}")
+    if missing:
+        print(f"warning: --student {', '.join(missing)}: no graded submission of {args.day}, "
+              "no feedback written for them", file=sys.stderr)
+
+
+def _check_args(args: argparse.Namespace, root: Path) -> None:
+    """Every check of the command's input, the cheap ones first and those that open the
+    gradebook last; raises UsageError."""
+    if args.command in ("execute", "release", "mutants"):
+        args.days = _pick_days(args.days, root)
+    if args.command in ("grade", "feedback"):
+        _pick_days([args.day], root)
+        _check_student_ids(args.student)
+    if args.command == "grade":
+        _check_grade(args)
+    elif args.command == "export":
+        from autograder.reports import BY_EXERCISE_FILE
+
+        args.csv = _output_file(args.csv, "export CSV")
+        _output_file(str(args.csv.parent / BY_EXERCISE_FILE), "export CSV's companion")
+    if args.command in GRADEBOOK_COMMANDS:
+        _check_db(args.db)
+    if args.command == "grade":
+        _check_grade_students(args, root)
+    elif args.command == "feedback":
+        _check_feedback_students(args, root)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    args = build_parser().parse_args(argv)
+    warnings.filterwarnings("ignore", module="nbgrader")  # its SQLAlchemy session warnings
+    try:
+        root = _check_root(args.root)
+        _check_args(args, root)
+        return _run(args, root)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except SQLAlchemyError as err:
+        print(f"error: the gradebook ({args.db or 'sqlite:///<root>/gradebook.db'}) failed: "
+              f"{str(err).strip().splitlines()[0]}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace, root: Path) -> int:
+    """The command, its input already checked (_check_args)."""
     if args.command == "days":
         print("\n".join(days(root)))
     elif args.command == "execute":
         from autograder.grading import execute_solution
 
-        for day in _pick_days(args.days, root):
+        for day in args.days:
             print(f"executed {execute_solution(day, root)}")
     elif args.command == "release":
         from autograder.grading import release
 
-        for day in _pick_days(args.days, root):
+        for day in args.days:
             print(f"released {release(day, root, args.db)}")
     elif args.command == "collect":
-        from autograder.collect import DEFAULT_PATTERN, collect
+        from autograder.collect import CollectError, collect
 
-        print(collect(args.source, root, args.pattern or DEFAULT_PATTERN).text())
+        try:
+            print(collect(args.source, root, args.pattern).text())
+        except CollectError as err:  # raised before anything is imported
+            raise UsageError(f"collect: {err}") from None
     elif args.command == "grade":
         from autograder.grade import Limits, grade_day, summary_table
-        from autograder.sandbox import SandboxUnavailable, bwrap_path
+        from autograder.sandbox import DEFAULT_MEMORY_BYTES, SandboxUnavailable, bwrap_path
 
-        _pick_days([args.day], root)
         if not args.no_sandbox:
             try:
                 bwrap_path()
             except SandboxUnavailable as err:
                 raise SystemExit(str(err)) from None
-        limits = Limits(args.cell_timeout, args.total_timeout, int(args.memory_gb * 2**30),
+        memory = (int(args.memory_gb * 2**30) if args.memory_gb is not None
+                  else DEFAULT_MEMORY_BYTES)
+        limits = Limits(args.cell_timeout, args.total_timeout, memory,
                         sandbox=not args.no_sandbox, integrity=not args.no_integrity,
                         warm=not args.cold)
         from autograder.preflight import PreflightError
@@ -178,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "mutants":
         from autograder.mutants import main as mutants_main
 
-        return mutants_main(_pick_days(args.days, root), root=root, sample_size=args.sample,
+        return mutants_main(args.days, root=root, sample_size=args.sample,
                             diffs=not args.no_diff)
     elif args.command == "feedback":
         from autograder.reports import (
@@ -188,7 +373,6 @@ def main(argv: list[str] | None = None) -> int:
             write_feedback,
         )
 
-        _pick_days([args.day], root)
         for path in write_feedback(args.day, root, args.db, args.student):
             print(f"wrote {path}")
         items = item_analysis(exercise_scores(root, args.db), args.day)

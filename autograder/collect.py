@@ -4,12 +4,15 @@ Two layouts are accepted:
 - a folder of `<student>/<dayNN...>/*.ipynb` (what nbgrader's exchange or a shared drive gives);
 - a zip as learning-management systems export it: one notebook per student, the student id in
   the file name. The default pattern reads `<student>_<dayNN>[_anything].ipynb`; pass another
-  regular expression with the named groups `student` and `day` for other exports.
+  regular expression with the named groups `student` and `day` for other exports
+  (`compile_pattern` checks it; a pattern with a folder source is refused, it would be unused).
 
 The day may be written `day07` or in full (`day07_sampling`); it is matched to the course's
 day ids. Every file that cannot be placed is reported with the reason, nothing is dropped
 silently. Files are written to paths we build (never to paths taken from the archive), and
-oversized entries are refused.
+oversized entries are refused. A source that does not exist, is empty or is neither a folder
+nor a zip file, and a pattern that does not compile or lacks a group, raise CollectError
+before anything is imported.
 """
 
 from __future__ import annotations
@@ -27,6 +30,44 @@ DEFAULT_PATTERN = (r"^(?P<student>[A-Za-z0-9][A-Za-z0-9.@-]*?)[_ -]+(?P<day>day\
                    r"(?:[_-][^/]*)?\.ipynb$")
 MAX_NOTEBOOK_BYTES = 50 * 1024 * 1024
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.@_-]{0,63}$")
+STUDENT_ID_RULE = ("1 to 64 letters, digits, '.', '@', '_' or '-', starting with a letter or "
+                   "digit")
+PATTERN_GROUPS = ("student", "day")
+
+
+class CollectError(ValueError):
+    """A source or pattern `collect` cannot use; nothing was imported."""
+
+
+def check_source(source: Path | str) -> Path:
+    """`source` as a Path when it is a folder or a zip file; else CollectError saying why."""
+    if str(source) == "":
+        raise CollectError("the source is empty: give a folder or a .zip file")
+    source = Path(source)
+    if not source.exists():
+        raise CollectError(f"{source} does not exist")
+    if source.is_dir() or zipfile.is_zipfile(source):
+        return source
+    if source.suffix.lower() == ".zip":
+        raise CollectError(f"{source} is not a zip file (it ends in .zip, but its contents are "
+                           "not a zip archive)")
+    raise CollectError(f"{source} is neither a folder nor a .zip file")
+
+
+def compile_pattern(pattern: str) -> re.Pattern:
+    """`pattern` compiled, with the named groups `student` and `day`; else CollectError."""
+    if not pattern:
+        raise CollectError("--pattern is empty: give a regular expression with the named groups "
+                           "'student' and 'day' (or leave --pattern out for the default)")
+    try:
+        compiled = re.compile(pattern)
+    except re.error as err:
+        raise CollectError(f"--pattern {pattern!r} is not a regular expression: {err}") from None
+    missing = [g for g in PATTERN_GROUPS if g not in compiled.groupindex]
+    if missing:
+        raise CollectError(f"--pattern {pattern!r} lacks the named group(s) "
+                           f"{', '.join(missing)}: it needs (?P<student>...) and (?P<day>...)")
+    return compiled
 
 
 @dataclass
@@ -68,15 +109,20 @@ def _store(root: Path, student: str, day: str, files: dict[str, bytes], when: dt
     (target / "timestamp.txt").write_text(_timestamp(when))
 
 
-def collect(source: Path, root: Path, pattern: str = DEFAULT_PATTERN) -> CollectReport:
-    """Import `source` (a folder or a .zip) into `root`/submitted; returns what happened."""
+def collect(source: Path, root: Path, pattern: str | None = None) -> CollectReport:
+    """Import `source` (a folder or a .zip) into `root`/submitted; returns what happened.
+    `pattern`: for a zip only (default DEFAULT_PATTERN). Raises CollectError before importing
+    anything when the source or the pattern cannot be used."""
+    source = check_source(source)
+    if source.is_dir() and pattern is not None:
+        raise CollectError(f"--pattern applies to a .zip source only; {source} is a folder "
+                           "(<student>/<dayNN>/*.ipynb)")
+    compiled = compile_pattern(DEFAULT_PATTERN if pattern is None else pattern)
     known, report = course_days(root), CollectReport()
-    if zipfile.is_zipfile(source):
-        _collect_zip(source, root, re.compile(pattern), known, report)
-    elif source.is_dir():
+    if source.is_dir():
         _collect_folder(source, root, known, report)
     else:
-        raise ValueError(f"source must be a folder or a .zip file, got {source}")
+        _collect_zip(source, root, compiled, known, report)
     return report
 
 
@@ -93,7 +139,8 @@ def _collect_folder(source: Path, root: Path, known: list[str], report: CollectR
             rel = f"{student}/{day_dir.name}"
             day = resolve_day(day_dir.name, known)
             if not STUDENT_ID.match(student):
-                report.unmatched.append((rel, f"{student!r} is not a usable student id"))
+                report.unmatched.append((rel, f"{student!r} is not a usable student id "
+                                              f"({STUDENT_ID_RULE})"))
                 continue
             if day is None:
                 report.unmatched.append((rel, f"{day_dir.name!r} is not a day of this course "
@@ -115,6 +162,8 @@ def _collect_folder(source: Path, root: Path, known: list[str], report: CollectR
 def _collect_zip(source: Path, root: Path, pattern: re.Pattern, known: list[str],
                  report: CollectReport) -> None:
     chosen: dict[tuple[str, str], zipfile.ZipInfo] = {}
+    expected = ("<student>_<dayNN>...ipynb" if pattern.pattern == DEFAULT_PATTERN
+                else repr(pattern.pattern))
     with zipfile.ZipFile(source) as archive:
         for info in archive.infolist():
             if info.is_dir() or "__MACOSX" in info.filename:
@@ -125,7 +174,7 @@ def _collect_zip(source: Path, root: Path, pattern: re.Pattern, known: list[str]
                 report.unmatched.append((info.filename, "not a notebook"))
             elif match is None:
                 report.unmatched.append((info.filename, "file name does not match the pattern "
-                                                        "<student>_<dayNN>...ipynb"))
+                                                        f"{expected}"))
             elif (day := resolve_day(match.group("day"), known)) is None:
                 report.unmatched.append((info.filename, f"{match.group('day')!r} is not a day "
                                                         "of this course"))

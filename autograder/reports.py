@@ -290,9 +290,29 @@ def feedback_html(day: str, student: str, notebook, grades: dict[str, tuple[floa
             + "".join(parts) + "</body></html>")
 
 
+def graded_students(day: str, root: Path, db_url: str | None = None) -> list[str]:
+    """The students write_feedback writes for: those with a submission of `day` in the
+    gradebook and its graded notebook in autograded/."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    api = _api(root, db_url)
+    found = []
+    with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
+        for student in sorted(s.id for s in gb.students):
+            try:
+                gb.find_submission_notebook(day, day, student)
+            except MissingEntry:
+                continue
+            if (root / "autograded" / student / day / f"{day}.ipynb").exists():
+                found.append(student)
+    return found
+
+
 def write_feedback(day: str, root: Path, db_url: str | None = None,
                    students: list[str] | None = None) -> list[Path]:
-    """feedback/<student>/<day>/<day>.html for every graded student of `day`."""
+    """feedback/<student>/<day>/<day>.html for every graded student of `day` (or of
+    `students`); a student without a graded submission is skipped (graded_students lists who
+    has one: the command line names those skipped)."""
     from nbgrader.api import Gradebook, MissingEntry
 
     api = _api(root, db_url)

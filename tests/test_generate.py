@@ -483,6 +483,8 @@ def test_cli_errors(fake_pretrained, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["--prompt", "a", "--device", "cuda"]) == 2
     assert "--device cuda: CUDA is not available here" in capsys.readouterr().err
+    assert main(["--prompt", "a", "--device", "cpu:3"]) == 2   # torch would ignore the index
+    assert "--device cpu:3: the CPU is one device" in capsys.readouterr().err
 
     def missing(device=None):
         raise FileNotFoundError("no checkpoint")
@@ -791,3 +793,67 @@ def test_reply_text_equals_decoding_every_prefix_again():
     for token_id in (0, 1, 2):
         reply.append(token_id)
     assert reply.text == "ABC"
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input at the edges: a huge max_new_tokens, a seed beyond torch's generators
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("max_new_tokens", [9_999_999_999_999, 99_999_999_999_999_999_999_999])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_huge_max_new_tokens_runs_past_the_window_as_the_reference_loop(max_new_tokens,
+                                                                          use_cache):
+    """The loop's id buffer is sized by what a run inside the window can add, not by
+    max_new_tokens (9,999,999,999,999 positions were 80 TB, and 10**23 no tensor size at all),
+    and grows when a run goes on past the window: 30 tokens from a 6-token prompt in a window
+    of 8, greedy with a repetition penalty (which reads the whole history), are those of a
+    plain loop over the last 8 ids, also when generate stops at max_new_tokens = 30."""
+    import itertools
+
+    from tinygpt.sampling import sample_next_token
+
+    model = tiny_gpt(max_seq_len=8)
+    prompt = [1, 2, 3, 4, 5, 6]
+    params = SamplingParams(temperature=0, repetition_penalty=1.3, max_new_tokens=max_new_tokens)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ContextCroppedWarning)
+        events = list(itertools.islice(stream(model, prompt, params, use_cache=use_cache), 30))
+        capped = generate(model, prompt, SamplingParams(temperature=0, repetition_penalty=1.3,
+                                                        max_new_tokens=30), use_cache=use_cache)
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(30):
+            logits = model(torch.tensor([ids[-8:]]))[:, -1]
+            ids.append(sample_next_token(
+                logits, params, prompt_ids=torch.tensor([prompt]),
+                generated_ids=torch.tensor([ids[6:]], dtype=torch.long)).item())
+    assert [event.token_id for event in events] == ids[6:]
+    assert all(event.finish_reason is None for event in events)
+    assert capped.token_ids == ids[6:] and capped.stop_reason == "length"
+
+
+def test_cli_refuses_a_seed_beyond_torch_generators_naming_it(fake_pretrained, capsys):
+    argv = ["--prompt", "a", "--device", "cpu", "--max-new-tokens", "2"]
+    assert main([*argv, "--seed", str(2**64 - 1)]) == 0          # the largest one torch takes
+    capsys.readouterr()
+    for seed in (2**64, 99_999_999_999_999_999_999_999):
+        assert main([*argv, "--seed", str(seed)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.splitlines()) == 1, err
+        assert err.startswith("error: seed must be None or an int in [0, 2**64 - 1]"), err
+
+
+def test_chat_refuses_a_seed_beyond_torch_generators_before_loading(monkeypatch, capsys):
+    import io
+
+    import tinygpt.loading
+    from tinygpt.chat import main as chat_main
+
+    def not_yet(*args, **kwargs):
+        raise AssertionError("the seed is checked before the model is loaded")
+
+    monkeypatch.setattr(tinygpt.loading, "load_model", not_yet)
+    assert chat_main(["--model", "tinygpt", "--seed", "99999999999999999999999"],
+                     stdin=io.StringIO("hi\n"), stdout=io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: seed must be None or an int in [0, 2**64 - 1]"), err

@@ -359,12 +359,13 @@ def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, orde
     request with logits it computed for a whole batch, and gets batch-1 behaviour by design.
     fast_forward: append the constraint's forced() tokens unsampled, so next_logits gets them
     at once (stream's can; so does day 19's Engine, which asks forced() first: tinygpt.engine).
+    The ids are a view of one buffer, sized for what a run inside the window can add (a huge
+    max_new_tokens allocates nothing more) and doubled by a run that goes on past the window.
     """
-    device = prompt.device
     prompt_len = prompt.shape[1]
-    buffer = torch.empty(1, prompt_len + params.max_new_tokens, dtype=torch.long, device=device)
-    buffer[:, :prompt_len] = prompt
-    ids = buffer[:, :prompt_len]     # (1, T + generated so far): a view, no growth by torch.cat
+    room = min(params.max_new_tokens, max(1, max_seq_len - prompt_len + 1))
+    buffer = torch.cat([prompt, prompt.new_empty(1, room)], dim=1)
+    ids = buffer[:, :prompt_len]     # (1, T + generated so far): a view of buffer
     generated: list[int] = []        # every new id
     reply = ReplyText(tokenizer) if tokenizer is not None else None  # (EOS excluded)
     released = ""                    # text already yielded
@@ -396,6 +397,9 @@ def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, orde
         if constraint is not None:
             constraint.advance(token)
         generated.append(token)
+        if ids.shape[1] == buffer.shape[1]:     # full: double it, up to the tokens still to come
+            room = min(ids.shape[1], params.max_new_tokens - len(generated) + 1)
+            buffer = torch.cat([ids, ids.new_empty(1, room)], dim=1)
         buffer[0, ids.shape[1]] = token
         ids = buffer[:, :ids.shape[1] + 1]
 
@@ -440,19 +444,13 @@ def generate(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
     Returns a GenerationResult: the new ids (including a final EOS), the stop reason, and the
     new text when a tokenizer is given (EOS excluded, cut before the stop string).
     """
-    token_ids: list[int] = []
-    pieces: list[str] = []
-    reason = None
-    for event in stream(model, prompt_ids, params, eos_id=eos_id, tokenizer=tokenizer,
-                        generator=generator, order=order, use_cache=use_cache,
-                        compile=compile, constraint=constraint):
-        token_ids.append(event.token_id)
-        if event.text is not None:
-            pieces.append(event.text)
-        reason = event.finish_reason
+    events = list(stream(model, prompt_ids, params, eos_id=eos_id, tokenizer=tokenizer,
+                         generator=generator, order=order, use_cache=use_cache,
+                         compile=compile, constraint=constraint))     # at least one event
     prompt = prepare_prompt(prompt_ids, *model_limits(model))[0].tolist()
-    return GenerationResult(prompt_ids=prompt, token_ids=token_ids, stop_reason=reason,
-                            text="".join(pieces) if tokenizer is not None else None)
+    text = "".join(event.text for event in events) if tokenizer is not None else None
+    return GenerationResult(prompt_ids=prompt, token_ids=[event.token_id for event in events],
+                            stop_reason=events[-1].finish_reason, text=text)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -20,9 +20,11 @@ What `name_or_path` may be:
                           *.safetensors weights and its tokenizer files, read from disk only
                           (tinygpt.hf_models.from_hf converts them)
 
-Names win over folders of the same name. Weights are read from safetensors or GGUF, never from
-pickle, and nothing is downloaded. The server, the chat command, the benchmarks and the
-notebooks all load through `load_model`.
+Names win over folders of the same name; an empty name is refused (it is no folder: Path("")
+would read the current one). Weights are read from safetensors or GGUF, never from pickle, and
+nothing is downloaded. A folder's config.json, weights or tokenizer files that cannot be read
+or parsed are a ValueError naming the file and what is wrong with it. The server, the chat
+command, the benchmarks and the notebooks all load through `load_model`.
 """
 
 from __future__ import annotations
@@ -89,7 +91,10 @@ class HFTokenizer:
 
 def load_hf_folder(path: Path, config: dict, dtype: torch.dtype | None = None):
     """(model, HFTokenizer) from a Hugging Face folder of one of MODEL_TYPES (Llama,
-    Qwen3-MoE, Mixtral, DeepSeek-V3, ...): safetensors weights only."""
+    Qwen3-MoE, Mixtral, DeepSeek-V3, ...): safetensors weights only. A weights file that is no
+    readable safetensors file, a config.json the model cannot be built from, and tokenizer
+    files transformers cannot read are ValueErrors naming the file (or the folder)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     from tinygpt.hf_models import from_hf
@@ -100,14 +105,26 @@ def load_hf_folder(path: Path, config: dict, dtype: torch.dtype | None = None):
                                 f"are loaded: a pickled .bin can run code)")
     state: dict = {}
     for file in files:
-        state.update(load_file(file))
-    model = from_hf(state, config, dtype=dtype).eval()
+        try:
+            state.update(load_file(file))
+        except (SafetensorError, OSError, ValueError) as err:
+            raise ValueError(f"{file} is not a readable safetensors file (truncated or "
+                             f"corrupt?): {err}") from None
+    try:
+        model = from_hf(state, config, dtype=dtype).eval()
+    except ValueError as err:
+        raise ValueError(f"{path / 'config.json'} and the weights give no model: {err}") from None
     try:
         from transformers import AutoTokenizer
     except ImportError as err:
         raise ValueError(f"loading a Hugging Face folder needs transformers for its "
                          f"tokenizer: {err}") from None
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as err:     # a malformed file surfaces as KeyError, TypeError, ...
+        names = sorted(f.name for f in path.glob("tokenizer*")) or "none"
+        raise ValueError(f"{path}: transformers cannot load the tokenizer from its files "
+                         f"({names}): {type(err).__name__}: {err}") from None
     return model, HFTokenizer(tokenizer)
 
 
@@ -142,12 +159,15 @@ def load_model(name_or_path: str | Path | None = None, *, dtype: torch.dtype | N
     module docstring for the forms). dtype: default the weights' own (float32 for GGUF).
     max_seq_len: GGUF only, override the file's context length.
 
-    ValueError naming the allowed forms for anything else; FileNotFoundError for a path that
-    does not exist or a model package that is not installed (with the pip command).
+    ValueError naming the allowed forms for anything else (an empty name too); FileNotFoundError
+    for a path that does not exist or a model package that is not installed (with the pip
+    command); ValueError naming the file for one that cannot be read or parsed.
     """
     if name_or_path is not None and not isinstance(name_or_path, (str, Path)):
         raise TypeError(f"name_or_path must be a str or a Path, got "
                         f"{type(name_or_path).__name__}; allowed: {ALLOWED}")
+    if name_or_path == "":
+        raise ValueError(f"the model name is empty; allowed: {ALLOWED}")
     is_gguf = name_or_path == "smollm2" or str(name_or_path).endswith(".gguf")
     if max_seq_len is not None and not is_gguf:
         raise ValueError(f"max_seq_len can only be set for a GGUF model, not for "
@@ -179,10 +199,17 @@ def load_model(name_or_path: str | Path | None = None, *, dtype: torch.dtype | N
     if not config_path.is_file():
         raise FileNotFoundError(f"{path} has no config.json: not a checkpoint folder "
                                 f"(allowed: {ALLOWED})")
-    config = json.loads(config_path.read_text())
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{config_path} is not valid JSON: {err}") from None
     if isinstance(config, dict) and "model_type" in config:     # a Hugging Face folder
+        model_type = config["model_type"]
+        if not isinstance(model_type, str):
+            raise ValueError(f"{config_path}: model_type must be a string, got {model_type!r}; "
+                             f"allowed: {ALLOWED}")
         try:
-            check_model_type(config["model_type"])
+            check_model_type(model_type)
         except ValueError as err:
             raise ValueError(f"{path}: {err}; allowed: {ALLOWED}") from None
         model, tokenizer = load_hf_folder(path, config, dtype)

@@ -18,9 +18,12 @@ import argparse
 import math
 import os
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tinygpt import flops as F
 from tinygpt.model import ModelConfig
@@ -552,6 +555,34 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def output_path(path: str, option: str, *, plot: bool = False) -> str:
+    """Check a command line's output file before any slow work: `path` is not empty and not a
+    folder, its folder exists (made here when missing: `make bench` writes into bench-results/)
+    and takes a new file, and a plot's extension is one matplotlib's canvas writes (matplotlib
+    would add .png to a name without one). Returns path; a ValueError naming `option`
+    otherwise."""
+    if not path:
+        raise ValueError(f"{option} needs a file path, got an empty one")
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{option} {path} is a folder; give a file path")
+    if plot:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        formats = sorted(FigureCanvasBase.get_supported_filetypes())
+        if target.suffix[1:].lower() not in formats:
+            raise ValueError(f"{option} {path}: the file name must end in one of "
+                             f"{', '.join('.' + name for name in formats)}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=target.parent):
+            pass                      # a file can be written there
+    except OSError as err:
+        raise ValueError(f"{option} {path}: cannot write into the folder {target.parent} "
+                         f"({err.strerror or err})") from None
+    return path
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of `python -m tinygpt roofline`."""
     parser = argparse.ArgumentParser(
@@ -571,13 +602,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="weight dtype (default bf16); int8/int4 compute in bf16")
     parser.add_argument("--kv-dtype", default=None, choices=sorted(F.DTYPE_BITS),
                         help="KV-cache dtype (default: --dtype)")
-    parser.add_argument("--plot", default=None, metavar="PATH", help="save a roofline plot")
+    parser.add_argument("--plot", default=None, metavar="PATH",
+                        help="save a roofline plot (.png, .pdf, .svg, ...)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m tinygpt roofline ...`: print the roofline table; see build_parser()."""
+    """`python -m tinygpt roofline ...`: print the roofline table; see build_parser(). A bad
+    --plot path is one `error: ...` line (exit 2), before --hardware local measures."""
     args = build_parser().parse_args(argv)
+    if args.plot is not None:
+        try:
+            output_path(args.plot, "--plot", plot=True)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     cfg = F.PRESETS[args.model]
     compute = _compute_dtype(args.dtype, None)
     if args.hardware == "local":
@@ -621,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{_si(est.bytes, 'B'):>10} {est.intensity:>9.1f}  {est.bound:<7} "
                   f"{_si(est.seconds, 's'):>9} {rate:>9}  {memory}".rstrip())
             points.append(est)
-    if args.plot:
+    if args.plot is not None:
         fig = plot_roofline([hw], points, dtype=compute)
         fig.savefig(args.plot, dpi=120, bbox_inches="tight")
         print(f"\nwrote {args.plot}")

@@ -28,6 +28,9 @@ reads llama.cpp's greedy tokens and picks the same next token at that many posit
 Q4_1: >= 97%); the long row prints the greedy tokens that agree, the engine rows the requests.
 A row's ratio is the median of the rounds' own ratios; the tokens/s printed beside it are each
 engine's median over the rounds, so the ratio need not equal their quotient.
+
+The command line checks every argument (check_args) before it looks for llama-cpp-python: a bad
+one is a single `error: ...` line naming the option and its allowed values (exit 2).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from tinygpt.model import TinyGPT
 from tinygpt.roofline import measure_copy_bandwidth
 from tinygpt.sampling import SamplingParams
 
+FORMATS = ("F32", "F16", "Q8_0", "Q4_1")      # the GGUF formats main measures, in its order
 TARGETS = {"F32": 0.8, "Q8_0": 0.8, "Q4_1": 0.7}
 AGREEMENT_TARGETS = {"Q4_1": 0.97}      # teacher-forced, with llama.cpp on the same blocks
 ENGINE_TARGET = 1.0        # the Engine's tokens/s over llama.cpp F32 with every sequence batched
@@ -354,13 +358,76 @@ def teacher_forced(model: TinyGPT, prompt: list[int], tokens: list[int]) -> int:
     return same
 
 
+def parse_formats(text: str) -> list[str]:
+    """--formats "F32,Q8_0" -> ["F32", "Q8_0"]: distinct names from FORMATS, else a ValueError
+    naming the option and the allowed values."""
+    formats = text.split(",")
+    if any(f not in FORMATS for f in formats) or len(set(formats)) < len(formats):
+        raise ValueError(f"--formats must be distinct names from {','.join(FORMATS)}, "
+                         f"comma-separated; got {text!r}")
+    return formats
+
+
+def parse_long_requests(text: str) -> list[int]:
+    """--long-requests "4,16" -> [4, 16]: each an int >= 1, else a ValueError naming it."""
+    try:
+        counts = [int(n) for n in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--long-requests must be comma-separated ints >= 1, as 4,16; "
+                         f"got {text!r}")
+    return counts
+
+
+def check_args(args: argparse.Namespace, max_seq_len: int) -> tuple[list[str], list[int]]:
+    """Every argument, before the install check and any work: counts >= 1 (>= 0 where the
+    help says 0 turns a row off), known formats, and each row's longest prompt + new tokens
+    + 1 within the model's `max_seq_len` positions. Returns (the formats, the engine-long
+    request counts); a ValueError naming the option and its allowed values otherwise."""
+    import tinygpt
+
+    for name, value, least in (("--tokens", args.tokens, 1), ("--rounds", args.rounds, 1),
+                               ("--engine-requests", args.engine_requests, 0),
+                               ("--engine-tokens", args.engine_tokens, 1),
+                               ("--long-prompts", args.long_prompts, 0),
+                               ("--long-context", args.long_context, 0)):
+        if value < least:
+            off = " (0: no such rows)" if least == 0 else ""
+            raise ValueError(f"{name} must be an int >= {least}{off}, got {value}")
+    tinygpt.thread_count(args.threads, "--threads")
+    formats, long_requests = parse_formats(args.formats), parse_long_requests(args.long_requests)
+    longest = [(f"--tokens {args.tokens}", PROMPT_LEN, args.tokens)]   # (options, prompt, new)
+    if args.long_context:
+        longest.append((f"--long-context {args.long_context} + --tokens {args.tokens}",
+                        args.long_context, args.tokens))
+    if args.engine_requests:
+        longest.append((f"--engine-requests {args.engine_requests} + --engine-tokens "
+                        f"{args.engine_tokens}", PROMPT_LEN + args.engine_requests - 1,
+                        args.engine_tokens))
+    if args.long_prompts:
+        longest.append((f"--long-prompts {args.long_prompts} + --long-requests "
+                        f"{args.long_requests}", args.long_prompts + max(long_requests) - 1,
+                        LONG_PROMPT_TOKENS))
+    for options, prompt, new in longest:
+        if prompt + new + 1 > max_seq_len:
+            raise ValueError(f"{options}: the longest request's {prompt}-token prompt + {new} "
+                             f"new tokens + 1 exceeds the model's {max_seq_len} positions")
+    return formats, long_requests
+
+
 def main(argv: list[str] | None = None) -> int:
+    """`python -m tinygpt.bench.llamacpp [--formats F32,Q8_0] [--tokens N] ...`: the table of
+    the module docstring. A bad argument is one `error: ...` line (exit 2), checked before
+    llama-cpp-python's install check (check_args)."""
     parser = argparse.ArgumentParser(prog="python -m tinygpt.bench.llamacpp",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per run (64)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (3)")
     parser.add_argument("--threads", type=int, default=2, help="threads for both (2)")
-    parser.add_argument("--formats", default="F32,F16,Q8_0,Q4_1")
+    parser.add_argument("--formats", default=",".join(FORMATS),
+                        help=f"comma-separated, from {','.join(FORMATS)} (all; the engine and "
+                             f"long rows need F32)")
     parser.add_argument("--engine-requests", type=int, default=16,
                         help="concurrent requests of the engine row (16; 0: no engine row)")
     parser.add_argument("--engine-tokens", type=int, default=128,
@@ -372,11 +439,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-context", type=int, default=1920,
                         help="prompt tokens of the long-context F32 row (1920; 0: no such row; "
                              "with --tokens at most the model's 2048 positions)")
-    args = parser.parse_args(argv)
     cfg = smollm2_config()
-    if args.long_context + args.tokens + 1 > cfg.max_seq_len:
-        parser.error(f"--long-context {args.long_context} + --tokens {args.tokens} + 1 exceeds the "
-                     f"model's {cfg.max_seq_len} positions")
+    try:
+        args = parser.parse_args(argv)
+        formats, long_requests = check_args(args, cfg.max_seq_len)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if "F32" not in formats and (args.engine_requests or args.long_prompts
+                                 or args.long_context):
+        print("note: the engine, engine-long and long-context rows run on the F32 file; "
+              "without F32 in --formats none of them runs", file=sys.stderr)
     if (why := unavailable()) is not None:
         print(f"error: {why}; pip install llama-cpp-python==0.3.36 gguf (compiles llama.cpp, "
               f"about 25 minutes)", file=sys.stderr)
@@ -385,7 +460,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     model = TinyGPT(cfg, seed=0).eval()
     prompt = random_prompt(PROMPT_LEN, cfg.vocab_size, 0)
-    formats = args.formats.split(",")
     rows: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         engines = {}
@@ -399,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
                 mine = TinyGPT(cfg, seed=0).to(torch.bfloat16).eval()
             elif fmt == "Q8_0":
                 mine = cpu_kernels.q8_0_model(model)
-            else:
+            else:                                   # Q4_1, the last of FORMATS
                 mine = cpu_kernels.q4_1_model(model, q4_1_blocks(path, model))
             # logits_all: llama-cpp-python 0.3.36 leaves `scores` at zero without it (every
             # greedy token read back was token 0); decode evaluates one token either way
@@ -436,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
                                      args.engine_tokens, args.threads, args.rounds)
         long_engine = {}
         if "F32" in formats and args.long_prompts > 0:
-            for n in (int(n) for n in args.long_requests.split(",") if n):
+            for n in long_requests:
                 print(f"the engine and llama.cpp, {n} requests of {args.long_prompts}-token "
                       f"prompts ...", file=sys.stderr, flush=True)
                 prompts = [random_prompt(args.long_prompts + i, cfg.vocab_size, 10 + i)

@@ -13,6 +13,11 @@ follows the offered rate until the server saturates, then falls away from it.
 
 Prompts are token ids below 256 (byte tokens every byte-level BPE vocabulary has) and requests
 ask for `ignore_eos`, so each produces exactly its drawn output length.
+
+The command line checks every argument before the first request (the URL's scheme and host,
+the rates, the counts, the SLOs, the output files) and refuses a bad one with a single
+`error: ...` line (exit 2); a server it cannot reach is one `error: cannot reach ...` line
+(exit 1).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import signal
@@ -27,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -224,40 +231,101 @@ def format_reports(reports: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m tinygpt bench serve --url URL [--rates 1,2,4] [--requests N] ...`"""
+def check_url(url: str) -> str:
+    """`url` when it is an http:// or https:// address with a host (and a valid port, if any);
+    a ValueError naming --url otherwise."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:                  # a port that is not a number in 0 .. 65535
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise ValueError(f"--url must be an http:// or https:// address with a host, as "
+                         f"http://127.0.0.1:8000; got {url!r}")
+    return url
+
+
+def parse_rates(text: str) -> list[float]:
+    """--rates "1,2,4" -> [1.0, 2.0, 4.0]; each rate a finite number > 0 (a ValueError naming
+    --rates otherwise)."""
+    try:
+        rates = [float(r) for r in text.split(",")]
+    except ValueError:
+        rates = []
+    if not rates or not all(r > 0 and math.isfinite(r) for r in rates):
+        raise ValueError(f"--rates must be comma-separated request rates per second, each a "
+                         f"finite number > 0, as 1,2,4; got {text!r}")
+    return rates
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of `python -m tinygpt bench serve`."""
     parser = argparse.ArgumentParser(prog="python -m tinygpt bench serve",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--url", required=True,
+                        help="the server, an http:// or https:// address, e.g. "
+                             "http://127.0.0.1:8000")
     parser.add_argument("--rates", default="1,2,4", help="offered rates, requests/s (1,2,4)")
     parser.add_argument("--requests", type=int, default=32, help="requests per rate (32)")
     parser.add_argument("--ttft-slo", type=float, default=1.0, help="TTFT SLO in s (1.0)")
     parser.add_argument("--tpot-slo", type=float, default=0.1, help="TPOT SLO in s (0.1)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, default=None, help="write the reports as JSON")
-    parser.add_argument("--plot", type=Path, default=None, help="save goodput vs rate (PNG)")
+    parser.add_argument("--json", metavar="PATH", default=None, help="write the reports as JSON")
+    parser.add_argument("--plot", metavar="PATH", default=None,
+                        help="save goodput vs rate (.png, .pdf, .svg, ...)")
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> list[float]:
+    """Every argument, before any request is sent; returns the rates. A ValueError naming the
+    option and its allowed values otherwise."""
+    from tinygpt.roofline import output_path
+
+    check_url(args.url)
+    rates = parse_rates(args.rates)
+    if args.requests < 1:
+        raise ValueError(f"--requests must be an int >= 1, got {args.requests}")
+    for name, value in (("--ttft-slo", args.ttft_slo), ("--tpot-slo", args.tpot_slo)):
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"{name} must be a finite number of seconds > 0, got {value}")
+    if args.json is not None:
+        output_path(args.json, "--json")
+    if args.plot is not None:
+        output_path(args.plot, "--plot", plot=True)
+    return rates
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tinygpt bench serve --url URL [--rates 1,2,4] [--requests N] ...`; see
+    build_parser(). Bad arguments exit with 2, a server that cannot be reached (or does not
+    answer GET /v1/models) with 1, each with one `error: ...` line."""
+    import httpx
+
     try:
-        args = parser.parse_args(argv)
-        rates = [float(r) for r in args.rates.split(",")]
-        for rate in rates:
-            plan_requests(1, rate)                # validates
-        plan_requests(args.requests, 1.0)
+        args = build_parser().parse_args(argv)
+        rates = check_args(args)
     except SystemExit as exit_:
         return int(exit_.code or 0)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     reports = []
-    for rate in rates:
-        print(f"rate {rate:g}/s: {args.requests} requests ...", file=sys.stderr, flush=True)
-        reports.append(run_load(args.url, rate, args.requests, ttft_slo=args.ttft_slo,
-                                tpot_slo=args.tpot_slo, seed=args.seed))
+    try:
+        for rate in rates:
+            print(f"rate {rate:g}/s: {args.requests} requests ...", file=sys.stderr, flush=True)
+            reports.append(run_load(args.url, rate, args.requests, ttft_slo=args.ttft_slo,
+                                    tpot_slo=args.tpot_slo, seed=args.seed))
+    except httpx.TransportError as err:
+        print(f"error: cannot reach {args.url}: {err}", file=sys.stderr)
+        return 1
+    except httpx.HTTPStatusError as err:
+        print(f"error: {args.url} answered GET /v1/models with HTTP "
+              f"{err.response.status_code}; is it `python -m tinygpt serve`?", file=sys.stderr)
+        return 1
     print(format_reports(reports))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(reports, indent=1))
-    if args.plot:
-        args.plot.parent.mkdir(parents=True, exist_ok=True)
+    if args.json is not None:
+        Path(args.json).write_text(json.dumps(reports, indent=1))
+    if args.plot is not None:
         plot_goodput(reports).savefig(args.plot, dpi=120, bbox_inches="tight")
     return 0 if all(not r["failed"] for r in reports) else 1
 
