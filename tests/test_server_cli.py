@@ -9,7 +9,6 @@ import asyncio
 import os
 import re
 import select
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 
 import tinygpt
 import tinygpt.loading
+from tinygpt.bench.load import stop_server
 from tinygpt.server import cli
 
 
@@ -131,12 +131,7 @@ def test_port_0_announces_the_real_port_and_a_port_in_use_is_exit_1(no_model, ca
         err = refused(["--port", str(port)], capsys, code=1)
         assert err.startswith(f"error: --port {port}: Address already in use")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
         proc.stderr.close()
 
 

@@ -189,14 +189,19 @@ def running_server(*args: str, timeout: float = 120.0, env: dict | None = None,
             time.sleep(0.2)
         yield url, proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_server(proc)
         out.close()
+
+
+def stop_server(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM to a server process (it finishes its requests), then kill after grace_s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def plot_goodput(reports: list[dict]):
