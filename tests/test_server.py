@@ -693,7 +693,10 @@ def test_a_whole_response_is_built_off_the_event_loop(random_model, monkeypatch)
         body = {"model": "tinygpt", "prompt": "The cat", "max_tokens": 2, "echo": True,
                 "logprobs": 2, "n": 2, "seed": 1}
         whole = asyncio.create_task(app.client.post("/v1/completions", json=body))
+        deadline = time.perf_counter() + 60
         while not building.is_set():
+            assert not whole.done(), f"the request ended unbuilt: {whole.result().text[:300]}"
+            assert time.perf_counter() < deadline, "the response was not built within 60 s"
             await asyncio.sleep(0.005)
         sent = time.perf_counter()
         health = await app.client.get("/health")
