@@ -1,7 +1,8 @@
 """The course's command line for instructors and maintainers: python -m autograder COMMAND.
 
 An instructor's term, in order (every command takes --root, the course folder, default: this
-repository, and --db, a gradebook URL, default: sqlite:///<root>/gradebook.db):
+repository; those that use the gradebook, release, grade, export and feedback, take --db, its
+URL, default: sqlite:///<root>/gradebook.db; the others refuse it):
 
     release [DAY ...]           generate course/ from solutions/, record it in the gradebook
     collect SOURCE              import submissions: a folder <student>/<dayNN>/*.ipynb or an
@@ -165,21 +166,24 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--root", default=str(REPO_ROOT),
                         help="course folder with solutions/ and course/ (default: this repo)")
-    common.add_argument("--db", default=None,
-                        help="gradebook URL, e.g. postgresql://user@/tinygpt?host=/run/pg "
-                             "(default: sqlite:///<root>/gradebook.db)")
+    # Only the commands that open the gradebook take --db: elsewhere it would be ignored.
+    gradebook = argparse.ArgumentParser(add_help=False, parents=[common])
+    gradebook.add_argument("--db", default=None,
+                           help="gradebook URL, e.g. postgresql://user@/tinygpt?host=/run/pg "
+                                "(default: sqlite:///<root>/gradebook.db)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("days", parents=[common], help="list the days")
-    for name, help_ in [("release", "generate course/ from solutions/ and record it"),
-                        ("execute", "run solution notebooks in place")]:
-        p = sub.add_parser(name, parents=[common], help=help_)
+    for name, help_, parent in [
+            ("release", "generate course/ from solutions/ and record it", gradebook),
+            ("execute", "run solution notebooks in place", common)]:
+        p = sub.add_parser(name, parents=[parent], help=help_)
         p.add_argument("days", nargs="*", help="day ids such as day01_logits (default: all)")
     p = sub.add_parser("collect", parents=[common], help="import submissions")
     p.add_argument("source", help="a folder <student>/<dayNN>/ or a .zip")
     p.add_argument("--pattern", default=None,
                    help="regex with groups 'student' and 'day' for zip file names (a .zip "
                         "source only)")
-    p = sub.add_parser("grade", parents=[common], help="autograde a day")
+    p = sub.add_parser("grade", parents=[gradebook], help="autograde a day")
     p.add_argument("day")
     p.add_argument("--student", action="append", help="only these students (repeatable)")
     p.add_argument("--workers", type=_count, default=os.cpu_count(),
@@ -202,17 +206,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write the results as JSON here")
     p.add_argument("--by-exercise", action="store_true",
                    help="show a column per exercise in the summary")
-    p = sub.add_parser("export", parents=[common], help="grades to CSV")
+    p = sub.add_parser("export", parents=[gradebook], help="grades to CSV")
     p.add_argument("csv", nargs="?", default="grades.csv")
     p = sub.add_parser("mutants", parents=[common],
                        help="mutation testing: grade single-point mutants of the answer cells "
-                            "of <root>/solutions (no gradebook: --db is not used)")
+                            "of <root>/solutions (no gradebook)")
     p.add_argument("days", nargs="*", help="day ids such as day07_sampling (default: all)")
     p.add_argument("--sample", type=_count, default=None,
                    help="grade only this many mutants per day, >= 1 (the seeded sample make "
                         "test uses; default: all)")
     p.add_argument("--no-diff", action="store_true", help="list survivors without their diffs")
-    p = sub.add_parser("feedback", parents=[common], help="per-student HTML feedback")
+    p = sub.add_parser("feedback", parents=[gradebook], help="per-student HTML feedback")
     p.add_argument("day")
     p.add_argument("--student", action="append", help="only these students (repeatable)")
     return parser
@@ -299,8 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except SQLAlchemyError as err:
-        print(f"error: the gradebook ({args.db or 'sqlite:///<root>/gradebook.db'}) failed: "
-              f"{str(err).strip().splitlines()[0]}", file=sys.stderr)
+        url = getattr(args, "db", None) or "sqlite:///<root>/gradebook.db"
+        print(f"error: the gradebook ({url}) failed: {str(err).strip().splitlines()[0]}",
+              file=sys.stderr)
         return 1
 
 

@@ -190,6 +190,16 @@ def test_db_is_checked_before_any_work(capsys, root, no_grading, command, db, wh
     assert not Path("g.csv").exists()
 
 
+@pytest.mark.parametrize("command", [["days"], ["execute", DAY], ["collect", "x.zip"],
+                                     ["mutants", DAY]])
+def test_db_is_refused_where_no_gradebook_is_used(capsys, root, command):
+    # Accepted there, it was silently ignored: an instructor would think it chose the gradebook.
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--root", str(root), "--db", "sqlite:////tmp/other.db"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "unrecognized arguments: --db" in err, err
+
+
 def test_a_gradebook_that_fails_later_is_one_error_line(capsys, tmp_path, root):
     broken = tmp_path / "broken.db"
     broken.write_text("this is not an SQLite database " * 100)

@@ -243,7 +243,7 @@ def test_term_against_postgresql(tmp_path):
             if case.student in ("control-full", "corrupt-json"):
                 case.build(export / case.student / DAY, {})
         cli(root, "release", DAY, db=db)
-        cli(root, "collect", str(export), db=db)
+        cli(root, "collect", str(export))  # collect writes submitted/, not the gradebook
         cli(root, "grade", DAY, *LIMITS, "--json", str(tmp_path / "r.json"), db=db)
         scores = {r["student"]: r["score"] for r in json.loads((tmp_path / "r.json").read_text())}
         assert scores == {"control-full": 13.0, "corrupt-json": 0.0}
