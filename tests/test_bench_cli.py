@@ -100,6 +100,12 @@ def test_bench_list_checks_and_follows_only(capsys):
     assert [line.split()[0] for line in listed] == ["kv_cache"]
 
 
+def test_bench_list_refuses_the_flags_of_a_run(capsys, tmp_path):
+    out = tmp_path / "r.json"
+    err = refused(capsys, cli.main(["--list", "--json", str(out), "--quick"]), "--list")
+    assert "--quick, --json would do nothing" in err and not out.exists()
+
+
 @pytest.mark.parametrize("argv,option", [
     (["--seed", "-5"], "--seed"),
     (["--seed", str(2**64)], "--seed"),

@@ -1,10 +1,11 @@
 """`python -m tinygpt bench`: the command line over run_bench, the table and the JSON report.
 
-Every argument is checked before the first measurement, each bad one a single `error: ...`
-line (exit 2): --threads, --seed, the SLOs, the --only groups (with --list too), the device,
-and the output files (tinygpt.roofline.output_path: --json and --plot name a file whose folder
-exists or can be made, a plot's extension is one matplotlib writes). --plot draws the
-timeline of one streamed request, so it needs the "requests" rows.
+Every argument is checked before the first measurement, each bad one a single `error: ...` line
+(exit 2): --threads, --seed, the SLOs, the --only groups (with --list too; a flag of a run
+beside --list is refused rather than ignored), the device, and the output files
+(tinygpt.roofline.output_path: --json and --plot name a file whose folder exists or can be
+made, a plot's extension is one matplotlib writes). --plot draws the timeline of one streamed
+request, so it needs the "requests" rows.
 """
 
 from __future__ import annotations
@@ -77,6 +78,16 @@ def check_args(args: argparse.Namespace) -> None:
         output_path(args.plot, "--plot", plot=True)
 
 
+def check_list_alone(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """--list runs nothing: a flag of a run beside it (--json, --quick, ...) would be ignored,
+    so it is a ValueError naming the flags; --only chooses what is listed."""
+    ignored = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()
+               if name not in ("list", "only") and value != parser.get_default(name)]
+    if ignored:
+        raise ValueError(f"--list only lists the row groups (with --only, the chosen ones): "
+                         f"{', '.join(ignored)} would do nothing; drop --list to run")
+
+
 def list_groups(only: list[str] | None) -> None:
     """Print the row groups, or only those named in `only` (an unknown name is a ValueError,
     raised before anything is printed, as a run raises it), one a line."""
@@ -94,14 +105,16 @@ def main(argv: list[str] | None = None) -> int:
         from tinygpt.bench.load import main as load_main
 
         return load_main(argv[1:])
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
     import tinygpt
 
     try:
         if args.list:
+            check_list_alone(args, parser)
             list_groups(args.only)
             return 0
         device = tinygpt.usable_device(args.device)
