@@ -1,9 +1,9 @@
-"""HTTP at the server's edge, through real sockets: a client that leaves in the middle of its
-body and a malformed chunked body (no traceback in the log, no 500 in /metrics, the server
-keeps serving), Content-Type and Content-Encoding (415), header blocks at the 64 KiB bound
-(431), a request line h11 cannot parse (a JSON 400), and /v1/models/{id} for an unknown model.
-One server process for the module, its log in a file the tests read; plus an app in process
-for the count of a 500."""
+"""HTTP at the server's edge, through real sockets: a client that leaves in the middle of its body
+and a malformed chunked body (no traceback in the log, no 500 in /metrics, the server keeps
+serving), Content-Type and Content-Encoding (415), header blocks at the 64 KiB bound (431), a
+request line h11 cannot parse (a JSON 400; both counted in /metrics), and /v1/models/{id} for
+an unknown model. One server process for the module, its log in a file the tests read; plus an
+app in process for the count of a 500."""
 
 from __future__ import annotations
 
@@ -117,8 +117,10 @@ def test_a_malformed_chunked_body_is_a_json_400(served, pause):
 
 def test_a_request_line_h11_cannot_parse_is_a_json_400(served):
     url, log = served
+    before = counted(url, "other").get("400", 0)
     status, error = json_error(exchange(url, b"GET /health HTTP/1.1\r\nno colon here\r\n\r\n"))
     assert status == "HTTP/1.1 400 Bad Request" and "not valid HTTP" in error["message"], error
+    assert counted(url, "other").get("400", 0) == before + 1    # answered before the app
     assert_still_serving(url, log)
 
 
@@ -173,6 +175,7 @@ def test_header_blocks_up_to_64_kib_are_served_and_longer_ones_are_a_431(served)
     assert len(at_bound) == MAX_HEADER_BYTES
     assert exchange(url, at_bound).startswith(b"HTTP/1.1 200 OK")
     over = header_block(MAX_HEADER_BYTES + 1)
+    before = counted(url, "other").get("431", 0)
     for what, parts in (("one byte over, in one write", (over,)),
                         ("one byte over, in two writes", (over[:40_000], over[40_000:])),
                         ("200 KB", (header_block(200_000),)),
@@ -181,6 +184,7 @@ def test_header_blocks_up_to_64_kib_are_served_and_longer_ones_are_a_431(served)
         status, error = json_error(answer)
         assert status == "HTTP/1.1 431 Request Header Fields Too Large", (what, answer[:300])
         assert str(MAX_HEADER_BYTES) in error["message"], (what, error)
+    assert counted(url, "other").get("431", 0) == before + 4    # answered before the app
     assert_still_serving(url, log)
 
 

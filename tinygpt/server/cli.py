@@ -303,9 +303,14 @@ def serve(args: argparse.Namespace, device, sock: socket.socket) -> int:
                      max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout,
                      model_id=info.model_id, eos_ids=info.eos_ids,
                      end_of_turn_ids=info.end_of_turn_ids)
+
+    def refused(status: int) -> None:        # answered by the protocol, before the app
+        app.state.served.metrics.count("other", status)
+
+    protocol = guarded_h11(args.header_timeout, on_refused=refused)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                             timeout_graceful_shutdown=round(args.grace) + 5,
-                            loop="asyncio", http=guarded_h11(args.header_timeout),
+                            loop="asyncio", http=protocol,
                             timeout_keep_alive=KEEP_ALIVE_S)
 
     class Server(uvicorn.Server):

@@ -16,7 +16,9 @@ answered with the server's JSON error body, not uvicorn's plain text: a malforme
 with a 400 from the endpoint reading it (read_body), anything else with a 400 from the protocol
 itself, which then (as after a 431) reads and drops what the client still sends for up to
 LINGER_S seconds before it closes: a socket closed with bytes unread sends a reset, which can
-destroy the answer before the client reads it. uvicorn itself closes idle keep-alive
+destroy the answer before the client reads it. Those answers never reach the app, so its
+middleware cannot count them: the protocol reports each one (on_refused, which cli.serve points
+at /metrics, where they count under the path "other"). uvicorn itself closes idle keep-alive
 connections after KEEP_ALIVE_S (cli.main sets it)."""
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import http
 import json
 import logging
 import re
+from collections.abc import Callable
 
 import h11
 from starlette.requests import ClientDisconnect
@@ -164,11 +167,13 @@ def error_events(status: int, message: str, default_headers: list) -> list:
             h11.Data(data=body), h11.EndOfMessage()]
 
 
-def guarded_h11(header_timeout: float, max_header_bytes: int = MAX_HEADER_BYTES):
+def guarded_h11(header_timeout: float, max_header_bytes: int = MAX_HEADER_BYTES,
+                on_refused: Callable[[int], None] = lambda status: None):
     """uvicorn's h11 protocol, with the header timer, the exact header limit (LimitedConnection)
-    and JSON answers to HTTP that h11 cannot parse. uvicorn itself times out only idle keep-alive
-    connections, so a client that sends its headers a byte at a time would hold its connection
-    forever; and it answers a protocol error with a text/plain 400 and closes at once."""
+    and JSON answers to HTTP that h11 cannot parse, each reported by status to on_refused.
+    uvicorn itself times out only idle keep-alive connections, so a client that sends its
+    headers a byte at a time would hold its connection forever; and it answers a protocol error
+    with a text/plain 400 and closes at once."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class GuardedH11(H11Protocol):
@@ -224,6 +229,7 @@ def guarded_h11(header_timeout: float, max_header_bytes: int = MAX_HEADER_BYTES)
                     f"the request is not valid HTTP/1.1 ({error})"
                 for event in error_events(status, message, self.server_state.default_headers):
                     self.transport.write(self.conn.send(event))
+                on_refused(status)
             self._linger()
 
         def _linger(self) -> None:
