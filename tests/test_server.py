@@ -708,3 +708,48 @@ def test_a_whole_response_is_built_off_the_event_loop(random_model, monkeypatch)
     assert health.status_code == 200
     assert took < 0.1 and left > 0, (f"/health took {took:.3f} s and was answered "
                                      f"{-left:.3f} s after the response was built")
+
+
+def test_a_stream_s_echoed_prompt_is_built_off_the_event_loop(random_model, monkeypatch):
+    """The same for a stream: its echoed prompt with logprobs (up to 2^18 entries) was built
+    and serialized on the event loop. The building is made slow (0.5 s, sleeping): /health
+    must be answered within 100 ms meanwhile."""
+    import asyncio
+    import threading
+
+    from tinygpt.server import responses
+
+    app, _, _ = random_model
+    building, timeline = threading.Event(), {}
+    prompt_part = responses.Choice.prompt_part
+
+    def slow_prompt_part(self):
+        building.set()
+        time.sleep(0.5)
+        timeline["built"] = time.perf_counter()
+        return prompt_part(self)
+
+    monkeypatch.setattr(responses.Choice, "prompt_part", slow_prompt_part)
+
+    async def scenario():
+        body = {"model": "tinygpt", "prompt": "The cat", "max_tokens": 2, "echo": True,
+                "logprobs": 2, "seed": 1, "stream": True}
+        streamed = asyncio.create_task(app.client.post("/v1/completions", json=body))
+        deadline = time.perf_counter() + 60
+        while not building.is_set():
+            assert not streamed.done(), f"the stream ended unbuilt: {streamed.result().text[:300]}"
+            assert time.perf_counter() < deadline, "the echo was not built within 60 s"
+            await asyncio.sleep(0.005)
+        sent = time.perf_counter()
+        health = await app.client.get("/health")
+        answered = time.perf_counter()
+        return await streamed, health, answered - sent, timeline["built"] - answered
+
+    streamed, health, took, left = app.loop.run_until_complete(scenario())
+    frames = [json.loads(line[6:]) for line in streamed.text.splitlines()
+              if line.startswith("data: {")]
+    assert streamed.status_code == 200 and frames[0]["choices"][0]["text"] == "The cat"
+    assert frames[0]["choices"][0]["logprobs"]["tokens"], frames[0]
+    assert health.status_code == 200
+    assert took < 0.1 and left > 0, (f"/health took {took:.3f} s and was answered "
+                                     f"{-left:.3f} s after the echo was built")

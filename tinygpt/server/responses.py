@@ -6,7 +6,8 @@ response with an OpenAI error body (before the 200 when it is not streamed; stre
 event followed by "data: [DONE]", as vLLM's, so that clients waiting for it end). A whole
 response is gathered on the event loop, then built and serialized on a worker thread
 (`answer`): echo with logprobs makes megabytes of JSON (37 MB held /health back a second
-when it was built on the loop), and the loop keeps serving the other requests meanwhile.
+when it was built on the loop), and the loop keeps serving the other requests meanwhile; a
+stream's echoed prompt is built on a worker thread too (`events`).
 
 A token's text is its own decode, so a byte token of a character cut in pieces shows as U+FFFD;
 its `bytes` (chat) are its own bytes (`token_bytes`), and its text_offset is the number of
@@ -262,6 +263,13 @@ async def events(job: Job, requests: list, ident: str, stamp: int, prompts: Prom
         return {"index": choice.index, "text": text, "logprobs": choice.take(),
                 "finish_reason": finish}
 
+    def echo_frame(choice: Choice) -> str:
+        """The prompt's text (and logprobs) before a choice's first token: with logprobs,
+        megabytes of JSON, so built on a worker thread as a whole response is."""
+        head, head_logprobs = choice.prompt_part()
+        return frame({"index": choice.index, "text": head, "logprobs": head_logprobs,
+                      "finish_reason": None})
+
     def call_deltas(choice: Choice, calls: list[dict]):
         """A reply's calls as OpenAI streams them: each call's id and name, then its
         arguments."""
@@ -312,9 +320,7 @@ async def events(job: Job, requests: list, ident: str, stamp: int, prompts: Prom
                 yield "data: [DONE]\n\n"
                 return
             if job.echo and not choice.started:     # prompt logprobs are known now
-                head, head_logprobs = choice.prompt_part()
-                yield frame({"index": choice.index, "text": head, "logprobs": head_logprobs,
-                             "finish_reason": None})
+                yield await asyncio.to_thread(echo_frame, choice)
             choice.started = True
             choice.add(event)
             text = "" if job.score_only else event.text
