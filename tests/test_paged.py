@@ -40,6 +40,28 @@ def test_the_allocator_counts_references_and_refuses_misuse():
     assert (err.value.needed, err.value.free) == (3, 2)
     with pytest.raises(ValueError, match="num_blocks"):
         BlockAllocator(0)
+    # negative ids indexed the reference counts from the end; a negative count allocated nothing
+    in_use = alloc.refcount.copy()
+    for bad in (-1, 3):
+        for method in (alloc.share, alloc.release):
+            with pytest.raises(ValueError, match="block must be a block id in 0 .. 2"):
+                method(bad)
+    with pytest.raises(ValueError, match="n must be an int >= 0"):
+        alloc.allocate(-2)
+    assert alloc.refcount == in_use and alloc.num_free == 2
+
+
+def test_positions_and_counts_below_zero_are_refused():
+    # a negative start wrote into the table's last block (Python's negative indexing)
+    cache = PagedKVCache(1, 1, 2, num_blocks=4, block_size=2, max_len=8)
+    cache.add("a")
+    cache.reserve("a", 4)
+    before = cache.k.clone()
+    with pytest.raises(ValueError, match="start and n must be >= 0"):
+        cache.write(0, "a", torch.full((1, 1, 2), 7.0), torch.full((1, 1, 2), 7.0), start=-1)
+    assert torch.equal(cache.k, before)
+    with pytest.raises(ValueError, match="max_blocks must be an int >= 0"):
+        cache.match([1, 2, 3, 4], max_blocks=-1)
 
 
 def test_blocks_are_taken_only_as_sequences_grow_and_given_back_when_they_end():

@@ -64,6 +64,12 @@ def _positive(name: str, value) -> int:
     return value
 
 
+def _count(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return value
+
+
 DROPPED = -1        # a block table entry released by PagedKVCache.drop_out_of_window (day 21)
 
 
@@ -91,7 +97,7 @@ class BlockAllocator:
     def allocate(self, n: int = 1) -> list[int]:
         """n fresh blocks (reference count 1 each): free ones first, then the least recently
         used parked ones (their keys are forgotten); OutOfBlocks if fewer are free."""
-        if n > self.num_free:
+        if _count("n", n) > self.num_free:
             raise OutOfBlocks(n, self.num_free)
         blocks = []
         for _ in range(n):
@@ -108,15 +114,23 @@ class BlockAllocator:
     def share(self, block: int) -> None:
         """One more reference to a block in use (a forked sequence), or to a parked block
         found again by its key (it leaves the parked list)."""
+        self._check_block(block)
         if self.refcount[block] < 1:
             if block not in self.parked:
                 raise ValueError(f"block {block} is free: only a block in use can be shared")
             del self.parked[block]
         self.refcount[block] += 1
 
+    def _check_block(self, block: int) -> None:
+        # a negative id would index from the end (and -1 is DROPPED, a released entry)
+        if not 0 <= block < self.num_blocks:
+            raise ValueError(f"block must be a block id in 0 .. {self.num_blocks - 1}, got "
+                             f"{block!r}")
+
     def release(self, block: int) -> None:
         """Drop one reference; at none left the block returns to the free list, or is parked
         (most recently used) when it holds a recorded key."""
+        self._check_block(block)
         if self.refcount[block] < 1:
             raise ValueError(f"block {block} is already free (released twice?)")
         self.refcount[block] -= 1
@@ -251,6 +265,8 @@ class PagedKVCache:
     def match(self, tokens: Sequence[int], max_blocks: int | None = None) -> list[int]:
         """The cached blocks that hold the longest prefix of `tokens` made of full blocks (at
         most max_blocks of them); changes nothing. Empty without prefix caching."""
+        if max_blocks is not None:
+            _count("max_blocks", max_blocks)
         if not self.prefix_caching:
             return []
         full = len(tokens) // self.block_size
@@ -360,6 +376,8 @@ class PagedKVCache:
     def slots(self, seq_id: Hashable, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(block ids, offsets), each (n,) long, of positions start .. start + n - 1."""
         table = self._known(seq_id)
+        if start < 0 or n < 0:      # a negative position would index from the table's end
+            raise ValueError(f"start and n must be >= 0, got start={start}, n={n}")
         positions = torch.arange(start, start + n)
         index = positions // self.block_size
         if n and int(index[-1]) >= len(table):
