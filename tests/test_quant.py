@@ -208,14 +208,22 @@ def test_fused_cpu_kernels_agree_with_dequantize_then_matmul(scheme, name):
     kernels take bfloat16 activations)."""
     w = weights(64, 352, seed=7)                       # 352: int4 pads it for g64 and g128
     layer = Q.QuantizedLinear(w, scheme)
-    for rows in (1, 4, 33):
-        x = torch.randn(rows, 352, generator=torch.Generator().manual_seed(rows))
+    for rows in (1, 4, 33, "transposed"):
+        x = torch.randn(rows, 352, generator=torch.Generator().manual_seed(rows)) if \
+            rows != "transposed" else torch.randn(352, 5).t()   # int8pack needed contiguous rows
         with warnings.catch_warnings():
             warnings.simplefilter("error", Q.KernelFallbackWarning)
             got = layer(x)
         assert layer.kernel_used == name and layer.fallback_reason is None
         want = nnf.linear(x, layer.dequantize())
         assert (got - want).abs().max() <= Q.FUSED_RTOL * want.abs().max()
+
+
+def test_integer_inputs_are_refused():
+    # they ran the dequantize path in int64 on truncated weights, after a misleading warning
+    layer = Q.QuantizedLinear(weights(16, 48, seed=1), "int8")
+    with pytest.raises(TypeError, match="x must be a floating-point tensor.*torch.int64"):
+        layer(torch.ones(2, 48, dtype=torch.long))
 
 
 def test_dynamic_int8_kernel_agrees_within_its_tolerance():

@@ -519,6 +519,8 @@ class QuantizedLinear(nn.Module):
         return "dequant" if fn is None else fn.__name__
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_floating_point():
+            raise TypeError(f"x must be a floating-point tensor (activations), got {x.dtype}")
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x must have last dimension in_features={self.in_features}, got "
                              f"shape {tuple(x.shape)}")
@@ -526,7 +528,7 @@ class QuantizedLinear(nn.Module):
         self.kernel_used = "dequant" if fn is None else fn.__name__
         if fn is None:
             return self._plain(x)
-        y = fn(x.reshape(-1, self.in_features))
+        y = fn(x.reshape(-1, self.in_features).contiguous())   # the kernels read rows in place
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
