@@ -429,8 +429,24 @@ def test_a_mixture_of_experts_trains_with_the_balance_loss():
     assert plain != balanced                  # the balance term changed the gradients
     # the hooks are gone after training
     assert all(not m.gate._forward_hooks for m in balanced_model.modules() if hasattr(m, "gate"))
-    with pytest.raises(ValueError, match="balance_weight must be >= 0"):
+    with pytest.raises(ValueError, match="balance_weight must be a finite number >= 0"):
         train(TinyGPT(cfg, seed=0), data, 1, balance_weight=-1.0, progress=False)
+    dense = ModelConfig(vocab_size=32, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64,
+                        max_seq_len=32)        # it divided by its zero MoE layers
+    with pytest.raises(ValueError, match="needs a mixture-of-experts model"):
+        train(TinyGPT(dense, seed=0), data, 1, balance_weight=0.1, progress=False)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"lr": math.inf}, "finite lr > 0"), ({"lr": math.nan}, "finite lr > 0"),
+    ({"weight_decay": math.nan}, "weight_decay must be a finite number >= 0"),
+    ({"weight_decay": -0.1}, "weight_decay must be a finite number >= 0"),
+    ({"balance_weight": math.inf}, "balance_weight must be a finite number >= 0")])
+def test_train_refuses_rates_that_make_the_loss_nan(kwargs, match):
+    cfg = ModelConfig(vocab_size=32, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64,
+                      max_seq_len=32)
+    with pytest.raises(ValueError, match=match):
+        train(TinyGPT(cfg, seed=0), torch.arange(200) % 7, 1, progress=False, **kwargs)
 
 
 def test_experts_by_word_class_counts_every_token_and_slot():

@@ -198,6 +198,9 @@ class _RouterLogits:
         from tinygpt.moe import MoE
 
         self.layers = [m for m in model.modules() if isinstance(m, MoE)]
+        if not self.layers:
+            raise ValueError("balance_weight > 0 needs a mixture-of-experts model (MoE layers, "
+                             "day 20); this model has none: leave balance_weight at 0")
         if any(m.router != "softmax" for m in self.layers):
             raise ValueError("balance_weight > 0 needs softmax routers (DeepSeek-V3's sigmoid "
                              "router balances with its bias instead)")
@@ -236,12 +239,15 @@ def train(model: torch.nn.Module, data: torch.Tensor, steps: int, *, batch_size:
     _check_int("steps", steps, 1)
     _check_int("warmup_steps", warmup_steps, 0)
     _check_int("seed", seed, 0)
-    if not (lr > 0 and 0 <= min_lr <= lr):
-        raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={lr}, min_lr={min_lr}")
+    if not (0 < lr < math.inf and 0 <= min_lr <= lr):
+        raise ValueError(f"need a finite lr > 0 and 0 <= min_lr <= lr, got lr={lr}, "
+                         f"min_lr={min_lr}")
+    if not 0 <= weight_decay < math.inf:
+        raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay}")
     if not grad_clip > 0:
         raise ValueError(f"grad_clip must be > 0, got {grad_clip}")
-    if not balance_weight >= 0:
-        raise ValueError(f"balance_weight must be >= 0, got {balance_weight}")
+    if not 0 <= balance_weight < math.inf:
+        raise ValueError(f"balance_weight must be a finite number >= 0, got {balance_weight}")
     routers = _RouterLogits(model) if balance_weight > 0 else None
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
