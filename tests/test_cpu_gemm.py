@@ -186,6 +186,10 @@ def test_chunk_attention_refuses_bad_input():
         attend(q, k_pool, v_pool, tables, starts, torch.tensor([3, 3]), 1.0)
     with pytest.raises(ValueError, match="at least 1"):
         attend(q, k_pool, v_pool, tables, starts, torch.tensor([0, 7]), 1.0)
+    none = torch.zeros(0, dtype=torch.long)        # no chunks for 7 rows: returned unwritten
+    with pytest.raises(ValueError, match="sum to q's 7 rows"):
+        attend(q, k_pool, v_pool, tables[:0], none, none, 1.0)
+    assert attend(q[:0], k_pool, v_pool, tables[:0], none, none, 1.0).shape == (0, 4, 16)
     with pytest.raises(ValueError, match="end inside its table"):
         attend(q, k_pool, v_pool, tables, torch.tensor([0, 9]), counts, 1.0)
     with pytest.raises(ValueError, match="int64"):

@@ -235,12 +235,13 @@ def chunk_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         raise ValueError(f"chunk_attention needs int64 tables (C, W), starts (C,) and counts "
                          f"(C,), got {tables.dtype} {tuple(tables.shape)}, {starts.dtype} "
                          f"{tuple(starts.shape)}, {counts.dtype} {tuple(counts.shape)}")
-    if n_chunks and not checked:
-        if int(counts.min()) < 1 or int(counts.sum()) != n_tokens or int(starts.min()) < 0:
+    if not checked:      # (no chunks and rows of q: the rows would be returned unwritten)
+        if int(counts.sum()) != n_tokens or n_chunks and (int(counts.min()) < 1
+                                                           or int(starts.min()) < 0):
             raise ValueError(f"counts must be at least 1 and sum to q's {n_tokens} rows, "
                              f"starts at least 0: got counts {counts.tolist()}, starts "
                              f"{starts.tolist()}")
-        if int((starts + counts).max()) > tables.shape[1] * block:
+        if n_chunks and int((starts + counts).max()) > tables.shape[1] * block:
             raise ValueError(f"every chunk must end inside its table of {tables.shape[1]} "
                              f"blocks of {block}: ends {(starts + counts).tolist()}")
     if not checked:
