@@ -19,8 +19,9 @@ Detection (static, `scan_submission`): every code cell the student wrote or edit
 and searched for the means of tampering: IPython internals, frame and tracing tricks, dynamic
 code (exec, eval, __import__), assignments to attributes of imported modules, rebinding the
 check functions, comparison overrides (__eq__ that can say yes to anything), reading notebook
-files or the kernel's input history, and importing the package's finished version of the
-function under test.
+files or the kernel's input history, importing the package's finished version of the function
+under test, and calling a function a test cell defines (a visible test's reference, which runs
+in the same kernel: `def kv_bytes(...): return kv_truth(...)` passes every test).
 
 A submission with evidence is graded as usual (prevented tampering no longer earns points) and
 gets the status `flagged` with the evidence, for manual review. What remains possible: code
@@ -239,6 +240,34 @@ def exercise_function_names(release) -> set[str]:
     return names
 
 
+def test_cell_functions(release) -> set[str]:
+    """Functions and classes the released test cells define at their top level (the visible
+    tests' references and helpers) and no other released cell defines."""
+    def defined(cells) -> set[str]:
+        names = set()
+        for cell in cells:
+            try:
+                tree = ast.parse(_strip_magics(cell.source))
+            except SyntaxError:
+                continue
+            names |= {node.name for node in tree.body if isinstance(
+                node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+        return names
+
+    code = [c for c in release.cells if c.cell_type == "code"]
+    return defined(c for c in code if is_test(c)) - defined(c for c in code if not is_test(c))
+
+
+def _uses(source: str, names: set[str]) -> list[str]:
+    """The names of `names` that `source` reads, in order of first use."""
+    try:
+        tree = ast.parse(_strip_magics(source))
+    except SyntaxError:
+        return []
+    return list(dict.fromkeys(node.id for node in ast.walk(tree) if isinstance(node, ast.Name)
+                              and isinstance(node.ctx, ast.Load) and node.id in names))
+
+
 def _code_sources(nb) -> list[str]:
     return [c.source for c in nb.cells if c.cell_type == "code"]
 
@@ -254,6 +283,7 @@ def scan_submission(release, submission, source=None) -> list[Evidence]:
     protected = check_names(release_sources) | {a for a, m in aliases.items()
                                                 if m in ("numpy", "torch", "math")}
     names = exercise_function_names(release)
+    references = test_cell_functions(release)
     evidence = []
     for index, cell in enumerate(submission.cells):
         if cell.cell_type != "code" or is_test(cell) or cell.source.strip() in original:
@@ -262,6 +292,9 @@ def scan_submission(release, submission, source=None) -> list[Evidence]:
         for kind, detail in scan_source(cell.source, aliases=aliases, protected=protected,
                                         exercise_names=names):
             evidence.append(Evidence(kind, where, detail))
+        for name in _uses(cell.source, references):
+            evidence.append(Evidence("reference-copy", where, f"calls {name}, which a test "
+                                                              f"cell defines (the tests' own)"))
     return evidence
 
 
