@@ -156,6 +156,9 @@ def route_topk(logits, k, renormalize):
     Mistake("route_topk", "a softmax over the tokens (dim=0) instead of the experts",
             _TOPK.replace("torch.softmax(logits.float(), dim=-1)",
                           "torch.softmax(logits.float(), dim=0)"), says="own row"),
+    Mistake("route_topk", "returns the pair swapped, (experts, weights)",
+            _TOPK.replace("    return weights, experts", "    return experts, weights"),
+            says="experts first"),
     # ------------------------------------------------------------ DeepSeek-V3's router
     Mistake("route_deepseek", "takes the weights from the biased scores",
             _deepseek(weights="choice"), says="without the bias"),
@@ -174,6 +177,11 @@ def route_topk(logits, k, renormalize):
             _deepseek(act="torch.softmax(logits.float(), dim=-1)"), says="sigmoid"),
     Mistake("route_deepseek", "ignores the bias when choosing", _deepseek(choice="scores"),
             says="the bias chooses"),
+    # a 0 beats the kept groups' biased scores once a negative bias pushes them below 0
+    Mistake("route_deepseek", "masks the dropped groups' experts with 0 (multiplies by the mask), "
+            "not -inf", _deepseek().replace(
+                'choice.masked_fill(~eligible, float("-inf"))', "(choice * eligible)"),
+            says="-inf"),
     # ------------------------------------------------------------ grouped dispatch
     Mistake("dispatch", "never multiplies by the routing weights", _dispatch(
         scatter="out.index_add_(0, rows, h @ w2[e].T)"), says="routing weight"),
@@ -206,6 +214,18 @@ def dispatch(x, weights, experts, w1, w3, w2):
     rows = torch.arange(x.shape[0])
     return sum(weights[:, j, None] * y[experts[:, j], rows] for j in range(experts.shape[1]))
 ''', says="only on the rows routed to it"),
+    # right values, FLOPs and call count: but each pair gets its own copy of its expert's weights
+    Mistake("dispatch", "gathers each pair's expert weights (w1[experts]) for one bmm over all "
+            "pairs", '''
+def dispatch(x, weights, experts, w1, w3, w2):
+    n, k = experts.shape
+    flat = experts.reshape(-1)
+    tokens = torch.arange(n * k) // k
+    xs = x[tokens][:, :, None]
+    h = F.silu(torch.bmm(w1[flat], xs)[..., 0]) * torch.bmm(w3[flat], xs)[..., 0]
+    y = torch.bmm(w2[flat], h[:, :, None])[..., 0] * weights.reshape(-1)[:, None]
+    return torch.zeros_like(x).index_add_(0, tokens, y)
+''', says="once for every pair"),
     Mistake("dispatch", "one expert product per token (the oracle loop), not grouped", '''
 def dispatch(x, weights, experts, w1, w3, w2):
     out = torch.zeros_like(x)

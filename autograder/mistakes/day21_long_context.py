@@ -242,6 +242,18 @@ def llama3_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, origina
     scaled = torch.where(wavelen > original / low_freq_factor, inv_freq / factor, blended)
     return torch.where(wavelen < original / high_freq_factor, inv_freq, scaled).to(dtype)
 ''', says=""),
+    # right values, but the caller's plain frequencies are gone
+    Mistake("llama3_inv_freq", "scales the caller's inv_freq in place", '''
+def llama3_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, original):
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    long = wavelen > original / low_freq_factor
+    middle = (wavelen >= original / high_freq_factor) & ~long
+    inv_freq[long] /= factor
+    inv_freq[middle] = blended[middle]
+    return inv_freq
+''', says="changed its input inv_freq"),
     # ------------------------------------------------------------ fp8 KV
     Mistake("fp8", "one scale per token, as day 15's int8",
             _fp8(amax="x.float().abs().amax(dim=-1, keepdim=True)"), says="one scale per HEAD"),
@@ -267,6 +279,25 @@ def llama3_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, origina
             says="most NEGATIVE value"),
     Mistake("fp8", "no guard for a head of zeros (scale 0, NaN)",
             _fp8(scale="amax / E4M3_MAX"), says="head of all zeros"),
+    Mistake("fp8", "guards a head of zeros with clamp_min(1e-12): a tiny scale, not 1",
+            _fp8(amax="x.float().abs().amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12)",
+                 scale="amax / E4M3_MAX"), says="clamp_min"),
+    # right q and scale, but for float32 x, x.float() is x: the caller's cache is divided
+    Mistake("fp8", "divides x by the scale in place", '''
+E4M3_MAX = 448.0
+
+
+def quantize_fp8(x):
+    amax = x.float().abs().amax(dim=(-2, -1), keepdim=True)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    x = x.float()
+    x /= scale
+    return x.to(torch.float8_e4m3fn), scale
+
+
+def dequantize_fp8(q, scale):
+    return q.float() * scale
+''', says="changed its input x"),
     Mistake("fp8", "casts to e5m2", _fp8(q="(x.float() / scale).to(torch.float8_e5m2)"),
             says="float8_e4m3fn"),
     Mistake("fp8", "casts x without dividing by the scale",
@@ -279,9 +310,12 @@ def llama3_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, origina
             _fp8(amax="x.double().abs().amax(dim=(-2, -1), keepdim=True)"), says="float32"),
     # ------------------------------------------------------------ self-checks
     Mistake("q1", "thinks the latent cannot hold positions", 'answer_q1 = "B"\n'),
-    Mistake("q2", "forgets the partly filled last block", "answer_q2 = 255\n"),
-    Mistake("q2", "writes the count as a float", "answer_q2 = 256.0\n"),
-    Mistake("q2", "uses L - W as the oldest key", "answer_q2 = 257\n"),
+    Mistake("q2", "forgets the partly filled last block: floor(L / B) - first",
+            "answer_q2 = 10014 // 16 - 5919 // 16\n"),
+    Mistake("q2", "counts the window's W / B blocks, as if it started at a block boundary",
+            "answer_q2 = 4096 // 16\n"),
+    Mistake("q2", "takes ceil(L / B) as the last block's index", "answer_q2 = 258\n"),
+    Mistake("q2", "writes the count as a float", "answer_q2 = 257.0\n"),
     Mistake("q3", "thinks the first tokens carry the meaning", 'answer_q3 = "A"\n'),
 ]
 
