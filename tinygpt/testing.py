@@ -7,6 +7,11 @@ exception is what it checks (with_reference wraps one for the test cell to call)
 call itself may raise on a test input, `inputs` wraps it so the error names the input's shape
 and the rule that input checks. `grading()` tells a notebook that it runs to be graded, so
 cells no test reads (timings, widgets, servers) can skip or shrink.
+
+Imported in a notebook that is read (not graded), it also adds one line under the traceback of
+a cell that stopped at an answer the student has not written yet (a notebook function still
+raising the stub's bare NotImplementedError), naming that function: a demo cell that calls it
+otherwise ends in a traceback through the package that does not say what to do.
 """
 
 from __future__ import annotations
@@ -231,3 +236,61 @@ def with_reference(fn: Callable, **references: Callable) -> Callable:
                     namespace[name] = value
 
     return call
+
+
+# --------------------------------------------------------------------------------------------
+# a cell that stopped at an unwritten answer says which one
+
+
+def _in_notebook(filename: str) -> bool:
+    """Whether code comes from a notebook cell (ipykernel's /tmp/ipykernel_PID/N.py files;
+    IPython's own <ipython-input-N-...> names)."""
+    return "ipykernel_" in filename or filename.startswith("<ipython-input")
+
+
+def unwritten_answer(value: BaseException, tb) -> str | None:
+    """The line to show under a NotImplementedError that is a stub's (no message, raised by
+    code in a notebook cell), naming the function to write ("softmax()", "RMSNorm.forward()");
+    None for any other error."""
+    if not isinstance(value, NotImplementedError) or str(value) or tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    frame = tb.tb_frame
+    if not _in_notebook(frame.f_code.co_filename):
+        return None                              # raised by a library, not by a stub
+    name = frame.f_code.co_name
+    if name == "<module>":
+        return ("This answer is not written yet: replace `raise NotImplementedError()` with "
+                "it and run the cell again.")
+    owner = frame.f_locals.get("self")
+    name = f"{type(owner).__name__}.{name}()" if owner is not None else f"{name}()"
+    return (f"{name} is not written yet: its answer cell still says `raise "
+            f"NotImplementedError()`. Write it, run that cell, then run this one again.")
+
+
+def _explain_unwritten(shell, etype, value, tb, tb_offset=None) -> list[str]:
+    """IPython's traceback, and under it the line `unwritten_answer` gives, if any (an IPython
+    custom exception handler: it shows the traceback, as IPython's own handling would, and
+    returns its lines)."""
+    lines = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+    line = unwritten_answer(value, tb)
+    if line is not None:
+        lines = [*lines, "\n" + line]
+    shell._showtraceback(etype, value, lines)    # what ipykernel sends as the cell's error
+    return lines
+
+
+def _install_unwritten_hint() -> None:
+    if grading():               # graded runs keep IPython's own handling, untouched
+        return
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None and hasattr(shell, "set_custom_exc"):
+        shell.set_custom_exc((NotImplementedError,), _explain_unwritten)
+
+
+_install_unwritten_hint()
