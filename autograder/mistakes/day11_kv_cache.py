@@ -128,6 +128,15 @@ class LayerCache:
         self.v[:, :, pos:end] = v_new
         return self.k[:, :, :end], self.k[:, :, :end]
 """, says="the second element comes from self.v"),
+    Mistake("layer_cache", "rejects an exactly full cache (pos + T >= max_len)", _CACHE_INIT + """
+    def update(self, k_new, v_new, pos):
+        end = pos + k_new.shape[2]
+        if pos < 0 or end >= self.max_len:
+            raise ValueError(f"does not fit in max_len={self.max_len}")
+        self.k[:, :, pos:end] = k_new
+        self.v[:, :, pos:end] = v_new
+        return self.k[:, :, :end], self.v[:, :, :end]
+""", says="may equal max_len exactly"),
     # ---------------------------------------------------------------- cached attention
     Mistake("cached_attention", "top-left aligned mask: F.scaled_dot_product_attention(is_causal=True)",
             """
@@ -210,6 +219,16 @@ def cached_attention(q, k, v):
         x = x + block.feed_forward(block.ffn_norm(x))
     return model.output(model.norm(x))
 """),
+    Mistake("forward_with_cache", "RoPE rows shifted by one (rows pos + 1 .. pos + T)",
+            _FORWARD_HEAD + """
+    cos, sin = model.rope_cos[pos + 1:pos + T + 1], model.rope_sin[pos + 1:pos + T + 1]
+    for block, cache in zip(model.layers, caches):
+        q, k, v = block.attention.qkv(block.attention_norm(x), cos, sin)
+        k_all, v_all = cache.update(k, v, pos)
+        x = x + block.attention.wo(merge_heads(cached_attention(q, k_all, v_all)))
+        x = x + block.feed_forward(block.ffn_norm(x))
+    return model.output(model.norm(x))
+""", says="rows pos .. pos + T - 1"),
     # ---------------------------------------------------------------- the cached loop
     Mistake("generate_cached", "decode positions one too far: a zero slot is left in the cache",
             _GENERATE_HEAD + """
@@ -251,6 +270,15 @@ def cached_attention(q, k, v):
         out.append(int(logits[0, -1].argmax()))
     return list(prompt_ids) + out
 """),
+    Mistake("generate_cached", "returns 0-d tensors (argmax without int())", _GENERATE_HEAD + """
+    caches = make_caches(model.cfg, 1, p + n_new - 1)
+    logits = forward_with_cache(model, torch.tensor([prompt_ids]), caches, 0)
+    out = [logits[0, -1].argmax()]
+    for pos in range(p, p + n_new - 1):
+        logits = forward_with_cache(model, torch.tensor([[out[-1]]]), caches, pos)
+        out.append(logits[0, -1].argmax())
+    return out
+""", says="int("),
     # ---------------------------------------------------------------- memory
     Mistake("sequences_that_fit", "uses n_heads instead of n_kv_heads", """
 def sequences_that_fit(cfg, free_bytes, context_len, bytes_per_element):
@@ -280,6 +308,14 @@ def sequences_that_fit(cfg, free_bytes, context_len, bytes_per_element):
     per_sequence = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * bytes_per_element * context_len
     return int(free_bytes // per_sequence)
 """),
+    Mistake("sequences_that_fit", "a float count when bytes_per_element is fractional (no int())",
+            """
+def sequences_that_fit(cfg, free_bytes, context_len, bytes_per_element):
+    if context_len < 1 or bytes_per_element <= 0:
+        raise ValueError("context_len must be >= 1 and bytes_per_element > 0")
+    per_sequence = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * bytes_per_element * context_len
+    return max(0, free_bytes // per_sequence)
+""", says="float"),
     # ---------------------------------------------------------------- self-check
     Mistake("q1", "RoPE position restarts at 0 in every decode step", """
 answer_q1 = "A"
@@ -305,6 +341,8 @@ _KEEPS = {
     "off by one: returns one position too few": ("forward_with_cache", "generate_cached"),
     "hand-written tril() mask without the S - T offset": ("forward_with_cache", "generate_cached"),
     "RoPE positions restart at 0 for every call": ("generate_cached",),
+    "RoPE rows shifted by one (rows pos + 1 .. pos + T)": ("generate_cached",),
+    "rejects an exactly full cache (pos + T >= max_len)": ("forward_with_cache", "generate_cached"),
 }
 MISTAKES = [replace(m, keeps=_KEEPS.get(m.name, ())) for m in MISTAKES]
 

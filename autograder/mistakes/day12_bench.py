@@ -45,6 +45,37 @@ def ttft_and_itls(start, token_times):
         return 0.0, []
     return times[0] - start, [b - a for a, b in zip(times, times[1:])]
 """),
+    Mistake("ttft_itls", "order check compares only the last time with the first", """
+def ttft_and_itls(start, token_times):
+    times = [float(t) for t in token_times]
+    if not times:
+        raise ValueError("token_times must hold at least one timestamp")
+    if times[0] < start:
+        raise ValueError("the first token is before start")
+    if times[-1] < times[0]:
+        raise ValueError("token_times go backwards")
+    return times[0] - start, [b - a for a, b in zip(times, times[1:])]
+""", says="every consecutive pair"),
+    Mistake("ttft_itls", "order check looks at the first gap only", """
+def ttft_and_itls(start, token_times):
+    times = [float(t) for t in token_times]
+    if not times:
+        raise ValueError("token_times must hold at least one timestamp")
+    if times[0] < start:
+        raise ValueError("the first token is before start")
+    if len(times) > 1 and times[1] < times[0]:
+        raise ValueError("token_times go backwards")
+    return times[0] - start, [b - a for a, b in zip(times, times[1:])]
+""", says="every consecutive pair"),
+    Mistake("ttft_itls", "rejects two tokens with the same timestamp (strict order)", """
+def ttft_and_itls(start, token_times):
+    times = [float(t) for t in token_times]
+    if not times:
+        raise ValueError("token_times must hold at least one timestamp")
+    if times[0] < start or any(b <= a for a, b in zip(times, times[1:])):
+        raise ValueError("bad trace")
+    return times[0] - start, [b - a for a, b in zip(times, times[1:])]
+""", says="a gap of 0"),
     # ---------------------------------------------------------------- TPOT and e2e
     Mistake("tpot_e2e", "TPOT as e2e / n: the prefill mixed into the per-token figure", """
 def tpot_and_e2e(start, token_times):
@@ -71,6 +102,14 @@ def tpot_and_e2e(start, token_times):
     tpot = sum(itls) / len(itls) if itls else None
     return tpot, float(token_times[-1]) - float(token_times[0])
 """),
+    Mistake("tpot_e2e", "computes from the raw times without validating the trace", """
+def tpot_and_e2e(start, token_times):
+    if not token_times:
+        raise ValueError("token_times must not be empty")
+    n = len(token_times)
+    tpot = (token_times[-1] - token_times[0]) / (n - 1) if n > 1 else None
+    return tpot, float(token_times[-1]) - start
+""", says="ttft_and_itls"),
     # ---------------------------------------------------------------- percentile
     Mistake("percentile", "nearest-rank instead of linear interpolation", """
 def percentile(values, q):
@@ -207,6 +246,10 @@ answer_q4 = "A"
 _KEEPS = {
     'TTFT is the first timestamp itself': ('tpot_e2e', 'goodput'),
     'divides the decode span by n instead of n - 1': ('goodput',),
+    'order check compares only the last time with the first': ('tpot_e2e', 'goodput'),
+    'order check looks at the first gap only': ('tpot_e2e', 'goodput'),
+    'rejects two tokens with the same timestamp': ('tpot_e2e', 'goodput'),
+    'computes from the raw times without validating the trace': ('goodput',),
 }
 MISTAKES = [replace(m, keeps=next((v for k, v in _KEEPS.items() if m.name.startswith(k)), ()))
             for m in MISTAKES]

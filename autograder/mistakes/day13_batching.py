@@ -69,6 +69,11 @@ def left_pad_batch(prompts, pad_id=0):
         mask[row, width - len(p):] = 1
     return ids, mask
 """),
+    Mistake("left_pad_batch", "mask computed as ids != pad_id (a real token equal to pad_id "
+            "is taken for a pad)", _PAD_CHECKS + """
+    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
+    return ids, ids != pad_id
+""", says="the pad id itself"),
     # ---------------------------------------------------------------- positions
     Mistake("positions_from_mask", "positions counted from the padded start (the column)", """
 def positions_from_mask(mask):
@@ -115,6 +120,12 @@ def positions_from_mask(mask):
     own = key_pos == query_pos
     return causal[None] & (key_mask[:, None, :] | own[None])
 """),
+    Mistake("padded_causal_mask", "own-key term aligned to the top left (key i, not "
+            "S - n_queries + i)", _MASK_HEAD + """
+    causal = key_pos <= query_pos
+    own = key_pos == torch.arange(n_queries)[:, None]
+    return causal[None] & (key_mask[:, None, :] | own[None])
+""", says="its own key is key 3"),
     # ---------------------------------------------------------------- next tokens
     Mistake("next_tokens", "finished rows keep producing their argmax", """
 def next_tokens(logits, finished, eos_id, pad_id):
@@ -147,6 +158,13 @@ def next_tokens(logits, finished, eos_id, pad_id):
     finished |= tokens == eos_id
     return tokens, finished
 """),
+    Mistake("next_tokens", "masks the finished rows by editing the caller's logits", """
+def next_tokens(logits, finished, eos_id, pad_id):
+    logits[finished] = float("-inf")
+    logits[finished, pad_id] = 0.0
+    tokens = logits.argmax(dim=-1)
+    return tokens, finished | (tokens == eos_id)
+""", says="the caller's logits changed"),
     # ---------------------------------------------------------------- beam step
     Mistake("beam_step", "ranks candidates by this step's log-prob only (forgets the beam score)",
             """
@@ -184,6 +202,14 @@ def beam_step(log_probs, beam_scores, num_beams):
     _, index = torch.topk((beam_scores[:, None] + log_probs).flatten(), num_beams)
     return index // vocab, index % vocab, log_probs.flatten()[index]
 """),
+    Mistake("beam_step", "multiplies probabilities (exp, product, log): underflows on long "
+            "beams", """
+def beam_step(log_probs, beam_scores, num_beams):
+    vocab = log_probs.shape[1]
+    probs = (beam_scores.exp()[:, None] * log_probs.exp()).flatten()
+    p, index = torch.topk(probs, num_beams)
+    return index // vocab, index % vocab, p.log()
+""", says="underflow"),
     # ---------------------------------------------------------------- reorder
     Mistake("reorder_cache", "the cache is not reordered", """
 def reorder_cache(layers, parents):
@@ -202,6 +228,12 @@ def reorder_cache(layers, parents):
 def reorder_cache(layers, parents):
     return [(k.index_select(1, parents), v.index_select(1, parents)) for k, v in layers]
 """),
+    Mistake("reorder_cache", "rewrites the caller's list in place and returns it", """
+def reorder_cache(layers, parents):
+    for i, (k, v) in enumerate(layers):
+        layers[i] = (k.index_select(0, parents), v.index_select(0, parents))
+    return layers
+""", says="leave `layers`"),
     # ---------------------------------------------------------------- admission
     Mistake("admit_requests", "static batching also fills free slots of a running batch",
             _ADMIT_HEAD + """
