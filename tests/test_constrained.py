@@ -426,6 +426,18 @@ def test_array_bounds():
         [False, False, True, True, False]
 
 
+def test_array_min_items_without_max_items():
+    """minItems alone still bounds the array from below (it once became a plain `*`)."""
+    for lo in (0, 1, 2, 3):
+        prop = {"type": "array", "items": {"type": "integer"}}
+        if lo:
+            prop["minItems"] = lo
+        dfa = compile_regex(schema_to_regex({"type": "object", "properties": {"a": prop},
+                                             "required": ["a"]}))
+        assert [dfa.fullmatch(compact({"a": list(range(n))})) for n in range(6)] == \
+            [n >= lo for n in range(6)], lo
+
+
 def test_a_property_named_items_may_be_an_array():
     """Only an array's items may not be an array; a field's name does not decide that."""
     for name in ("items", "tags"):

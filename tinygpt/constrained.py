@@ -743,7 +743,14 @@ def _value(schema, where: str, nested: bool = False) -> str:
         lo, hi = _bounds(schema, where, "minItems", "maxItems")
         if hi == 0:
             return r"\[\]"
-        items = f"{item}(,{item})" + ("*" if hi is None else f"{{{max(lo - 1, 0)},{hi - 1}}}")
+        # the first item, then from lo - 1 to hi - 1 more; with no maxItems still at least
+        # lo - 1 more (a plain * there would let {"minItems": 3} accept a single item)
+        more = max(lo - 1, 0)
+        if hi is not None:
+            repeat = f"{{{more},{hi - 1}}}"
+        else:
+            repeat = f"{{{more},}}" if more else "*"
+        items = f"{item}(,{item})" + repeat
         return r"\[" + (items if lo > 0 else f"({items})?") + r"\]"
     raise ValueError(f"schema at {where}: supported are a type among {sorted(SCALARS)}, an enum, "
                      f"a const, or an array of those; got {schema!r} (nested objects and "

@@ -99,6 +99,21 @@ def step_shares(running, budget):
             budget -= n
     return shares
 """),
+    Mistake("step_shares", "a chunk starts at len(prompt) - pending: right for a prompt, negative "
+            "for a preempted sequence with outputs", """
+def step_shares(running, budget):
+    shares = []
+    for seq in running:
+        if seq.num_pending == 1 and budget > 0:
+            shares.append((seq, seq.num_computed, 1))
+            budget -= 1
+    for seq in running:
+        if seq.num_pending > 1 and budget > 0:
+            n = min(seq.num_pending, budget)
+            shares.append((seq, len(seq.prompt_ids) - seq.num_pending, n))
+            budget -= n
+    return shares
+""", says="wherever the prompt ends"),
     Mistake("step_shares", "decodes do not count against the budget", """
 def step_shares(running, budget):
     shares = []
@@ -151,6 +166,23 @@ def choose_victim(scheduler):
 def choose_victim(scheduler):
     return max(scheduler.running, key=lambda seq: seq.arrival)
 """),
+    Mistake("choose_victim", "breaks a tie of arrivals by id", """
+def choose_victim(scheduler):
+    return max(scheduler.running, key=lambda seq: (seq.arrival, seq.id))
+""", says="neither the id"),
+    Mistake("choose_victim", "breaks a tie of arrivals by length (the longest)", """
+def choose_victim(scheduler):
+    return sorted(scheduler.running, key=lambda seq: (seq.arrival, seq.num_tokens))[-1]
+""", says="nor the length"),
+    Mistake("choose_victim", "breaks a tie of arrivals by the most computed: may preempt a "
+            "sequence the step already fed", """
+def choose_victim(scheduler):
+    return sorted(scheduler.running, key=lambda seq: (seq.arrival, seq.num_computed))[-1]
+""", says="already scheduled"),
+    Mistake("choose_victim", "breaks a tie of arrivals by the fewest pending tokens", """
+def choose_victim(scheduler):
+    return sorted(scheduler.running, key=lambda seq: (seq.arrival, -seq.num_pending))[-1]
+""", says="equal arrivals"),
     # ------------------------------------------------------------ preemption
     Mistake("preempt", "sends the preempted sequence to the back of the queue", """
 def preempt(scheduler, seq):

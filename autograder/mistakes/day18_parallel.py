@@ -20,6 +20,14 @@ def column_shard(weight, rank, world_size):
     n = -(-weight.shape[0] // world_size)
     return weight[rank * n:(rank + 1) * n]
 """),
+    Mistake("column_shard", "its ValueError does not say which world_size is wrong", """
+def column_shard(weight, rank, world_size):
+    out = weight.shape[0]
+    if out % world_size:
+        raise ValueError("cannot split the rows evenly")
+    n = out // world_size
+    return weight[rank * n:(rank + 1) * n]
+""", says="names neither world_size"),
     # ------------------------------------------------------------ the split MLP
     Mistake("tp_mlp", "all-reduces after the column-parallel layer instead of the row-parallel one",
             """
@@ -132,6 +140,13 @@ def ring_allreduce_time(nbytes, world_size, bandwidth, latency):
         return 0.0
     return latency + 2 * (world_size - 1) * nbytes / bandwidth
 """),
+    Mistake("ring_allreduce_time", "pays the latency at each of the ring's 2 (p - 1) steps", """
+def ring_allreduce_time(nbytes, world_size, bandwidth, latency):
+    if world_size == 1:
+        return 0.0
+    steps = 2 * (world_size - 1)
+    return steps * latency + steps / world_size * nbytes / bandwidth
+""", says="ONCE per all-reduce"),
     Mistake("ring_allreduce_time", "charges the latency with one rank", """
 def ring_allreduce_time(nbytes, world_size, bandwidth, latency):
     return latency + 2 * (world_size - 1) / world_size * nbytes / bandwidth

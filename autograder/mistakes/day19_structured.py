@@ -123,6 +123,10 @@ def allowed_tokens(dfa, state, vocab, eos_id):
             allowed[token_id] = walk(dfa, state, text) is not None
     return allowed
 ''', says="accepts"),
+    Mistake("allowed_tokens", "lets EOS through by its text too (|= after the loop): an EOS "
+            "whose text walks is allowed where the state does not accept", _ALLOWED.replace(
+                "allowed[eos_id] = dfa.accepts(state)", "allowed[eos_id] |= dfa.accepts(state)"),
+            says="whatever its text"),
     Mistake("allowed_tokens", "allows a token with an empty text (it walks nowhere, so it "
             "looks alive)", _ALLOWED.replace("if text:", "if text is not None:"),
             says="no text"),
@@ -193,6 +197,10 @@ def count_forced(dfa, vocab, eos_id, token_ids):
             forced += 1
     return forced
 ''', says="before moving on"),
+    Mistake("forced_tokens", "tests the forced id for truth: a forced token with id 0 is not "
+            "counted", _FORCED + _COUNT.replace(
+                "if forced_token(allowed_tokens(dfa, state, vocab, eos_id)) is not None:",
+                "if forced_token(allowed_tokens(dfa, state, vocab, eos_id)):"), says="id 0"),
     # ------------------------------------------------------------ JSON Schema to a pattern
     Mistake("schema_to_regex", "does not group an enum's alternatives: | splits the whole pattern",
             _schema(enum='"|".join(regex_escape(json.dumps(v)) for v in prop["enum"])'),
@@ -204,6 +212,11 @@ def count_forced(dfa, vocab, eos_id, token_ids):
             _schema(integer='"-?[0-9]+"'), says="leading zeros"),
     Mistake("schema_to_regex", "leaves the braces unescaped: { opens a repeat count",
             _schema(braces='"{" + ",".join(fields) + "}"'), says="subset"),
+    Mistake("schema_to_regex", "quotes a field name by hand ('\"' + name + '\"'), not with "
+            "json.dumps: a quote or backslash in the name stays bare",
+            _schema().replace('fields.append(regex_escape(json.dumps(name)) + ":" + value)',
+                              'fields.append(\'"\' + regex_escape(name) + \'":\' + value)'),
+            says="json.dumps(name)"),
     # ------------------------------------------------------------ self-checks
     Mistake("q1", "thinks a list of any length needs a stack", 'answer_q1 = "B"\n'),
     Mistake("q2", "gives masking's answer, 0.6 / 0.7", "answer_q2 = 0.6 / 0.7\n"),
