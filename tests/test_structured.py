@@ -97,9 +97,12 @@ def test_what_cannot_be_compiled_is_a_grammar_error_and_a_compile_is_cached(ship
     for bad in (lambda: grammars.json_schema({"type": "objekt"}),
                 lambda: grammars.regex("(("), lambda: grammars.choice([]),
                 lambda: grammars.lark("start: missing_rule"),
-                lambda: grammars.regex("a" * 300_000)):
+                lambda: grammars.regex("a" * 300_000), lambda: grammars.regex(None),
+                lambda: grammars.choice("abc"),       # read as "a" | "b" | "c" before
+                lambda: grammars.json_schema(False), lambda: grammars.json_schema([1])):
         with pytest.raises(GrammarError):
             bad()
+    assert grammars.json_schema(True) is grammars.json_schema({})    # any value, as {}
     first = grammars.json_schema({"const": "cached"})
     compiled = grammars.compiled
     assert grammars.json_schema({"const": "cached"}) is first and grammars.compiled == compiled

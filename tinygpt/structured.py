@@ -171,7 +171,13 @@ class Grammars:
     # -- what can be asked for -----------------------------------------------------------------
 
     def json_schema(self, schema: dict | bool) -> Grammar:
-        """Text that is one JSON value valid under `schema` (a JSON Schema, as a dict)."""
+        """Text that is one JSON value valid under `schema` (a JSON Schema: a dict, or True for
+        any value as {} is; False admits no value and is a GrammarError)."""
+        if schema is True:                 # llguidance takes only objects
+            schema = {}
+        if not isinstance(schema, dict):
+            raise GrammarError(f"json_schema: a JSON Schema is a dict or True (False admits no "
+                               f"value), got {schema!r:.60}")
         text = json.dumps(schema)         # (key order kept: properties come out in order)
         return self._get("json", text, lambda: self._llg.LLMatcher.grammar_from_json_schema(
             text, defaults=JSON_STYLE))
@@ -182,13 +188,17 @@ class Grammars:
 
     def regex(self, pattern: str) -> Grammar:
         """Text that matches `pattern` whole."""
+        if not isinstance(pattern, str):
+            raise GrammarError(f"regex: the pattern must be a str, got {type(pattern).__name__}")
         return self._get("regex", pattern,
                          lambda: self._llg.LLMatcher.grammar_from_regex(pattern))
 
     def choice(self, options: Sequence[str]) -> Grammar:
-        """Exactly one of `options`."""
-        if not options or not all(isinstance(o, str) for o in options):
-            raise GrammarError("choice: give a non-empty list of strings")
+        """Exactly one of `options` (a list of strings; a str alone is refused, not read as
+        its characters)."""
+        if isinstance(options, str) or not options or not all(isinstance(o, str)
+                                                              for o in options):
+            raise GrammarError(f"choice: give a non-empty list of strings, got {options!r:.60}")
         return self.lark("start: " + " | ".join(json.dumps(o) for o in options))
 
     def lark(self, grammar: str) -> Grammar:
