@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -399,10 +400,17 @@ def test_bad_head_dims_name_the_field_and_the_allowed_values(changes, match):
     ({"v_head_dim": "x"}, "v_head_dim must be an integer >= 0, got 'x'"),
     ({"qk_rope_head_dim": 8}, "qk_rope_head_dim=8 needs multi-head latent attention"),
     ({"v_head_dim": 16}, "v_head_dim=16 needs multi-head latent attention"),
-    ({"rope_base": 1.0}, r"rope_base must be a number > 1 \(RoPE's theta\), got 1.0"),
-    ({"rope_base": 0.5}, "rope_base must be a number > 1 .*got 0.5"),
-    ({"rope_base": "1e4"}, "rope_base must be a number > 1 .*got '1e4'"),
-    ({"rope_base": True}, "rope_base must be a number > 1 .*got True"),
+    ({"rope_base": 1.0}, r"rope_base must be a finite number > 1 \(RoPE's theta\), got 1.0"),
+    ({"rope_base": 0.5}, "rope_base must be a finite number > 1 .*got 0.5"),
+    ({"rope_base": "1e4"}, "rope_base must be a finite number > 1 .*got '1e4'"),
+    ({"rope_base": True}, "rope_base must be a finite number > 1 .*got True"),
+    ({"rope_base": math.inf}, "rope_base must be a finite number > 1 .*got inf"),
+    # an infinite or non-numeric eps, and truthy strings for flags, were taken before
+    ({"norm_eps": math.inf}, "norm_eps must be a finite number > 0, got inf"),
+    ({"norm_eps": True}, "norm_eps must be a finite number > 0, got True"),
+    ({"norm_eps": "1e-5"}, "norm_eps must be a finite number > 0, got '1e-5'"),
+    ({"tie_embeddings": "false"}, "tie_embeddings must be True or False, got 'false'"),
+    ({"qk_norm": 1}, "qk_norm must be True or False, got 1"),
 ])
 def test_bad_config_fields_name_the_field_and_the_allowed_values(changes, match):
     with pytest.raises(ValueError, match=match):

@@ -154,11 +154,15 @@ class ModelConfig:
 
         check_config(self)          # on a "gqa" config too: its MLA fields must all be 0
         self._resolve_head_dim()
-        base = self.rope_base
-        if isinstance(base, bool) or not isinstance(base, int | float) or not base > 1:
-            raise ValueError(f"rope_base must be a number > 1 (RoPE's theta), got {base!r}")
-        if not self.norm_eps > 0:
-            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
+        base, eps = self.rope_base, self.norm_eps
+        if isinstance(base, bool) or not isinstance(base, int | float) or not 1 < base < math.inf:
+            raise ValueError(f"rope_base must be a finite number > 1 (RoPE's theta), got "
+                             f"{base!r}")
+        if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 < eps < math.inf:
+            raise ValueError(f"norm_eps must be a finite number > 0, got {eps!r}")
+        for name in ("tie_embeddings", "norm_topk_prob", "qk_norm"):   # "false" is truthy
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         self._check_moe()
         self._check_long_context()
 
