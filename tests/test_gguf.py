@@ -265,6 +265,49 @@ def test_not_gguf_other_architectures_and_missing_tensors(tmp_path):
         ours.load_gguf_model(write_gguf(tmp_path / "missing.gguf", tensors))
 
 
+def config_file(path, **override):
+    """A Llama GGUF holding metadata only: CFG's, with some keys replaced by (adder, value)."""
+    meta = {"block_count": ("uint32", CFG.n_layers), "context_length": ("uint32", 64),
+            "embedding_length": ("uint32", CFG.d_model),
+            "feed_forward_length": ("uint32", CFG.d_ff),
+            "attention.head_count": ("uint32", CFG.n_heads),
+            "attention.head_count_kv": ("uint32", CFG.n_kv_heads),
+            "rope.freq_base": ("float32", CFG.rope_base),
+            "attention.layer_norm_rms_epsilon": ("float32", CFG.norm_eps),
+            "vocab_size": ("uint32", CFG.vocab_size)}
+    meta.update({key.replace("__", "."): value for key, value in override.items()})
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, (kind, value) in meta.items():
+        getattr(w, f"add_{kind}")(f"llama.{key}", value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("override,match", [
+    # a ZeroDivisionError, int() of a string and silent truncation before
+    ({"attention__head_count": ("uint32", 0)}, "llama.attention.head_count must be an integer"),
+    ({"embedding_length": ("string", "16")}, "llama.embedding_length must be an integer >= 1, "
+                                             "got '16'"),
+    ({"embedding_length": ("float32", 16.7)}, "llama.embedding_length must be an integer"),
+    ({"context_length": ("float32", 8.9)}, "llama.context_length must be an integer"),
+    ({"rope__freq_base": ("string", "1e4")}, "llama.rope.freq_base must be a finite number"),
+    ({"attention__layer_norm_rms_epsilon": ("float32", float("inf"))},
+     "llama.attention.layer_norm_rms_epsilon must be a finite number > 0, got inf"),
+])
+def test_metadata_of_the_wrong_kind_names_its_key(tmp_path, override, match):
+    assert ours.config_from_gguf(config_file(tmp_path / "good.gguf")).d_model == CFG.d_model
+    with pytest.raises(ValueError, match=match):
+        ours.config_from_gguf(config_file(tmp_path / "bad.gguf", **override))
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, True, "64"])
+def test_max_seq_len_must_be_a_positive_int(tmp_path, bad):
+    with pytest.raises(ValueError, match="max_seq_len must be an int >= 1"):
+        ours.config_from_gguf(config_file(tmp_path / "good.gguf"), max_seq_len=bad)
+
+
 def test_a_missing_model_package_names_the_pip_command(monkeypatch):
     def absent(name):
         raise importlib.metadata.PackageNotFoundError(name)

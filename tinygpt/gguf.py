@@ -46,6 +46,8 @@ output -> the LM head, which is absent when it shares the embedding matrix (tied
 from __future__ import annotations
 
 import importlib.metadata
+import math
+import numbers
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -190,9 +192,11 @@ def _decimal(value: float) -> float:
 def config_from_gguf(source, max_seq_len: int | None = None) -> ModelConfig:
     """The ModelConfig a GGUF Llama-architecture file describes.
 
-    max_seq_len: override the file's context length (`llama.context_length`). ValueError for
-    other architectures and for Llama variants TinyGPT does not implement (a RoPE dimension
-    other than head_dim, scaled RoPE, experts: llama.expert_count > 0). head_dim is
+    max_seq_len: override the file's context length (`llama.context_length`), an int >= 1.
+    ValueError for other architectures, for Llama variants TinyGPT does not implement (a RoPE
+    dimension other than head_dim, scaled RoPE, experts: llama.expert_count > 0), and for
+    metadata of the wrong kind (a count that is not an integer >= 1, an epsilon or RoPE base
+    that is not a finite number > 0), naming the key. head_dim is
     llama.attention.key_length when the file gives it (Qwen3-style heads wider than
     embedding_length / head_count), else embedding_length / head_count.
     """
@@ -202,12 +206,33 @@ def config_from_gguf(source, max_seq_len: int | None = None) -> ModelConfig:
         raise ValueError(f"general.architecture must be 'llama', got {arch!r}: TinyGPT reads "
                          f"only Llama-architecture GGUF files")
 
+    if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(
+            max_seq_len, int) or max_seq_len < 1):
+        raise ValueError(f"max_seq_len must be an int >= 1 (or None: the file's), got "
+                         f"{max_seq_len!r}")
+
     def get(key: str, default: Any = ...) -> Any:
         try:
             return metadata(reader, f"llama.{key}", default)
         except KeyError:
             raise ValueError(f"the GGUF file lacks llama.{key}, which a Llama config needs"
                              ) from None
+
+    def count(key: str, default: Any = ...) -> Any:
+        """A width or count: an integer >= 1 (int() would truncate 16.7 and take "16")."""
+        value = get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"llama.{key} must be an integer >= 1, got {value!r}")
+        return int(value)
+
+    def positive(key: str, default: Any = ...) -> float:
+        value = get(key, default)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not 0 < value < math.inf:
+            raise ValueError(f"llama.{key} must be a finite number > 0, got {value!r}")
+        return _decimal(value)
 
     experts = get("expert_count", 0)
     if experts:                           # llama.cpp writes Mixtral as arch "llama" + experts
@@ -219,16 +244,16 @@ def config_from_gguf(source, max_seq_len: int | None = None) -> ModelConfig:
     if scaling not in ("none", None):
         raise ValueError(f"llama.rope.scaling.type {scaling!r} is not supported; TinyGPT "
                          f"implements plain RoPE only")
-    n_heads = int(get("attention.head_count"))
-    d_model = int(get("embedding_length"))
-    vocab = get("vocab_size", None)
+    n_heads = count("attention.head_count")
+    d_model = count("embedding_length")
+    vocab = count("vocab_size", None)
     if vocab is None:
         vocab = len(metadata(reader, "tokenizer.ggml.tokens"))
     # head widths: llama.attention.key_length / value_length, default embedding / heads
     derived = d_model // n_heads if d_model % n_heads == 0 else None
-    key_length = get("attention.key_length", None)
-    value_length = get("attention.value_length", None)
-    widths = {int(w) if w is not None else derived for w in (key_length, value_length)}
+    key_length = count("attention.key_length", None)
+    value_length = count("attention.value_length", None)
+    widths = {w if w is not None else derived for w in (key_length, value_length)}
     if len(widths) != 1:
         raise ValueError(f"llama.attention.key_length ({key_length}) and value_length "
                          f"({value_length}) give keys and values different head widths; "
@@ -238,17 +263,17 @@ def config_from_gguf(source, max_seq_len: int | None = None) -> ModelConfig:
     cfg = ModelConfig(
         vocab_size=int(vocab),
         d_model=d_model,
-        n_layers=int(get("block_count")),
+        n_layers=count("block_count"),
         n_heads=n_heads,
-        n_kv_heads=int(get("attention.head_count_kv", n_heads)),
-        d_ff=int(get("feed_forward_length")),
-        max_seq_len=int(max_seq_len if max_seq_len is not None else get("context_length")),
-        rope_base=_decimal(get("rope.freq_base", 10000.0)),
-        norm_eps=_decimal(get("attention.layer_norm_rms_epsilon")),
+        n_kv_heads=count("attention.head_count_kv", n_heads),
+        d_ff=count("feed_forward_length"),
+        max_seq_len=max_seq_len if max_seq_len is not None else count("context_length"),
+        rope_base=positive("rope.freq_base", 10000.0),
+        norm_eps=positive("attention.layer_norm_rms_epsilon"),
         tie_embeddings="output.weight" not in tensors,
         head_dim=widths.pop() if explicit else None,
     )
-    rope_dim = int(get("rope.dimension_count", cfg.head_dim))
+    rope_dim = count("rope.dimension_count", cfg.head_dim)
     if rope_dim != cfg.head_dim:
         raise ValueError(f"llama.rope.dimension_count is {rope_dim} but head_dim is "
                          f"{cfg.head_dim}: partial RoPE is not supported")
