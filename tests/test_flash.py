@@ -68,6 +68,25 @@ def test_an_online_softmax_that_forgets_to_rescale_the_sum_is_wrong():
         check(online(x, 4, rescale=False))
 
 
+@pytest.mark.parametrize("block", [1, 2, 3, 4])
+def test_online_softmax_of_a_row_whose_first_blocks_are_masked(block):
+    # A masked (-inf) leading block leaves the running max at -inf, and exp(-inf - -inf) is
+    # NaN: the update must take the exponentials against a finite stand-in while the max is
+    # still -inf, as tiled_attention does (this returned NaN for blocks 1 and 2 before).
+    x = torch.tensor([[float("-inf"), float("-inf"), 1.0, 2.0]])
+    want = torch.tensor([[0.0, 0.0, 0.2689414, 0.7310586]])       # torch.softmax(x, dim=-1)
+    assert torch.allclose(online_softmax(x, block), want)
+    masked = torch.randn(3, 11, generator=torch.Generator().manual_seed(block)) * 5
+    masked[0, :7] = float("-inf")                 # several whole blocks masked, then values
+    masked[1, ::2] = float("-inf")                # masked entries scattered
+    got = online_softmax(masked, block)
+    assert torch.isfinite(got).all()
+    check_float32_error("online_softmax", got, torch.softmax(masked, dim=-1),
+                        torch.softmax(masked.double(), dim=-1), factor=4, floor=5e-7)
+    m, l = online_softmax_stats(torch.full((2, 5), float("-inf")), block)
+    assert torch.equal(m, torch.full((2,), float("-inf"))) and torch.equal(l, torch.zeros(2))
+
+
 @settings(max_examples=40, deadline=None)
 @given(tq=st.integers(1, 40), extra=st.integers(0, 30), d=st.sampled_from([4, 8, 16]),
        block_q=st.integers(1, 17), block_k=st.integers(1, 17), causal=st.booleans(),

@@ -36,14 +36,20 @@ def _block(name: str, value) -> int:
 
 def online_softmax_stats(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The running maximum m and sum l = sum(exp(x - m)) over the last axis, in one pass over
-    blocks of `block` entries: x (..., N) -> m, l (...,)."""
+    blocks of `block` entries: x (..., N) -> m, l (...,).
+
+    Masked entries (-inf) are allowed, also a whole leading block of them: while a row's
+    maximum is still -inf, its exponentials are taken against 0 instead (every term is 0
+    either way), since -inf - -inf would be NaN. A row that is -inf throughout ends with
+    m = -inf and l = 0."""
     _block("block", block)
     m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
     l = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
     for start in range(0, x.shape[-1], block):
         chunk = x[..., start:start + block]
         m_new = torch.maximum(m, chunk.max(dim=-1).values)
-        l = l * torch.exp(m - m_new) + torch.exp(chunk - m_new[..., None]).sum(dim=-1)
+        safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        l = l * torch.exp(m - safe) + torch.exp(chunk - safe[..., None]).sum(dim=-1)
         m = m_new
     return m, l
 

@@ -164,6 +164,39 @@ def residual(p, q):
     new.append(draw(p[len(drafts)], generator))
     return new
 """, says="not the draft's own"),
+    Mistake("verify_step", "draws the bonus token without the generator (always p[k]'s argmax)",
+            _VERIFY_HEAD + """
+    for i, token in enumerate(drafts):
+        a = acceptance_probability(float(p[i, token]), float(q[i, token]))
+        if a >= 1 or (generator is not None and torch.rand((), generator=generator).item() < a):
+            new.append(token)
+            continue
+        new.append(draw(residual(p[i], q[i]), generator))
+        return new
+    new.append(draw(p[len(drafts)]))
+    return new
+""", says="the bonus token is a sample of the last row"),
+    Mistake("verify_step", "accepts a draft when a sample of p equals it (ignores q)", _VERIFY_HEAD + """
+    for i, token in enumerate(drafts):
+        if draw(p[i], generator) == token:
+            new.append(token)
+            continue
+        new.append(draw(residual(p[i], q[i]), generator))
+        return new
+    new.append(draw(p[len(drafts)], generator))
+    return new
+""", says="a draft with p >= q must always be kept"),
+    Mistake("verify_step", "accepts with probability p(d), not min(1, p(d) / q(d))", _VERIFY_HEAD + """
+    for i, token in enumerate(drafts):
+        a = float(p[i, token])
+        if a >= 1 or (generator is not None and torch.rand((), generator=generator).item() < a):
+            new.append(token)
+            continue
+        new.append(draw(residual(p[i], q[i]), generator))
+        return new
+    new.append(draw(p[len(drafts)], generator))
+    return new
+""", says="a draft with p >= q must always be kept"),
     # ---------------------------------------------------------------- tokens per pass
     Mistake("tokens_per_pass", "exponent gamma instead of gamma + 1 (forgets the bonus token)", """
 def tokens_per_pass(a, gamma):
@@ -191,6 +224,14 @@ def tokens_per_pass(a, gamma):
         return float(gamma + 1)
     return (1 - a ** (gamma + 1)) / (1 - a)
 """),
+    Mistake("tokens_per_pass", "returns the int gamma + 1 at a == 1 (the prompt asks for a float)", """
+def tokens_per_pass(a, gamma):
+    if not 0 <= a <= 1:
+        raise ValueError(f"a must be in [0, 1], got {a}")
+    if a == 1:
+        return gamma + 1
+    return (1 - a ** (gamma + 1)) / (1 - a)
+""", says="as a float"),
     # ---------------------------------------------------------------- prompt lookup
     Mistake("lookup_drafts", "takes the oldest occurrence instead of the latest", _LOOKUP_HEAD + """
     for n in range(min(max_ngram, len(context) - 1), 0, -1):

@@ -172,6 +172,14 @@ def pack_int4(q):
 def unpack_int4(packed):
     return torch.stack([packed & 0x0F, packed & 0xF0], dim=-1).flatten(-2)
 """),
+    Mistake("pack_int4", "packs and unpacks along axis 1 (a 2-D input only)", """
+def pack_int4(q):
+    return q[:, 0::2] | (q[:, 1::2] << 4)
+
+
+def unpack_int4(packed):
+    return torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+""", says="work along the LAST axis"),
     Mistake("pack_int4", "packs pairs of rows of the first half and second half", """
 def pack_int4(q):
     half = q.shape[-1] // 2
@@ -355,6 +363,37 @@ def quantize_q8_0(x):
     return np.concatenate([d.astype(np.float16).view(np.uint8),
                            q.astype(np.int8).view(np.uint8)], axis=1)
 """, says="multiplies by the reciprocal id = 1 / d"),
+    Mistake("quantize_q8_0", "rounds halves away from zero in float32 (floor(|v| + 0.5) without the "
+            "float64 cast)", """
+def quantize_q8_0(x):
+    x = np.asarray(x, dtype=np.float32)
+    d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
+    inv = np.float32(1) / np.where(d > 0, d, np.float32(1))
+    v = x * inv
+    q = np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))
+    scale = d.astype(np.float16).view(np.uint8)
+    return np.concatenate([scale, q.astype(np.int8).view(np.uint8)], axis=1)
+""", says="cast x * id to float64 before adding the 0.5"),
+    Mistake("quantize_q8_0", "rounds with trunc(v + 0.5 * sign(v)) in float32", """
+def quantize_q8_0(x):
+    x = np.asarray(x, dtype=np.float32)
+    d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
+    inv = np.float32(1) / np.where(d > 0, d, np.float32(1))
+    v = x * inv
+    q = np.trunc(v + np.float32(0.5) * np.sign(v))
+    scale = d.astype(np.float16).view(np.uint8)
+    return np.concatenate([scale, q.astype(np.int8).view(np.uint8)], axis=1)
+""", says="0.49999997 + 0.5 is rounded to exactly 1.0"),
+    Mistake("quantize_q8_0", "computes d, id and x * id in float64", """
+def quantize_q8_0(x):
+    x = np.asarray(x, dtype=np.float64)
+    d = np.abs(x).max(axis=1, keepdims=True) / 127
+    inv = 1 / np.where(d > 0, d, 1)
+    v = x * inv
+    q = np.sign(v) * np.floor(np.abs(v) + 0.5)
+    scale = d.astype(np.float16).view(np.uint8)
+    return np.concatenate([scale, q.astype(np.int8).view(np.uint8)], axis=1)
+""", says="Keep x, d and id in float32 up to the product"),
     Mistake("quantize_q8_0", "divides by 128", """
 def quantize_q8_0(x):
     x = np.asarray(x, dtype=np.float32)

@@ -45,6 +45,11 @@ def tile_step(m, l, acc, s, v_blk):
     p = torch.exp(s - m_new[:, None])
     return m_new, l + p.sum(dim=-1), acc * alpha[:, None] + p @ v_blk
 """),
+    Mistake("tile_step", "no running max: exp of the raw scores (overflows for large scores)", """
+def tile_step(m, l, acc, s, v_blk):
+    p = torch.exp(s)
+    return m, l + p.sum(dim=-1), acc + p @ v_blk
+""", says="exp(100) is inf in float32"),
     # ------------------------------------------------------------ traffic
     Mistake("tiled_traffic", "floor division: a short last query block is not counted", """
 def tiled_traffic(tq, tk, d, block_q, bytes_per_element):
@@ -81,6 +86,18 @@ def slot_of(table, position, block_size):
         raise ValueError(f"position out of range: {position}")
     return table[position // block_size], position % block_size
 """),
+    Mistake("slot_of", "ValueError that does not name the position", """
+def slot_of(table, position, block_size):
+    if position < 0 or position >= len(table) * block_size:
+        raise ValueError("out of range")
+    return table[position // block_size], position % block_size
+""", says="names `position`"),
+    Mistake("slot_of", "logical block position // len(table) (the table's length, not block_size)", """
+def slot_of(table, position, block_size):
+    if position < 0 or position >= len(table) * block_size:
+        raise ValueError(f"position must be in [0, {len(table) * block_size}), got {position}")
+    return table[position // len(table)], position % block_size
+""", says="logical block is position // block_size"),
     # ------------------------------------------------------------ blocks for an append
     Mistake("new_blocks", "ceil(n_new / block_size): ignores the room left in the last block", """
 def new_blocks(length, n_new, block_size, last_block_shared=False):
@@ -153,6 +170,33 @@ def release_block(refcount, free, block):
     if refcount[block] == 0:
         free.append(block)
 """),
+    Mistake("release_block", "decrements before the double-free check (a refused call leaves -1)",
+            """
+def release_block(refcount, free, block):
+    refcount[block] -= 1
+    if refcount[block] < 0:
+        raise ValueError(f"block {block} is not allocated (double free)")
+    if refcount[block] == 0:
+        free.append(block)
+""", says="check for the double free before changing anything"),
+    Mistake("release_block", "ValueError that does not name the block", """
+def release_block(refcount, free, block):
+    if refcount[block] < 1:
+        raise ValueError("double free")
+    refcount[block] -= 1
+    if refcount[block] == 0:
+        free.append(block)
+""", says="naming the block"),
+    Mistake("release_block", "works on copies of the lists and returns them", """
+def release_block(refcount, free, block):
+    if refcount[block] < 1:
+        raise ValueError(f"block {block} is not allocated (double free)")
+    refcount, free = list(refcount), list(free)
+    refcount[block] -= 1
+    if refcount[block] == 0:
+        free.append(block)
+    return refcount, free
+""", says="changes the caller's lists in place"),
     # ------------------------------------------------------------ self-checks
     Mistake("q1", "thinks the rescale is only for stability", 'answer_q1 = "D"\n'),
     Mistake("q2", "counts used positions instead of empty ones", "answer_q2 = 100\n"),
