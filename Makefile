@@ -113,7 +113,8 @@ lint: $(STAMP) ## ruff over the package, the autograder and the tests
 	$(BIN)/ruff check tinygpt autograder tests
 
 clean: ## remove caches and instructor outputs (submitted/, autograded/, feedback/, gradebook)
-	rm -rf submitted autograded feedback gradebook.db grades.csv .grading bench-results \
+	rm -rf submitted autograded feedback gradebook.db grades.csv grades-by-exercise.csv \
+		.grading bench-results \
 		.pytest_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +
 	find . -name .ipynb_checkpoints -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +

@@ -183,6 +183,19 @@ def test_a_kv_pool_below_the_minimum_is_refused_with_the_minimum(capsys):
     assert "--kv-blocks 1 is too small for tinygpt: at least 2 blocks" in err
 
 
+def test_a_model_without_a_chat_template_gets_a_minimum_too():
+    # the server crashed at startup on it (a base model, a GGUF without a template): it serves
+    # completions, and chat requests get their 400
+    class NoTemplate:
+        def encode_chat(self, messages):
+            raise ValueError("this model's tokenizer has no chat template: use /v1/completions")
+
+        def encode(self, text):
+            return [7]
+
+    assert cli.min_kv_blocks(NoTemplate()) == 1      # "Hi" alone: 1 token + 16 - 1 = 16
+
+
 def test_the_minimum_pool_serves_default_requests():
     """A pool of min_kv_blocks answers a chat request and a completion with the defaults (no
     max_tokens); one block fewer refuses the completion."""

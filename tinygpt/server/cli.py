@@ -170,11 +170,15 @@ def check_flags(args: argparse.Namespace) -> list[str]:
 
 def min_kv_blocks(tokenizer, block_size: int = 16) -> int:
     """The smallest pool --kv-blocks may ask for: room for one request a client sends with the
-    defaults, the model's chat template around a one-word message and a reply of
-    COMPLETION_MAX_TOKENS tokens (/v1/completions' default). The server admits requests up to
-    the pool's positions when that is fewer than the context (see tinygpt.server.prompts), so
-    a smaller pool would answer 400 to almost everything."""
-    prompt = len(tokenizer.encode_chat([{"role": "user", "content": "Hi"}]))
+    defaults, the model's chat template around a one-word message (the word alone for a model
+    without a template: it serves completions only) and a reply of COMPLETION_MAX_TOKENS tokens
+    (/v1/completions' default). The server admits requests up to the pool's positions when that
+    is fewer than the context (see tinygpt.server.prompts), so a smaller pool would answer 400
+    to almost everything."""
+    try:
+        prompt = len(tokenizer.encode_chat([{"role": "user", "content": "Hi"}]))
+    except ValueError:          # no chat template: /v1/chat/completions answers 400
+        prompt = len(tokenizer.encode("Hi"))
     return -(-(prompt + COMPLETION_MAX_TOKENS - 1) // block_size)
 
 
