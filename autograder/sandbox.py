@@ -50,6 +50,17 @@ class SandboxPolicy:
         # Never widen to the repository itself (that would expose solutions/ and gradebook.db).
         return sorted(p for p in paths if p.exists() and p != REPO_ROOT)
 
+    def aliased_paths(self) -> list[tuple[Path, Path]]:
+        """(host folder, the path it is reached by) for a virtual environment reached through a
+        symlink (a clone whose .venv links to another): readonly_paths binds resolved paths,
+        but the kernel is started as sys.executable, which must exist as given inside."""
+        pairs = set()
+        for given in (Path(sys.prefix), Path(sys.executable).parent.parent):
+            given, real = Path(os.path.abspath(given)), given.resolve()
+            if given != real and real.exists():
+                pairs.add((real, given))
+        return sorted(pairs)
+
 
 def imported_tinygpt() -> Path:
     """The folder this Python imports the tinygpt package from: an editable install may point
@@ -82,6 +93,8 @@ def sandbox_prefix(policy: SandboxPolicy) -> list[str]:
             cmd += ["--ro-bind", str(target), str(target)]
     for path in policy.readonly_paths():
         cmd += ["--ro-bind", str(path), str(path)]
+    for real, given in policy.aliased_paths():
+        cmd += ["--ro-bind", str(real), str(given)]
     scratch = str(policy.scratch)
     cmd += ["--bind", scratch, scratch, "--chdir", scratch]
     env = {

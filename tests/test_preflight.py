@@ -47,6 +47,31 @@ def test_the_sandbox_binds_the_folder_tinygpt_is_imported_from(tmp_path):
     assert imported in sandbox.SandboxPolicy(tmp_path).readonly_paths()
 
 
+SANDBOXED = """
+import subprocess, sys
+from pathlib import Path
+from autograder.sandbox import SandboxPolicy, sandbox_prefix
+cmd = sandbox_prefix(SandboxPolicy(Path(sys.argv[1]))) + [sys.executable, "-c", "import numpy"]
+sys.exit(subprocess.run(cmd, capture_output=True).returncode)
+"""
+
+
+def test_a_virtual_environment_reached_through_a_symlink_starts_in_the_sandbox(tmp_path):
+    # the kernel is started as sys.executable, as given: with the venv bound only at its
+    # resolved path, prlimit inside found no such file (exit 127: "the kernel did not start")
+    try:
+        sandbox.bwrap_path()
+    except sandbox.SandboxUnavailable as err:
+        pytest.skip(str(err))
+    link = tmp_path / "linked-venv"
+    link.symlink_to(Path(sys.prefix).resolve(), target_is_directory=True)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    done = subprocess.run([str(link / "bin" / Path(sys.executable).name), "-c", SANDBOXED,
+                           str(scratch)], cwd=REPO_ROOT, timeout=120)
+    assert done.returncode == 0
+
+
 @pytest.mark.slow
 def test_grade_stops_before_grading_anyone_when_an_import_fails(tmp_path):
     """A notebook that imports a module the grading environment lacks: `grade` exits non-zero
