@@ -94,7 +94,8 @@ def test_bench_plot_needs_the_requests_rows(monkeypatch, capsys, tmp_path):
 
 
 def test_bench_list_checks_and_follows_only(capsys):
-    refused(capsys, cli.main(["--list", "--only", "nosuch"]), "nosuch")
+    err = refused(capsys, cli.main(["--list", "--only", "nosuch"]), "nosuch")
+    assert "choose from ['requests', 'kv_cache'," in err       # requests was left out
     assert cli.main(["--list", "--only", "kv_cache"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in listed] == ["kv_cache"]

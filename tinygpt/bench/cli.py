@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tinygpt bench",
         description="Measure TTFT, TPOT, tokens/s, goodput and the course's speed targets "
-                    "side by side; print a table, optionally write JSON.")
+                    "side by side; print a table, optionally write JSON. `python -m tinygpt "
+                    "bench serve --help`: the load generator against a running server.")
     parser.add_argument("--quick", action="store_true",
                         help="small models and few repeats: a smoke run of every row (165 s "
                              "alone on one thread of a 2-core AVX2 machine, 200 s beside make "

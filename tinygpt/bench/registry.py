@@ -99,6 +99,9 @@ def register(name: str, *, day: int) -> Callable:
     return wrap
 
 
+REQUESTS = "requests"       # the name --only uses for the streamed-request metrics (run.py's)
+
+
 def row_groups(only: list[str] | None = None) -> list[RowGroup]:
     """Every registered group (importing ROW_MODULES first), by day; with `only`, just those
     names (an unknown name is an error that lists the known ones)."""
@@ -110,5 +113,6 @@ def row_groups(only: list[str] | None = None) -> list[RowGroup]:
     known = [g.name for g in groups]
     unknown = [n for n in only if n not in known]
     if unknown:
-        raise ValueError(f"unknown bench row group(s) {unknown}; choose from {known}")
+        raise ValueError(f"unknown bench row group(s) {unknown}; choose from "
+                         f"{[REQUESTS, *known]}")
     return [g for g in groups if g.name in only]

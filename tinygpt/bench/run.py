@@ -21,11 +21,10 @@ from tinygpt import flops as F
 from tinygpt.bench.harness import Comparison, machine_info, run_requests
 from tinygpt.bench.models import model_info
 from tinygpt.bench.plan import BenchPlan, bench_plan
-from tinygpt.bench.registry import BenchContext, row_groups
+from tinygpt.bench.registry import REQUESTS, BenchContext, row_groups
 from tinygpt.metrics import RequestTrace, request_metrics
 
 SCHEMA_VERSION = 1
-REQUESTS = "requests"       # the name --only uses for the streamed-request metrics
 
 
 def run_group(group, ctx: BenchContext) -> list[Comparison]:
