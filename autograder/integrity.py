@@ -21,7 +21,7 @@ code (exec, eval, __import__), assignments to attributes of imported modules, re
 check functions, comparison overrides (__eq__ that can say yes to anything), reading notebook
 files or the kernel's input history, importing the package's finished version of the function
 under test, and calling a function a test cell defines (a visible test's reference, which runs
-in the same kernel: `def kv_bytes(...): return kv_truth(...)` passes every test).
+in the same kernel: an answer that only calls it passes the tests that compare values).
 
 A submission with evidence is graded as usual (prevented tampering no longer earns points) and
 gets the status `flagged` with the evidence, for manual review. What remains possible: code

@@ -169,19 +169,19 @@ def test_the_cheating_corpus_fools_stock_nbgrader_but_not_ours(tmp_path):
 
 
 def test_calling_a_visible_test_s_reference_is_flagged():
-    # the reference runs in the same kernel: an answer that calls it passed every test, hidden
-    # ones included, and nothing noticed; a helper cell in between changes nothing
+    # the reference runs in the same kernel: an answer that only calls it passed the value
+    # checks, and nothing noticed; a helper cell in between changes nothing
     day = "day21_long_context"
     release = nbformat.read(str(release_path(day)), as_version=4)
     submission = nbformat.read(str(solution_path(day)), as_version=4)
     index, cell = next((i, c) for i, c in enumerate(submission.cells)
-                       if c.metadata.get("nbgrader", {}).get("grade_id") == "kv_bytes")
-    cell.source = ("def kv_bytes(layout, context, dtype_bytes=2):\n"
-                   "    return helper(layout, context)")
+                       if c.metadata.get("nbgrader", {}).get("grade_id") == "absorbed_decode")
+    cell.source = ("def absorbed_decode(q_nope, q_pe, c, k_pe, w_uk, w_uv, scale):\n"
+                   "    return helper(q_nope, q_pe, c, k_pe, w_uk, w_uv, scale)")
     submission.cells.insert(index, nbformat.v4.new_code_cell(
-        "def helper(*args):\n    return kv_truth(*args)"))
+        "def helper(*args):\n    return naive_decode(*args)"))
     found = [e.text() for e in scan_submission(release, submission)]
-    assert found == [f"reference-copy in cell {index}: calls kv_truth, which a test cell "
+    assert found == [f"reference-copy in cell {index}: calls naive_decode, which a test cell "
                      "defines (the tests' own)"], found
 
 

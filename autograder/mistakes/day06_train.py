@@ -116,6 +116,13 @@ def lr_at(step, steps, max_lr, warmup_steps, min_lr):
     return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(2 * math.pi * progress))
 """, says="half a cosine"),
     # ---- train_step -----------------------------------------------------------------------
+    # The tests' reference lives in the hidden part only, so an answer that calls it fails at
+    # the first visible check (NameError); it stays first of its exercise's mistakes: once a
+    # trial has passed the visible checks, the hidden part has defined the reference in the kernel.
+    Mistake("train_step", "calls the tests' own reference_step", """
+def train_step(model, optimizer, x, y, grad_clip):
+    return reference_step(model, optimizer, x, y, grad_clip)
+""", says="is not defined"),
     Mistake("train_step", "forgets zero_grad: gradients accumulate over steps", """
 def train_step(model, optimizer, x, y, grad_clip):
     loss = lm_loss(model(x), y)

@@ -268,6 +268,13 @@ def decode_bytes(dense_bytes, expert_bytes, n_moe_layers, n_experts, k, batch):
     return dense_bytes + expected_distinct(n_experts, k, batch) * expert_bytes
 ''', says="every MoE layer"),
     # ------------------------------------------------------------ capacity
+    # The tests' reference lives in the hidden part only, so an answer that calls it fails at
+    # the first visible check (NameError); it stays first of its exercise's mistakes: once a
+    # trial has passed the visible checks, the hidden part has defined the reference in the kernel.
+    Mistake("kept_pairs", "calls the tests' own reference_kept", '''
+def kept_pairs(experts, n_experts, capacity):
+    return reference_kept(experts, n_experts, capacity)
+''', says="is not defined"),
     Mistake("kept_pairs", "keeps the latest pairs of each expert instead of the earliest", '''
 def kept_pairs(experts, n_experts, capacity):
     taken = [0] * n_experts

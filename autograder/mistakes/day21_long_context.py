@@ -110,6 +110,13 @@ def _fp8(amax="x.float().abs().amax(dim=(-2, -1), keepdim=True)",
 
 MISTAKES = [
     # ------------------------------------------------------------ KV bytes
+    # The tests' reference lives in the hidden part only, so an answer that calls it fails at
+    # the first visible check (NameError); it stays first of its exercise's mistakes: once a
+    # trial has passed the visible checks, the hidden part has defined the reference in the kernel.
+    Mistake("kv_bytes", "calls the tests' own kv_truth", '''
+def kv_bytes(layout, context, dtype_bytes=2):
+    return kv_truth(layout, context, dtype_bytes)
+''', says="is not defined"),
     Mistake("kv_bytes", "counts only the keys (no factor 2 for the values)",
             _kv(gqa='group["kv_heads"] * group["head_dim"]'), says="a key AND a value"),
     Mistake("kv_bytes", "counts MLA's latent twice, as if it were a key and a value",
@@ -166,7 +173,37 @@ def absorbed_decode(q_nope, q_pe, c, k_pe, w_uk, w_uv, scale):
     weights = torch.softmax(scores, dim=-1)
     return (weights @ c) @ w_uv[0].T
 ''', says=""),
+    Mistake("absorbed_decode", "decompresses every head's keys and values, then attends", '''
+def absorbed_decode(q_nope, q_pe, c, k_pe, w_uk, w_uv, scale):
+    k = torch.einsum("hnr,sr->hsn", w_uk, c)
+    v = torch.einsum("hvr,sr->hsv", w_uv, c)
+    scores = (torch.einsum("hn,hsn->hs", q_nope, k) + q_pe @ k_pe.T) * scale
+    return torch.einsum("hs,hsv->hv", torch.softmax(scores, dim=-1), v)
+''', says="never from keys or values"),
+    Mistake("absorbed_decode", "folds W_uk into the query but decompresses the values", '''
+def absorbed_decode(q_nope, q_pe, c, k_pe, w_uk, w_uv, scale):
+    q_abs = torch.einsum("hn,hnr->hr", q_nope, w_uk)
+    weights = torch.softmax((q_abs @ c.T + q_pe @ k_pe.T) * scale, dim=-1)
+    v = torch.einsum("hvr,sr->hsv", w_uv, c)
+    return torch.einsum("hs,hsv->hv", weights, v)
+''', says="never from keys or values"),
+    Mistake("absorbed_decode", "decompresses head by head", '''
+def absorbed_decode(q_nope, q_pe, c, k_pe, w_uk, w_uv, scale):
+    outs = []
+    for h in range(q_nope.shape[0]):
+        keys, values = c @ w_uk[h].T, c @ w_uv[h].T
+        weights = torch.softmax((keys @ q_nope[h] + k_pe @ q_pe[h]) * scale, dim=0)
+        outs.append(weights @ values)
+    return torch.stack(outs)
+''', says="never from keys or values"),
     # ------------------------------------------------------------ held blocks
+    # The tests' reference lives in the hidden part only, so an answer that calls it fails at
+    # the first visible check (NameError); it stays first of its exercise's mistakes: once a
+    # trial has passed the visible checks, the hidden part has defined the reference in the kernel.
+    Mistake("held_blocks", "calls the tests' own held_by_the_pool", '''
+def held_blocks(length, window, block_size):
+    return held_by_the_pool(window, block_size, [length])[length]
+''', says="is not defined"),
     Mistake("held_blocks", "the oldest key read is L - W (one too far back)",
             _held(oldest="max(length - window, 0)"), says="L - W + 1"),
     Mistake("held_blocks", "the oldest key read is L - W + 2",
@@ -185,6 +222,13 @@ def held_blocks(length, window, block_size):
     return range(oldest // block_size, -(-length // block_size))
 ''', says="a list of ints"),
     # ------------------------------------------------------------ streaming view
+    # The tests' reference lives in the hidden part only, so an answer that calls it fails at
+    # the first visible check (NameError); it stays first of its exercise's mistakes: once a
+    # trial has passed the visible checks, the hidden part has defined the reference in the kernel.
+    Mistake("streaming_view", "calls the tests' own simulate_streaming", '''
+def streaming_view(t, window, sinks):
+    return simulate_streaming(t, window, sinks)
+''', says="is not defined"),
     Mistake("streaming_view", "the window starts at max(0, t - W + 1): sinks counted twice",
             _stream(window="list(range(max(0, t - window + 1), t + 1))"), says="a second time"),
     Mistake("streaming_view", "all sinks are visible, even before they exist",
