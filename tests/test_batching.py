@@ -547,3 +547,59 @@ def test_simulator_bad_input_is_named():
         simulate(reqs, "static", 8, constant(1.0), admit_fn=lambda *args: 0)
     with pytest.raises(ValueError, match="free slots"):
         simulate(reqs, "continuous", 2, constant(1.0), admit_fn=lambda p, w, r, b, m: w + 1)
+
+
+def test_non_integer_ids_and_bad_token_arguments_are_refused():
+    """int() used to truncate: [403, 79.9] ran as 79, [True, 79] as [1, 79], a float tensor
+    was cast, reorder([0.5, 1.7]) kept rows [0, 1], pad_id=1.5 padded with 1, and eos_id -1,
+    10**6 or "x" was accepted (an eos_id outside the vocabulary never stops a row)."""
+    model = TinyGPT(CFG, seed=0).eval()
+    p = SamplingParams(temperature=0, max_new_tokens=2)
+    for bad in ([[5, 79.9]], [[True, 79]], [[5, 79], [3.0]]):
+        with pytest.raises(TypeError, match=r"prompts\[\d\] must hold ints"):
+            generate_batch(model, bad, p)
+    for dtype in (torch.float32, torch.bool):
+        with pytest.raises(TypeError, match=r"prompts\[0\] must hold integer token ids"):
+            generate_batch(model, [torch.tensor([5, 1], dtype=dtype)], p)
+    with pytest.raises(TypeError, match="prompt_ids must hold ints"):
+        beam_search(model, [5, 79.7], 2, 2)
+    with pytest.raises(TypeError, match="prompt_ids must hold integer"):
+        beam_search(model, torch.tensor([5.0, 79.0]), 2, 2)
+    with pytest.raises(TypeError, match="prompt_ids must hold ints"):
+        chunked_prefill(model, [5, 7.5], 2)
+    for bad in (-1, 10**6, 97):
+        with pytest.raises(ValueError, match=r"eos_id must be a token id in \[0, 97\)"):
+            generate_batch(model, [[5, 79]], p, eos_id=bad)
+        with pytest.raises(ValueError, match=r"eos_id must be a token id in \[0, 97\)"):
+            beam_search(model, [5, 79], 2, 2, eos_id=bad)
+    for bad in ("x", 1.0, True):
+        with pytest.raises(TypeError, match="eos_id must be None or an int"):
+            generate_batch(model, [[5, 79]], p, eos_id=bad)
+    for bad in (1.5, True, "0"):
+        with pytest.raises(TypeError, match="pad_id must be an int"):
+            left_pad([[1, 2], [3]], pad_id=bad)
+    with pytest.raises(ValueError, match=r"pad_id must be a token id in \[0, \.\.\.\)"):
+        left_pad([[1, 2], [3]], pad_id=-1)
+    assert left_pad([[1, 2], [3]], pad_id=7)[0].tolist() == [[1, 2], [7, 3]]
+    batch = BatchedKVCache(model, 3, max_len=8)
+    batch.forward(*left_pad([[1, 2], [3], [4, 5]]))
+    for bad in ([0.5, 1.7], [True, False], torch.tensor([0.0, 1.0]), torch.tensor([True])):
+        with pytest.raises(TypeError, match="index must hold integer row numbers"):
+            batch.reorder(bad)
+    assert batch.batch_size == 3
+    batch.reorder(torch.tensor([2, 0]))
+    assert batch.lengths.tolist() == [2, 2]
+
+
+def test_request_stream_refuses_lengths_it_cannot_clip_to():
+    """max_len=0 gave requests of length 0 (the docstring clips to [1, max_len]), and a
+    negative median was accepted."""
+    for name, bad in (("max_len", 0), ("prompt_median", -5), ("output_median", 0),
+                      ("max_len", 2.5), ("prompt_median", True)):
+        with pytest.raises(ValueError, match=f"{name} must be an int >= 1"):
+            request_stream(3, 1.0, **{name: bad})
+    for bad in (-0.1, float("nan"), float("inf"), "1"):
+        with pytest.raises(ValueError, match="sigma must be a finite number >= 0"):
+            request_stream(3, 1.0, sigma=bad)
+    reqs = request_stream(50, 1.0, max_len=3, prompt_median=1)
+    assert all(1 <= r.prompt_len <= 3 and 1 <= r.output_len <= 3 for r in reqs)

@@ -3,6 +3,7 @@ is dropped, oldest turn first, when the conversation outgrows the context. The r
 chat runs in tests/test_real_model.py."""
 
 import io
+import re
 
 import pytest
 
@@ -75,3 +76,14 @@ def test_a_thread_count_torch_cannot_take_is_refused_before_the_model_loads(
     assert err == (f"error: --threads must be an integer from 1 to "
                    f"{4 * tinygpt.usable_cores()} (4 per usable core, "
                    f"{tinygpt.usable_cores()} here), got {threads}\n")
+
+
+@pytest.mark.parametrize("flag,value,field", [
+    ("--top-p", "0", "top_p"), ("--temperature", "-1", "temperature"),
+    ("--max-tokens", "0", "max_new_tokens"), ("--seed", "-1", "seed")])
+def test_errors_name_the_flag_not_the_field(capsys, flag, value, field):
+    """`chat --top-p 0` printed "top_p must be in (0, 1]": only max_new_tokens was renamed."""
+    assert main(["--model", "tinygpt", flag, value], stdin=io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag} must be"), err
+    assert not re.search(rf"(?<![-\w]){field}\b", err), err       # the field, not in a flag

@@ -510,3 +510,105 @@ def test_async_engine_streams_cancels_and_refuses_when_full(shipped, prompts):
 
 async def _drain(request):
     return [event async for event in request]
+
+
+# -- arguments, ids and results ------------------------------------------------------------------
+
+def test_the_constructor_checks_every_argument_before_allocating():
+    """block_size=0 divided by zero; max_running=0 blamed num_blocks; a block_size past the
+    window sized a pool for positions no request reaches (10**6 asked for 32 GB); order and
+    record were taken as they came (a bad order failed only at add_request)."""
+    model = tiny_model()
+    for bad in (0, -1, 97, 2.0, True):
+        with pytest.raises(ValueError, match=r"block_size must be an int in \[1, 96\]"):
+            Engine(model, block_size=bad)
+    for name in ("max_running", "token_budget", "num_blocks"):
+        for bad in (0, -1, 2.0):
+            with pytest.raises(ValueError, match=f"{name} must be an int >= 1"):
+                Engine(model, **{name: bad})
+    for name in ("record", "prefix_caching", "batched", "fast_forward"):
+        with pytest.raises(TypeError, match=f"{name} must be True or False"):
+            Engine(model, **{name: "no"})
+    with pytest.raises(ValueError, match="order must be a permutation"):
+        Engine(model, order=("a",))
+    engine = Engine(model, block_size=96, max_running=2)
+    assert engine.cache.allocator.num_blocks == 2
+
+
+def test_generate_is_all_or_nothing_and_forgets_what_it_returned(shipped, prompts):
+    """A bad prompt among good ones left the good ones queued (they ran on the next call), and
+    every result generate() returned stayed in the engine for good."""
+    model, tok = shipped
+    engine = Engine(model, tok)
+    params = SamplingParams(temperature=0.0, max_new_tokens=3)
+    with pytest.raises(ValueError, match="empty"):
+        engine.generate([prompts[0], prompts[1], []], params)
+    assert not engine.has_work and not engine._active
+    got = engine.generate(prompts[:2], params)
+    assert [r.token_ids for r in got] == [generate(model, p, params).token_ids
+                                          for p in prompts[:2]]
+    assert not engine._results and not engine._active
+
+
+def test_automatic_and_given_request_ids_never_collide(shipped, prompts):
+    """add_request(..., request_id=0) then add_request(...) refused the automatic id 0, and a
+    finished but unreleased id could be given again, overwriting its result."""
+    model, tok = shipped
+    engine = Engine(model, tok)
+    params = SamplingParams(temperature=0.0, max_new_tokens=2)
+    assert engine.add_request(prompts[0], params, request_id=0) == 0
+    automatic = engine.add_request(prompts[1], params)
+    assert automatic != 0
+    engine.run()
+    with pytest.raises(ValueError, match="request_id 0 is already in the engine"):
+        engine.add_request(prompts[2], params, request_id=0)
+    assert engine.add_request(prompts[2], params) not in (0, automatic)
+    assert engine.result(0).prompt_ids == prompts[0]
+    engine.release(0)
+    assert engine.add_request(prompts[3], params, request_id=0) == 0
+
+
+def test_eos_ids_logprobs_and_constraints_are_checked_when_submitted(shipped, prompts):
+    """eos_ids=403 failed with "'int' object is not iterable"; AsyncEngine.submit took
+    logprobs=-1 or constraint="abc" and ended the request with an "error" event, though it
+    promises a ValueError / TypeError; SerialEngine refused a tensor prompt AsyncEngine takes,
+    with an error event."""
+    from tinygpt.engine import SerialEngine
+
+    model, tok = shipped
+    engine = Engine(model, tok)
+    for call in (lambda **kw: engine.add_request(prompts[0], GREEDY, **kw),
+                 lambda **kw: engine.check_request(prompts[0], GREEDY, **kw)):
+        with pytest.raises(TypeError, match="eos_ids must be a sequence of ints"):
+            call(eos_ids=403)
+        with pytest.raises(TypeError, match="constraint must be None or have mask"):
+            call(constraint="abc")
+        with pytest.raises(ValueError, match="logprobs must be None or an int"):
+            call(logprobs=-1)
+        with pytest.raises(ValueError, match="prompt_logprobs must be None or an int"):
+            call(prompt_logprobs=1.5)
+    assert not engine.has_work
+
+    async def main():
+        for engine_class in (AsyncEngine, SerialEngine):
+            front = engine_class(model, tok)
+            try:
+                with pytest.raises(TypeError, match="eos_ids must be a sequence of ints"):
+                    await front.submit(prompts[0], GREEDY, 403)
+                with pytest.raises(TypeError, match="constraint must be None or have mask"):
+                    await front.submit(prompts[0], GREEDY, constraint="abc")
+                if engine_class is AsyncEngine:
+                    with pytest.raises(ValueError, match="logprobs must be None or an int"):
+                        await front.submit(prompts[0], GREEDY, logprobs=-1)
+                with pytest.raises(ValueError, match="empty"):
+                    await front.submit([], GREEDY)
+                request = await front.submit(torch.tensor(prompts[1]), GREEDY, [])
+                events = await asyncio.wait_for(_drain(request), 30)
+                assert events[-1].finish_reason == "length" and request.prompt_ids == prompts[1]
+                assert [e.token_id for e in events] == generate(model, prompts[1],
+                                                                GREEDY).token_ids
+                assert front.stats().submitted == 1
+            finally:
+                await front.shutdown(1.0)
+
+    asyncio.run(main())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import random
+import re
 import warnings
 
 import pytest
@@ -471,7 +472,7 @@ def test_cli_errors(fake_pretrained, capsys, monkeypatch):
     assert main(["--prompt", "a", "--temperature", "-1"]) == 2
     assert "temperature" in capsys.readouterr().err
     assert main(["--prompt", "a", "--device", "cpu", "--max-new-tokens", "0"]) == 2
-    assert "max_new_tokens" in capsys.readouterr().err
+    assert "--max-new-tokens must be >= 1" in capsys.readouterr().err
     assert main(["--prompt", "", "--device", "cpu"]) == 0  # just <|endoftext|>: a new story
     capsys.readouterr()
     monkeypatch.setattr(CliTokenizer, "eot_id", None)
@@ -840,7 +841,7 @@ def test_cli_refuses_a_seed_beyond_torch_generators_naming_it(fake_pretrained, c
         assert main([*argv, "--seed", str(seed)]) == 2
         out, err = capsys.readouterr()
         assert out == "" and len(err.splitlines()) == 1, err
-        assert err.startswith("error: seed must be None or an int in [0, 2**64 - 1]"), err
+        assert err.startswith("error: --seed must be None or an int in [0, 2**64 - 1]"), err
 
 
 def test_chat_refuses_a_seed_beyond_torch_generators_before_loading(monkeypatch, capsys):
@@ -856,4 +857,35 @@ def test_chat_refuses_a_seed_beyond_torch_generators_before_loading(monkeypatch,
     assert chat_main(["--model", "tinygpt", "--seed", "99999999999999999999999"],
                      stdin=io.StringIO("hi\n"), stdout=io.StringIO()) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: seed must be None or an int in [0, 2**64 - 1]"), err
+    assert err.startswith("error: --seed must be None or an int in [0, 2**64 - 1]"), err
+
+
+@pytest.mark.parametrize("flag,value,field", [
+    ("--top-p", "0", "top_p"), ("--top-k", "-1", "top_k"), ("--min-p", "2", "min_p"),
+    ("--temperature", "-1", "temperature"), ("--repetition-penalty", "0",
+                                             "repetition_penalty"),
+    ("--max-new-tokens", "0", "max_new_tokens"), ("--stop", "", "stop")])
+def test_cli_errors_name_the_flag_not_the_field(fake_pretrained, capsys, flag, value, field):
+    """generate.main printed SamplingParams' own message ("top_p must be in (0, 1]"), which
+    names a Python field the command line does not have."""
+    assert main(["--prompt", "a", "--device", "cpu", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag} "), err
+    assert not re.search(rf"(?<![-\w]){field}\b", err), err       # the field, not in a flag
+
+
+def test_a_constraint_without_mask_and_advance_is_refused_before_any_event():
+    """stream(..., constraint="abc") returned a generator whose first next() failed with an
+    AttributeError; stream promises that bad arguments raise before any event."""
+    model = ContextModel()
+
+    class OnlyMask:
+        def mask(self, logits):
+            return logits
+
+    for bad in ("abc", OnlyMask()):
+        with pytest.raises(TypeError, match="constraint must be None or have mask"):
+            stream(model, [1], SamplingParams(), constraint=bad)
+        with pytest.raises(TypeError, match="constraint must be None or have mask"):
+            generate(model, [1], SamplingParams(), constraint=bad)
+    assert model.lengths == []

@@ -109,6 +109,15 @@ def test_temperature_type_checked():
         nx.softmax_with_temperature(LOGITS, True)
 
 
+@pytest.mark.parametrize("tau", [1e-310, 5e-324])
+def test_a_tiny_temperature_is_the_greedy_limit_not_an_overflow(tau):
+    """logits / 1e-310 overflowed to +inf and the error blamed the logits, though the
+    docstring allows any finite temperature >= 0: (logits - max) / T keeps the maxima at 0."""
+    with np.errstate(over="raise", invalid="raise"):     # no RuntimeWarning either
+        got = nx.softmax_with_temperature([[1.0, 2.0, 3.0], [4.0, 4.0, -1.0]], tau)
+    np.testing.assert_array_equal(got, [[0.0, 0.0, 1.0], [0.5, 0.5, 0.0]])
+
+
 def test_temperature_sharpens_and_flattens():
     top = [nx.softmax_with_temperature(LOGITS, t)[3] for t in (0.25, 0.5, 1, 2, 10)]
     assert all(a > b for a, b in zip(top, top[1:], strict=False))
@@ -128,6 +137,8 @@ def test_cross_entropy_matches_torch():
     (np.zeros((2, 5)), [1.0, 2.0], "integer ids"),
     (np.zeros((2, 5)), [1, 5], r"\[0, 5\)"),
     (np.zeros((2, 5)), [-1, 0], r"\[0, 5\)"),
+    # the mean of no positions was nan, with RuntimeWarnings (perplexity refuses empty input)
+    (np.zeros((0, 3)), np.zeros(0, int), r"at least one row \(N >= 1\)"),
 ])
 def test_cross_entropy_errors(logits, targets, match):
     with pytest.raises(ValueError, match=match):

@@ -654,3 +654,34 @@ def test_the_seed_is_bounded_by_what_a_torch_generator_takes():
     for seed in (MAX_GENERATOR_SEED + 1, 99_999_999_999_999_999_999_999):
         with pytest.raises(ValueError, match=r"seed must be None or an int in \[0, 2\*\*64 - 1\]"):
             SamplingParams(seed=seed)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"repetition_penalty": 1e-39}, "repetition_penalty"),     # subnormal in float32
+    ({"repetition_penalty": 1e39}, "repetition_penalty"),      # inf in float32
+    ({"frequency_penalty": 1e39}, "frequency_penalty"),
+    ({"presence_penalty": -1e39}, "presence_penalty"),
+])
+def test_penalties_are_bounded_to_what_float32_holds(kwargs, name):
+    """These were accepted, and sampling then failed saying "logits must not contain NaN or
+    +inf", blaming the model's logits for the penalty's overflow."""
+    with pytest.raises(ValueError, match=rf"{name} must .*\[-?\d\.\d+e[-+]38, 3\.4028235e\+38\]"):
+        SamplingParams(**kwargs)
+
+
+def test_bounds_are_inclusive_and_an_overflow_inside_them_names_the_penalties():
+    """Inside the bounds a penalty can still overflow a large logit; the error then names the
+    penalties, not the logits."""
+    from tinygpt.sampling import FLOAT32_MAX, FLOAT32_TINY
+
+    SamplingParams(repetition_penalty=FLOAT32_TINY, frequency_penalty=-FLOAT32_MAX,
+                   presence_penalty=FLOAT32_MAX)
+    logits = torch.tensor([[10.0, 1.0, -1.0]])
+    seen = torch.tensor([[0]])
+    for params in (SamplingParams(repetition_penalty=2e-38), SamplingParams(
+            temperature=0, frequency_penalty=-FLOAT32_MAX)):
+        with pytest.raises(ValueError, match=r"the penalties \(repetition_penalty=.*overflow "
+                                             r"torch.float32"):
+            sample_next_token(logits, params, prompt_ids=seen, generated_ids=seen.repeat(1, 2))
+    kept = apply_penalties(logits, SamplingParams(repetition_penalty=1e-30), seen)
+    assert kept[0, 0] == pytest.approx(1e31) and torch.isfinite(kept).all()

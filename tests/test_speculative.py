@@ -240,3 +240,115 @@ def test_a_tiny_temperature_picks_the_greedy_tokens(t):
     for draft in (PromptLookupDrafter(), TinyGPT(model.cfg, seed=9).eval()):
         got = speculative_generate(model, draft, prompt, params, gamma=3)
         assert got.token_ids == want, type(draft).__name__
+
+
+def test_stop_strings_and_a_bad_eos_id_generator_or_draft_are_refused():
+    """stop strings were ignored (the run went past them, stop_reason "length"), and eos_id
+    -1 or "a", generator="g" and draft="abc" were accepted or failed deep inside."""
+    model = TinyGPT(SMALL, seed=0).eval()
+    p = SamplingParams(temperature=0, max_new_tokens=3)
+    with pytest.raises(ValueError, match="stop strings"):
+        speculative_generate(model, PromptLookupDrafter(), [1, 2],
+                             SamplingParams(temperature=0, stop=["."]))
+    with pytest.raises(ValueError, match=r"eos_id must be in \[0, 6\), got -1"):
+        speculative_generate(model, PromptLookupDrafter(), [1, 2], p, eos_id=-1)
+    with pytest.raises(ValueError, match=r"eos_id must be in \[0, 6\), got 6"):
+        speculative_generate(model, PromptLookupDrafter(), [1, 2], p, eos_id=6)
+    for bad in ("a", True, 1.0):
+        with pytest.raises(TypeError, match="eos_id must be None or an int"):
+            speculative_generate(model, PromptLookupDrafter(), [1, 2], p, eos_id=bad)
+    with pytest.raises(TypeError, match="generator must be None or a torch.Generator"):
+        speculative_generate(model, PromptLookupDrafter(), [1, 2], p, generator="g")
+    with pytest.raises(TypeError, match="draft must be a model"):
+        speculative_generate(model, "abc", [1, 2], p)
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        ModelDrafter("abc")
+    assert speculative_generate(model, PromptLookupDrafter(), [1, 2], p,
+                                eos_id=5).stop_reason in ("eos", "length")
+
+
+def test_gamma_and_the_rule_helpers_refuse_what_they_cannot_use():
+    """gamma=10**9 allocated lists of 10**9 counters; acceptance_probability(nan, 0.5) was 1.0
+    and expected_tokens_per_pass(0.5, -1) was 0.0."""
+    model = TinyGPT(SMALL, seed=0).eval()
+    p = SamplingParams(temperature=0, max_new_tokens=3)
+    with pytest.raises(ValueError, match=r"gamma must be an int in \[1, 31\]"):
+        speculative_generate(model, PromptLookupDrafter(), [1, 2], p, gamma=10**9)
+    assert speculative_generate(model, PromptLookupDrafter(), [1, 2], p,
+                                gamma=31).stats.gamma == 31
+    for bad in (float("nan"), -0.1, float("inf")):
+        with pytest.raises(ValueError, match="p_token must be a probability"):
+            S.acceptance_probability(bad, 0.5)
+    for bad in (float("nan"), 0.0, float("inf")):
+        with pytest.raises(ValueError, match="q_token must be a finite number > 0"):
+            S.acceptance_probability(0.5, bad)
+    for bad in (-1, 0, 2.0, True):
+        with pytest.raises(ValueError, match="gamma must be an int >= 1"):
+            expected_tokens_per_pass(0.5, bad)
+    with pytest.raises(ValueError, match="a must be"):
+        expected_tokens_per_pass(float("nan"), 2)
+
+
+def test_the_window_rule_is_the_engines_prompt_plus_max_new_tokens_minus_one():
+    """The last new token is never fed back, so prompt + max_new_tokens may be max_seq_len + 1
+    (as Engine and generate_batch allow); one more is refused before any work, and so is a
+    draft model whose own window is shorter than what the run makes it read."""
+    model = TinyGPT(SMALL, seed=0).eval()
+    for draft in (PromptLookupDrafter(), ModelDrafter(TinyGPT(SMALL, seed=1).eval())):
+        r = speculative_generate(model, draft, [1, 2, 3],
+                                 SamplingParams(temperature=0, max_new_tokens=30), gamma=4)
+        assert len(r.token_ids) == 30 and r.token_ids == generate(
+            model, [1, 2, 3], SamplingParams(temperature=0, max_new_tokens=30)).token_ids
+    with pytest.raises(ValueError, match="33 positions exceed the target's max_seq_len=32"):
+        speculative_generate(model, PromptLookupDrafter(), [1, 2, 3],
+                             SamplingParams(temperature=0, max_new_tokens=31))
+    short = TinyGPT(dataclasses.replace(SMALL, max_seq_len=16), seed=1).eval()
+    with pytest.raises(ValueError, match="the draft model reads up to 30 positions"):
+        speculative_generate(model, short, [1, 2, 3],
+                             SamplingParams(temperature=0, max_new_tokens=29))
+
+
+def test_a_quantized_target_verifies_with_its_quantized_step():
+    """speculative_generate on a quantize_model() copy crashed in DecodeStep (its fused path
+    reads .weight, which a QuantizedLinear has not); it now verifies as generate() decodes
+    that model, and DecodeStep refuses such a model naming the step to use."""
+    from tinygpt.kv_cache import DecodeStep, KVCache
+    from tinygpt.quant import QuantizedDecodeStep, quantize_model
+
+    model, tokenizer = load_pretrained()
+    quantized = quantize_model(copy.deepcopy(model), "int8")
+    prompt = tokenizer.encode("The cat sat on the mat. The dog sat on the mat. The cat")
+    params = SamplingParams(temperature=0, max_new_tokens=20)
+    want = generate(quantized, prompt, params).token_ids
+    for draft in (PromptLookupDrafter(), model):
+        assert speculative_generate(quantized, draft, prompt, params,
+                                    gamma=3).token_ids == want
+    cache = KVCache.for_model(quantized, 1)
+    with pytest.raises(TypeError, match=r"quantized \(int8\): use tinygpt.quant."
+                                        r"QuantizedDecodeStep"):
+        DecodeStep(quantized, cache)
+    QuantizedDecodeStep(quantized, cache)             # its own step still takes it
+
+
+def test_a_reused_model_drafter_starts_from_each_new_prompt():
+    """A ModelDrafter kept the previous run's cache: a shorter prompt then failed (a float
+    tensor of missing ids), and a longer one drafted from the old prompt's keys. Each run now
+    drafts exactly as a fresh drafter does: same tokens, same acceptances, same cache."""
+    model, tokenizer = load_pretrained()
+    params = SamplingParams(temperature=0, max_new_tokens=20)
+    first = tokenizer.encode("The dog ran.")
+    longer = tokenizer.encode("The bird sat on the tree and looked at the sky for a long time. "
+                              "Then the little cat came and sat under the tree with the dog.")
+    reused = ModelDrafter(TinyGPT(model.cfg, seed=9).eval())
+    for prompt in (first, longer, first):          # longer, then shorter, than what it holds
+        got = speculative_generate(model, reused, prompt, params, gamma=3)
+        fresh = ModelDrafter(reused.model)
+        want = speculative_generate(model, fresh, prompt, params, gamma=3)
+        assert got.token_ids == want.token_ids
+        assert (got.stats.proposed, got.stats.accepted) == (want.stats.proposed,
+                                                            want.stats.accepted)
+        n = fresh.cache.length
+        assert reused.cache.length == n > len(prompt)
+        for mine, theirs in zip(reused.cache.layers, fresh.cache.layers, strict=True):
+            assert torch.equal(mine.k[:, :, :n], theirs.k[:, :, :n])
+            assert torch.equal(mine.v[:, :, :n], theirs.v[:, :, :n])

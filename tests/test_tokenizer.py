@@ -272,6 +272,23 @@ def test_encode_decode_bad_arguments(tok):
     assert tok.decode(np.array([104, 105])) == "hi", "numpy integer ids are fine"
 
 
+def test_decode_refuses_tensors_it_would_misread_and_non_iterables(tok):
+    """A (1, T) tensor failed inside torch with an opaque message, a bool tensor decoded as
+    bytes 1 and 0 ('\x01\x00'), and decode(5) said "'int' object is not iterable"."""
+    import torch
+
+    for bad in (torch.tensor([[104, 105]]), np.array([[104, 105]]), torch.tensor(104), 5, None):
+        with pytest.raises(TypeError, match="ids must be an iterable of token ids"):
+            tok.decode(bad)
+    for bad in (torch.tensor([True, False]), np.array([True]), torch.tensor([104.0]),
+                [torch.tensor(True)], [torch.tensor([104])]):
+        with pytest.raises(TypeError, match=r"ids\[0\] must be an integer token id"):
+            tok.decode(bad)
+        with pytest.raises(TypeError, match=r"ids\[0\] must be an integer token id"):
+            tok.token_bytes(bad)
+    assert tok.decode(torch.tensor([104, 105])) == tok.decode([torch.tensor(104), 105]) == "hi"
+
+
 # --------------------------------------------------------------------------- special tokens
 
 

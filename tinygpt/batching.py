@@ -60,29 +60,64 @@ from tinygpt.sampling import SamplingParams, sample_next_token
 # padded batches
 
 
+def _is_integer_tensor(t: torch.Tensor) -> bool:
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+
+def _token_ids(values: object, name: str) -> list[int]:
+    """A list of ints or a 1-D integer tensor as plain ints (bools and floats are refused, as
+    tinygpt.generate.prepare_prompt refuses them: int() would truncate 79.9 to 79)."""
+    if isinstance(values, torch.Tensor):
+        if not _is_integer_tensor(values):
+            raise TypeError(f"{name} must hold integer token ids, got dtype {values.dtype}")
+        if values.ndim != 1:
+            raise ValueError(f"{name} must be one-dimensional, got shape "
+                             f"{tuple(values.shape)}")
+        return values.tolist()
+    for t in values:
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise TypeError(f"{name} must hold ints (token ids), got {type(t).__name__} {t!r}")
+    return list(values)
+
+
 def _check_prompts(prompts: object, name: str = "prompts") -> list[list[int]]:
-    """A non-empty list of non-empty token-id lists, as plain ints."""
+    """A non-empty list of non-empty token-id lists (lists of ints or 1-D integer tensors),
+    as plain ints."""
     if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence) or not prompts:
         raise ValueError(f"{name} must be a non-empty list of token-id lists, got {prompts!r}")
-    out = []
-    for i, prompt in enumerate(prompts):
-        if isinstance(prompt, str | bytes) or not isinstance(prompt, Sequence | torch.Tensor):
-            raise TypeError(f"{name}[{i}] must be a list of token ids, got "
-                            f"{type(prompt).__name__}")
-        if isinstance(prompt, torch.Tensor) and prompt.ndim != 1:
-            raise ValueError(f"{name}[{i}] must be one-dimensional, got shape "
-                             f"{tuple(prompt.shape)}")
-        if len(prompt) == 0:
-            raise ValueError(f"{name}[{i}] is empty: every prompt needs at least one token")
-        ids = [int(t) for t in prompt]
-        out.append(ids)
-    return out
+    return [_check_prompt(prompt, f"{name}[{i}]") for i, prompt in enumerate(prompts)]
+
+
+def _check_prompt(prompt: object, name: str) -> list[int]:
+    """One non-empty prompt (a list of ints or a 1-D integer tensor) as plain ints."""
+    if isinstance(prompt, str | bytes) or not isinstance(prompt, Sequence | torch.Tensor):
+        raise TypeError(f"{name} must be a list of token ids, got {type(prompt).__name__}")
+    ids = _token_ids(prompt, name)
+    if len(ids) == 0:
+        raise ValueError(f"{name} is empty: every prompt needs at least one token")
+    return ids
+
+
+def _check_token_id(name: str, value: object, vocab: int | None = None, *,
+                    optional: bool = False) -> int | None:
+    """An int token id (None too when optional), in [0, vocab) when vocab is given."""
+    if value is None and optional:
+        return None
+    what = "None or an int" if optional else "an int"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be {what} token id, got {type(value).__name__} {value!r}")
+    top = "" if vocab is None else f", {vocab})"
+    if value < 0 or (vocab is not None and value >= vocab):
+        raise ValueError(f"{name} must be a token id in [0{top or ', ...)'}, got {value}")
+    return value
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists into ids (B, T) long and a mask (B, T) bool, True on real tokens.
-    T is the longest prompt's length."""
+    T is the longest prompt's length; pad_id is an int >= 0 (a token id: pads are fed to the
+    model, masked)."""
+    _check_token_id("pad_id", pad_id)
     prompts = _check_prompts(prompts)
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -204,6 +239,10 @@ class BatchedKVCache:
     def reorder(self, index: torch.Tensor | Sequence[int]) -> None:
         """Keep rows `index` (K,) long, in that order (repeats copy a row): row i becomes old
         row index[i], keys, values, mask and length. The batch size becomes K."""
+        if isinstance(index, torch.Tensor) and not _is_integer_tensor(index) or \
+                not isinstance(index, torch.Tensor) and any(
+                    isinstance(i, bool) or not isinstance(i, int) for i in index):
+            raise TypeError(f"index must hold integer row numbers, got {index!r}")
         index = torch.as_tensor(index, dtype=torch.long, device=self.cache.device)
         if index.ndim != 1 or len(index) == 0:
             raise ValueError(f"index must be a non-empty 1-D list of row numbers, got shape "
@@ -262,6 +301,7 @@ def generate_batch(model: TinyGPT, prompts: Sequence[Sequence[int]],
     rows = _params_per_row(params, len(prompt_lists))
     ids, mask = left_pad(prompt_lists)
     vocab, window = model.cfg.vocab_size, model.cfg.max_seq_len
+    _check_token_id("eos_id", eos_id, vocab, optional=True)
     if int(ids.max()) >= vocab or int(ids.min()) < 0:
         raise ValueError(f"prompts: token ids must be in [0, {vocab})")
     steps = max(p.max_new_tokens for p in rows)
@@ -368,16 +408,14 @@ def beam_search(model: TinyGPT, prompt_ids: Sequence[int], num_beams: int,
     for length_penalty > 0 and early_stopping=False: a longer continuation could in principle
     still win, exactly as in transformers).
     """
-    prompt = _check_prompts([prompt_ids], "prompt_ids")[0]
+    prompt = _check_prompt(prompt_ids, "prompt_ids")
     _check_int("num_beams", num_beams, 1)
     _check_int("max_new_tokens", max_new_tokens, 1)
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, int | float) or \
             not math.isfinite(length_penalty):
         raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
     vocab, window = model.cfg.vocab_size, model.cfg.max_seq_len
-    if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int)
-                               or not 0 <= eos_id < vocab):
-        raise ValueError(f"eos_id must be None or a token id in [0, {vocab}), got {eos_id!r}")
+    _check_token_id("eos_id", eos_id, vocab, optional=True)
     if min(prompt) < 0 or max(prompt) >= vocab:
         raise ValueError(f"prompt_ids: token ids must be in [0, {vocab})")
     if len(prompt) + max_new_tokens - 1 > window:
@@ -441,7 +479,7 @@ def chunked_prefill(model: TinyGPT, prompt_ids: Sequence[int], chunk_size: int,
     position, equal to the one-pass prefill model(ids)[0] up to float rounding (the products
     have other shapes; tests bound the difference). Fills `cache` (one row; a fresh one if
     None), so decoding can go on from it."""
-    prompt = _check_prompts([prompt_ids], "prompt_ids")[0]
+    prompt = _check_prompt(prompt_ids, "prompt_ids")
     _check_int("chunk_size", chunk_size, 1)
     if cache is None:
         cache = BatchedKVCache(model, 1, max_len=len(prompt))
@@ -469,10 +507,17 @@ def request_stream(n_requests: int, rate: float, *, seed: int = 0, prompt_median
                    ) -> list[Request]:
     """A seeded stream: Poisson arrivals at `rate` requests/s (exponential gaps), prompt and
     output lengths log-normal around their medians (a few long requests among many short
-    ones, as in chat traffic), clipped to [1, max_len]."""
+    ones, as in chat traffic), clipped to [1, max_len]. The medians and max_len are ints >= 1,
+    sigma a finite number >= 0."""
     _check_int("n_requests", n_requests, 1)
+    for name, value in (("prompt_median", prompt_median), ("output_median", output_median),
+                        ("max_len", max_len)):
+        _check_int(name, value, 1)
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
         raise ValueError(f"rate must be a number of requests per second > 0, got {rate!r}")
+    if isinstance(sigma, bool) or not isinstance(sigma, int | float) or not (
+            math.isfinite(sigma) and sigma >= 0):
+        raise ValueError(f"sigma must be a finite number >= 0, got {sigma!r}")
     rng = random.Random(seed)
     t, out = 0.0, []
     for _ in range(n_requests):

@@ -84,7 +84,7 @@ from tinygpt.model import TinyGPT
 from tinygpt.native import torch_single_thread
 from tinygpt.paged import PagedKVCache
 from tinygpt.runner import ModelRunner
-from tinygpt.sampling import DEFAULT_ORDER, SamplingParams
+from tinygpt.sampling import DEFAULT_ORDER, SamplingParams, check_order
 from tinygpt.scheduler import Scheduler, Seq
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
@@ -132,6 +132,18 @@ class EngineStats:
     prefix_cached_blocks: int = 0     # blocks findable by a prefix key
     prefix_query_tokens: int = 0      # tokens of admitted requests (prompt + outputs so far)
     prefix_hit_tokens: int = 0        # ... found in cached blocks instead of computed
+
+
+def check_eos_ids(eos_ids: object, vocab_size: int) -> tuple[int, ...]:
+    """eos_ids as a tuple: a sequence (list, tuple) of ints in [0, vocab_size), possibly
+    empty. A bare int is refused (it is no sequence), as is anything else."""
+    if isinstance(eos_ids, str | bytes) or not isinstance(eos_ids, Sequence):
+        raise TypeError(f"eos_ids must be a sequence of ints (token ids), such as (0,) or [], "
+                        f"got {type(eos_ids).__name__} {eos_ids!r}")
+    for eos in eos_ids:
+        if isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < vocab_size:
+            raise ValueError(f"eos_ids must be ints in [0, {vocab_size}), got {eos_ids!r}")
+    return tuple(eos_ids)
 
 
 def to_event(event: TokenEvent, eos_ids: Sequence[int]) -> Event:
@@ -289,8 +301,9 @@ class Engine:
     """Continuous batching over a paged KV cache (synchronous; see the module docstring).
 
     model: a TinyGPT in eval mode. tokenizer: decode(list[int]) -> str, for text and stop
-    strings (optional without them). block_size, num_blocks: the paged pool (num_blocks
-    default: room for max_running sequences of min(max_seq_len, 512) positions).
+    strings (optional without them). block_size, num_blocks: the paged pool (block_size in
+    [1, max_seq_len]; num_blocks default: room for max_running sequences of
+    min(max_seq_len, 512) positions). Every argument is checked before the pool is allocated.
     max_running: sequences in the batch at once. token_budget: tokens one step may feed
     (decodes count one each; prefill chunks share the rest). record: keep a StepRecord per
     step in `log` (the timeline widget draws it). prefix_caching: reuse the full KV blocks
@@ -310,17 +323,31 @@ class Engine:
             raise TypeError(f"model must be a TinyGPT, got {type(model).__name__}")
         if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
             raise TypeError("tokenizer must have a decode(list[int]) -> str method")
+        # every argument before the pool is sized and allocated
+        window = model.cfg.max_seq_len
+        if isinstance(block_size, bool) or not isinstance(block_size, int) \
+                or not 1 <= block_size <= window:
+            raise ValueError(f"block_size must be an int in [1, {window}] (the model's "
+                             f"max_seq_len: a larger block holds positions no request reaches), "
+                             f"got {block_size!r}")
+        for name, value in (("max_running", max_running), ("token_budget", token_budget)) + (
+                () if num_blocks is None else (("num_blocks", num_blocks),)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        for name, flag in (("record", record), ("prefix_caching", prefix_caching),
+                           ("batched", batched), ("fast_forward", fast_forward)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
+        order = check_order(order)
         if num_blocks is None:
-            per_seq = -(-min(model.cfg.max_seq_len, 512) // block_size)
+            per_seq = -(-min(window, 512) // block_size)
             num_blocks = max_running * per_seq
-        self.model, self.tokenizer, self.order = model, tokenizer, tuple(order)
+        self.model, self.tokenizer, self.order = model, tokenizer, order
         self.cache = PagedKVCache.for_model(model, num_blocks, block_size,
                                             prefix_caching=prefix_caching)
         self.scheduler = Scheduler(self.cache, max_running=max_running,
                                    token_budget=token_budget)
         self.runner = ModelRunner(model, self.cache, batched=batched)
-        if not isinstance(fast_forward, bool):
-            raise TypeError(f"fast_forward must be True or False, got {fast_forward!r}")
         self.record, self.fast_forward = record, fast_forward
         self.log: list[StepRecord] = []
         self.steps = 0
@@ -332,16 +359,19 @@ class Engine:
         self._ids = itertools.count()
 
     def check_request(self, prompt_ids, params: SamplingParams,
-                      eos_ids: Sequence[int] = ()) -> list[int]:
+                      eos_ids: Sequence[int] = (), *, logprobs: int | None = None,
+                      prompt_logprobs: int | None = None, constraint=None) -> list[int]:
         """The checks add_request makes, with nothing changed (a server calls it before
-        queueing). Returns the prompt as a list of ids."""
-        eos_ids = tuple(eos_ids)
+        queueing, with the same arguments). Returns the prompt as a list of ids."""
         vocab_size, max_seq_len = model_limits(self.model)
-        for eos in eos_ids:
-            if isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < vocab_size:
-                raise ValueError(f"eos_ids must be ints in [0, {vocab_size}), got {eos_ids!r}")
+        eos_ids = check_eos_ids(eos_ids, vocab_size)
         _check_args(self.model, params, eos_ids[0] if eos_ids else None, self.tokenizer, None,
-                    self.order)
+                    self.order, constraint)
+        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 0 <= value <= vocab_size):
+                raise ValueError(f"{name} must be None or an int in [0, {vocab_size}], got "
+                                 f"{value!r}")
         prompt = prepare_prompt(prompt_ids, vocab_size, max_seq_len)[0].tolist()
         positions = len(prompt) + params.max_new_tokens - 1
         if positions > max_seq_len:
@@ -357,22 +387,23 @@ class Engine:
     def add_request(self, prompt_ids, params: SamplingParams, *, eos_ids: Sequence[int] = (),
                     request_id: Hashable | None = None, logprobs: int | None = None,
                     prompt_logprobs: int | None = None, constraint=None) -> Hashable:
-        """Queue a request; returns its id (`request_id`, or a fresh int). Sampling uses a
-        generator seeded with params.seed (torch's global one when the seed is None).
+        """Queue a request; returns its id (`request_id`, or a fresh int that no queued,
+        running or unreleased finished request holds; a given id must not be one of those
+        either). Sampling uses a generator seeded with params.seed (torch's global one when
+        the seed is None).
         logprobs / prompt_logprobs: None, or how many top alternatives (>= 0) to keep beside
         each generated / prompt token's log-probability (see the module docstring).
         constraint: what may come next, as tinygpt.generate.stream takes it (log-probabilities
         stay those of the model's raw logits)."""
-        prompt = self.check_request(prompt_ids, params, eos_ids)
-        vocab_size = self.model.cfg.vocab_size
-        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or not 0 <= value <= vocab_size):
-                raise ValueError(f"{name} must be None or an int in [0, {vocab_size}], got "
-                                 f"{value!r}")
-        request_id = next(self._ids) if request_id is None else request_id
-        if request_id in self._active:
-            raise ValueError(f"request_id {request_id!r} is already in the engine")
+        prompt = self.check_request(prompt_ids, params, eos_ids, logprobs=logprobs,
+                                    prompt_logprobs=prompt_logprobs, constraint=constraint)
+        if request_id is None:              # the next automatic id no request holds
+            request_id = next(self._ids)
+            while request_id in self._active or request_id in self._results:
+                request_id = next(self._ids)
+        elif request_id in self._active or request_id in self._results:
+            raise ValueError(f"request_id {request_id!r} is already in the engine (queued, "
+                             f"running, or finished and not yet release()d)")
         device = self.cache.k.device
         generator = None
         if params.seed is not None:
@@ -563,7 +594,10 @@ class Engine:
 
     def generate(self, prompts: Sequence, params: SamplingParams | Sequence[SamplingParams],
                  *, eos_ids: Sequence[int] = ()) -> list[GenerationResult]:
-        """Every prompt through the engine at once; results in the prompts' order."""
+        """Every prompt through the engine at once; results in the prompts' order. Every
+        request is checked before any is queued (a bad one queues none), and the results are
+        released once read (requests queued earlier with add_request run too, and keep
+        theirs)."""
         if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence) or not prompts:
             raise ValueError(f"prompts must be a non-empty list of token-id lists, got "
                              f"{prompts!r}")
@@ -572,10 +606,15 @@ class Engine:
         if len(params) != len(prompts):
             raise ValueError(f"params must be one SamplingParams or one per prompt: "
                              f"{len(params)} for {len(prompts)} prompts")
+        for p, sp in zip(prompts, params, strict=True):
+            self.check_request(p, sp, eos_ids)
         ids = [self.add_request(p, sp, eos_ids=eos_ids) for p, sp in zip(prompts, params,
                                                                           strict=True)]
         self.run()
-        return [self.result(i) for i in ids]
+        results = [self.result(i) for i in ids]
+        for i in ids:
+            self.release(i)
+        return results
 
 
 class _Frontend:
@@ -649,7 +688,9 @@ class AsyncEngine(_Frontend):
         """Queue a request; EngineFull when max_waiting already wait, EngineClosed after
         shutdown() began, ValueError / TypeError for arguments the engine cannot take.
         logprobs, prompt_logprobs, constraint: as Engine.add_request's."""
-        prompt = self.engine.check_request(prompt_ids, params, eos_ids)
+        prompt = self.engine.check_request(prompt_ids, params, eos_ids, logprobs=logprobs,
+                                           prompt_logprobs=prompt_logprobs,
+                                           constraint=constraint)
         request = self._enqueue(prompt, params, eos_ids, self._inbox,
                                 lambda: len(self._inbox) + len(self.engine.scheduler.waiting),
                                 logprobs=logprobs, prompt_logprobs=prompt_logprobs,
@@ -771,14 +812,20 @@ class SerialEngine(_Frontend):
     async def submit(self, prompt_ids: Sequence[int], params: SamplingParams,
                      eos_ids: Sequence[int] = (), *, logprobs: int | None = None,
                      prompt_logprobs: int | None = None, constraint=None) -> Request:
-        """Queue a request; raises EngineFull when max_waiting requests already wait, and
-        EngineClosed after shutdown() began. Arguments are checked by the caller (the server)
-        and again by tinygpt.generate.stream on the worker. Log-probabilities are the
-        batching engine's (ValueError here)."""
+        """Queue a request; raises EngineFull when max_waiting requests already wait,
+        EngineClosed after shutdown() began, and ValueError / TypeError for arguments that
+        tinygpt.generate.stream cannot take (checked here as stream checks them; the prompt
+        as AsyncEngine takes it: a list of ids or a (T,) / (1, T) tensor). Log-probabilities
+        are the batching engine's (ValueError here)."""
         if logprobs is not None or prompt_logprobs is not None:
             raise ValueError("logprobs and echo need the batching engine (serve with "
                              "--engine batch)")
-        return self._enqueue(list(prompt_ids), params, eos_ids, self._waiting,
+        vocab_size, max_seq_len = model_limits(self.model)
+        eos_ids = check_eos_ids(eos_ids, vocab_size)
+        _check_args(self.model, params, eos_ids[0] if eos_ids else None, self.tokenizer, None,
+                    DEFAULT_ORDER, constraint)
+        prompt = prepare_prompt(prompt_ids, vocab_size, max_seq_len)[0].tolist()
+        return self._enqueue(prompt, params, eos_ids, self._waiting,
                              lambda: len(self._waiting), constraint=constraint)
 
     def stats(self) -> EngineStats:

@@ -44,13 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from tinygpt.detokenize import ReplyText
-from tinygpt.kv_cache import (
-    CompileFallbackWarning,
-    DecodeStep,
-    KVCache,
-    prefill,
-    supports_kv_cache,
-)
+from tinygpt.kv_cache import CompileFallbackWarning, DecodeStep, KVCache, prefill, supports_kv_cache
 from tinygpt.sampling import DEFAULT_ORDER, SamplingParams, check_order, sample_next_token
 
 STOP_REASONS = ("eos", "length", "stop_string")
@@ -274,7 +268,8 @@ def held_back_length(text: str, stop: Sequence[str]) -> int:
 # The loop
 # ----------------------------------------------------------------------------------------------
 
-def _check_args(model, params, eos_id, tokenizer, generator, order) -> tuple[int, int]:
+def _check_args(model, params, eos_id, tokenizer, generator, order, constraint=None
+                ) -> tuple[int, int]:
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(params, SamplingParams):
@@ -293,6 +288,10 @@ def _check_args(model, params, eos_id, tokenizer, generator, order) -> tuple[int
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     check_order(order)
+    if constraint is not None and not all(callable(getattr(constraint, name, None))
+                                          for name in ("mask", "advance")):
+        raise TypeError(f"constraint must be None or have mask(logits) and advance(token_id) "
+                        f"methods, got {type(constraint).__name__}")
     return vocab_size, max_seq_len
 
 
@@ -323,7 +322,7 @@ def stream(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
     generated ids outgrow cfg.max_seq_len, the context is cropped to its last max_seq_len ids
     and a ContextCroppedWarning is issued once. Bad arguments raise here, before any event.
     """
-    _, max_seq_len = _check_args(model, params, eos_id, tokenizer, generator, order)
+    _, max_seq_len = _check_args(model, params, eos_id, tokenizer, generator, order, constraint)
     for name, value in (("use_cache", use_cache), ("compile", compile)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -557,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint cannot be loaded.
     """
     import tinygpt
+    from tinygpt.sampling import flag_message
 
     try:
         args = build_parser().parse_args(argv)
@@ -570,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
                                 seed=args.seed)
         device = tinygpt.usable_device(args.device)
     except (TypeError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {flag_message(str(err))}", file=sys.stderr)   # the fields' flags
         return 2
     try:
         model, tokenizer = tinygpt.load_pretrained(device=device)

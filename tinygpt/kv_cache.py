@@ -511,7 +511,9 @@ class DecodeStep:
     layer (day 20) runs in the step as tinygpt.moe.MoEDecode: it routes the tokens and runs
     only the chosen experts' products (on the tiled CPU products below, each expert's gate and
     up stacked, its down apart; there each layer runs as two C calls around the router,
-    cpu_kernels.MoEDecodeLayers; pack_weights is for dense layers only).
+    cpu_kernels.MoEDecodeLayers; pack_weights is for dense layers only). A quantized model
+    (tinygpt.quant.quantize_model) is refused with a TypeError: its step is
+    tinygpt.quant.QuantizedDecodeStep.
 
     compile=True (opt-in, CUDA only) runs a static-shape step through
     torch.compile(mode="reduce-overhead"), which captures it in a CUDA graph and replays it,
@@ -554,6 +556,13 @@ class DecodeStep:
                            ("tiled", tiled)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
+        # a quantized model's products are QuantizedLinear layers, which the fused step here
+        # cannot read; tinygpt.quant.QuantizedDecodeStep builds its own in its _try_pack
+        if getattr(model, "quant_scheme", None) is not None \
+                and type(self)._try_pack is DecodeStep._try_pack:
+            raise TypeError(f"DecodeStep runs full-precision weights; this model is quantized "
+                            f"({model.quant_scheme}): use tinygpt.quant.QuantizedDecodeStep("
+                            f"model, cache)")
         self.model, self.cache = model, cache
         self.compiled, self.reason = False, None
         self.packed, self.pack_reason = False, None

@@ -75,7 +75,10 @@ def softmax_with_temperature(logits, temperature: float, axis: int = -1) -> np.n
 
     temperature == 0 is greedy by design: a one-hot vector on the argmax (the first one on ties),
     the limit the distribution approaches as the temperature falls. A negative temperature
-    (it would reverse the ranking) or a non-finite one raises ValueError.
+    (it would reverse the ranking) or a non-finite one raises ValueError. The logits are
+    divided as (logits - max) / temperature (softmax does not change when a row is shifted), so
+    a tiny temperature (1e-310, say) cannot overflow them to +inf: the largest stay 0 and the
+    others fall to -inf, probability 0, the limit they tend to.
     """
     if isinstance(temperature, bool) or not isinstance(temperature, int | float | np.floating
                                                        | np.integer):
@@ -89,18 +92,24 @@ def softmax_with_temperature(logits, temperature: float, axis: int = -1) -> np.n
         one_hot = np.zeros_like(x)
         np.put_along_axis(one_hot, np.expand_dims(winner, axis), 1.0, axis=axis)
         return one_hot
-    return softmax(x / temperature, axis=axis)
+    shifted = x - np.max(x, axis=axis, keepdims=True)           # <= 0, the maxima exactly 0
+    with np.errstate(over="ignore"):      # past float64's range: -inf, probability 0
+        return softmax(shifted / temperature, axis=axis)
 
 
 def cross_entropy(logits, targets) -> float:
     """Mean negative log-probability of `targets` under softmax(logits), in nats.
 
-    logits: (N, V) floats; targets: (N,) integer ids in [0, V). Returns a Python float.
+    logits: (N, V) floats with N >= 1 (the mean of nothing is no loss); targets: (N,) integer
+    ids in [0, V). Returns a Python float.
     """
     x = _as_logits(logits)
     t = np.asarray(targets)
     if x.ndim != 2:
         raise ValueError(f"logits must have shape (N, V), got {x.shape}")
+    if x.shape[0] == 0:
+        raise ValueError(f"logits must have at least one row (N >= 1) to average over, got "
+                         f"shape {x.shape}")
     if not np.issubdtype(t.dtype, np.integer) or t.shape != (x.shape[0],):
         raise ValueError(f"targets must be {x.shape[0]} integer ids, one per row of logits; "
                          f"got dtype {t.dtype}, shape {t.shape}")

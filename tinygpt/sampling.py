@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -51,6 +52,10 @@ HF_ORDER: tuple[str, ...] = ("temperature", "top_k", "top_p", "min_p", "typical"
 VLLM_ORDER: tuple[str, ...] = ("temperature", "min_p", "top_k", "top_p", "typical")
 DEFAULT_ORDER = HF_ORDER
 MAX_GENERATOR_SEED = 2**64 - 1     # torch.Generator.manual_seed takes seeds 0 .. 2**64 - 1
+# the penalties act on float32 logits: a factor below float32's smallest normal number (or a
+# term beyond its largest) turns every seen token's logit into +-inf or NaN
+FLOAT32_TINY = torch.finfo(torch.float32).tiny      # 1.1754944e-38
+FLOAT32_MAX = torch.finfo(torch.float32).max        # 3.4028235e+38
 
 
 # ----------------------------------------------------------------------------------------------
@@ -82,8 +87,10 @@ class SamplingParams:
     min_p               in [0, 1]. 0 means off.
     typical_p           in (0, 1]. 1 means off.
     repetition_penalty  > 0. 1 means off; > 1 discourages tokens already seen (prompt included).
+                        At most what float32 holds: in [FLOAT32_TINY, FLOAT32_MAX].
     frequency_penalty   real. 0 means off; subtracted once per occurrence in the generated text.
     presence_penalty    real. 0 means off; subtracted once if the token was generated at all.
+                        Both in [-FLOAT32_MAX, FLOAT32_MAX] (what float32 holds).
     max_new_tokens      >= 1: the most tokens to generate (0 is rejected: asking for nothing is
                         almost always a bug, and every loop in the course produces >= 1 token).
     stop                stop strings, matched on decoded text; a single str means (str,).
@@ -123,9 +130,16 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
         if not 0 < self.typical_p <= 1:
             raise ValueError(f"typical_p must be in (0, 1] (1 = off), got {self.typical_p}")
-        if self.repetition_penalty <= 0:
+        if not FLOAT32_TINY <= self.repetition_penalty <= FLOAT32_MAX:
             raise ValueError(
-                f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+                f"repetition_penalty must be > 0 (1 = off) and in [{FLOAT32_TINY:.8g}, "
+                f"{FLOAT32_MAX:.8g}] (float32's normal range: the logits are float32), got "
+                f"{self.repetition_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -FLOAT32_MAX <= getattr(self, name) <= FLOAT32_MAX:
+                raise ValueError(f"{name} must be in [-{FLOAT32_MAX:.8g}, {FLOAT32_MAX:.8g}] "
+                                 f"(what float32 holds: the logits are float32), got "
+                                 f"{getattr(self, name)}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
@@ -152,6 +166,15 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when temperature is 0: the next token is the argmax."""
         return self.temperature == 0
+
+
+def flag_message(message: str, **flags: str) -> str:
+    """A SamplingParams error as a command line shows it: every field name in `message`
+    written as its flag, --field-name (top_p -> --top-p), or as flags[field] where the
+    command names it otherwise (chat: max_new_tokens="--max-tokens")."""
+    names = {f.name: flags.get(f.name, "--" + f.name.replace("_", "-"))
+             for f in fields(SamplingParams)}
+    return re.sub(r"\b(" + "|".join(names) + r")\b", lambda m: names[m.group(1)], message)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -391,7 +414,9 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams,
                     prompt_ids: torch.Tensor | None = None,
                     generated_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Repetition penalty over prompt + generated ids, then frequency / presence penalties over
-    the generated ids. logits (B, V); ids (B, S) long or None. Returns new (B, V) logits."""
+    the generated ids. logits (B, V); ids (B, S) long or None. Returns new (B, V) logits.
+    A penalty that overflows the logits' dtype (a tiny repetition_penalty dividing a large
+    logit, a huge frequency_penalty times a count) is a ValueError naming the penalties."""
     logits = _check_logits(logits)
     batch, vocab_size = logits.shape
     empty = torch.zeros(batch, 0, dtype=torch.long, device=logits.device)
@@ -408,7 +433,14 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams,
     if params.frequency_penalty != 0 or params.presence_penalty != 0:
         out = apply_frequency_presence_penalty(out, generated_ids, params.frequency_penalty,
                                                params.presence_penalty)
-    return out if out is not logits else logits.clone()
+    if out is logits:
+        return logits.clone()
+    if not bool(torch.isfinite(out.amax(dim=-1)).all()):    # +inf, NaN, or a row all -inf
+        raise ValueError(f"the penalties (repetition_penalty={params.repetition_penalty}, "
+                         f"frequency_penalty={params.frequency_penalty}, presence_penalty="
+                         f"{params.presence_penalty}) overflow {logits.dtype} on these logits: "
+                         f"use penalties closer to their off values (1, 0, 0)")
+    return out
 
 
 def apply_stage(logits: torch.Tensor, stage: str, params: SamplingParams) -> torch.Tensor:

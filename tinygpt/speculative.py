@@ -15,7 +15,8 @@ both distributions are one-hot, so the output is the target's greedy output toke
 p and q are the distributions the sampler would draw from: softmax of the logits after
 temperature, top-k, top-p and min-p (tinygpt.sampling's order). Penalties and typical
 sampling are not supported here (they depend on history in ways the draft would have to
-mirror); they are refused with a ValueError.
+mirror), nor are stop strings (they are matched on decoded text, and there is no tokenizer
+here); all are refused with a ValueError.
 
 The rule is two small functions, `acceptance_probability` (min(1, p/q) for one token) and
 `residual_distribution` (norm(max(0, p - q))), which the verify loop calls by name.
@@ -29,11 +30,12 @@ yield (1 - a^(gamma+1)) / (1 - a) tokens on average; `SpeculativeStats` measures
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
-from tinygpt.generate import GenerationResult, model_device, prepare_prompt
+from tinygpt.generate import GenerationResult, model_device, model_limits, prepare_prompt
 from tinygpt.kv_cache import DecodeStep, KVCache
 from tinygpt.sampling import (
     SamplingParams,
@@ -56,19 +58,30 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(x, dim=-1)
 
 
+def _gamma(gamma: object) -> int:
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be an int >= 1 (draft tokens per pass), got {gamma!r}")
+    return gamma
+
+
 def expected_tokens_per_pass(a: float, gamma: int) -> float:
     """(1 - a^(gamma+1)) / (1 - a): tokens per target pass if each draft token is accepted
     independently with probability a (gamma + 1 when a = 1)."""
     if not 0 <= a <= 1:
         raise ValueError(f"a must be in [0, 1], got {a}")
+    _gamma(gamma)
     return float(gamma + 1) if a == 1 else (1 - a ** (gamma + 1)) / (1 - a)
 
 
 def acceptance_probability(p_token: float, q_token: float) -> float:
     """min(1, p/q): the chance of keeping a draft token the drafter proposed with probability
-    q_token > 0 and the target gives probability p_token."""
-    if q_token <= 0:
-        raise ValueError(f"q_token must be > 0 (the drafter proposed this token), got {q_token}")
+    q_token > 0 and the target gives probability p_token >= 0 (both finite: NaN is refused,
+    not read as a certain acceptance)."""
+    if not 0 <= p_token < math.inf:
+        raise ValueError(f"p_token must be a probability (a finite number >= 0), got {p_token}")
+    if not 0 < q_token < math.inf:
+        raise ValueError(f"q_token must be a finite number > 0 (the drafter proposed this "
+                         f"token), got {q_token}")
     return min(1.0, p_token / q_token)
 
 
@@ -141,11 +154,20 @@ class PromptLookupDrafter:
 
 class ModelDrafter:
     """A smaller model with its own KV cache; proposes by sampling from its own processed
-    distribution q (greedy at temperature 0)."""
+    distribution q (greedy at temperature 0). speculative_generate calls reset() at the start
+    of every run, so one drafter serves many prompts."""
 
     def __init__(self, model: torch.nn.Module) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module (the draft model), got "
+                            f"{type(model).__name__}")
         self.model = model
         self.cache: KVCache | None = None
+
+    def reset(self) -> None:
+        """Forget the cached context (the next propose() reads its whole context again)."""
+        if self.cache is not None:
+            self.cache.reset()
 
     def propose(self, context: list[int], gamma: int, vocab_size: int, params, generator
                 ) -> tuple[list[int], torch.Tensor]:
@@ -174,7 +196,10 @@ class ModelDrafter:
             self.cache.length = length
 
 
-def _check(target, draft, params, gamma) -> None:
+def _check(target, draft, params, gamma, eos_id, generator) -> None:
+    """Every argument of speculative_generate but the prompt, before any work."""
+    if not isinstance(target, torch.nn.Module):
+        raise TypeError(f"target must be a torch.nn.Module, got {type(target).__name__}")
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
     unsupported = [name for name, off in (("repetition_penalty", 1.0), ("frequency_penalty", 0.0),
@@ -183,36 +208,80 @@ def _check(target, draft, params, gamma) -> None:
     if unsupported:
         raise ValueError(f"speculative decoding supports temperature, top_k, top_p and min_p; "
                          f"turn off {unsupported}")
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma must be an int >= 1 (draft tokens per pass), got {gamma!r}")
-    if isinstance(draft, ModelDrafter) and draft.model.cfg.vocab_size != target.cfg.vocab_size:
-        raise ValueError(f"the draft's vocabulary ({draft.model.cfg.vocab_size}) differs from "
-                         f"the target's ({target.cfg.vocab_size}): they must share a tokenizer")
+    if params.stop:
+        raise ValueError(f"speculative decoding matches no stop strings (there is no tokenizer "
+                         f"to decode with): use params.stop=(), got {params.stop!r}")
+    vocab_size, window = model_limits(target)
+    _gamma(gamma)
+    if gamma >= window:
+        raise ValueError(f"gamma must be an int in [1, {window - 1}]: a pass feeds gamma + 1 "
+                         f"tokens, which must fit the target's max_seq_len={window}; got {gamma}")
+    if eos_id is not None:
+        if isinstance(eos_id, bool) or not isinstance(eos_id, int):
+            raise TypeError(f"eos_id must be None or an int, got {type(eos_id).__name__}")
+        if not 0 <= eos_id < vocab_size:
+            raise ValueError(f"eos_id must be in [0, {vocab_size}), got {eos_id}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be None or a torch.Generator, got "
+                        f"{type(generator).__name__}")
+    if not (callable(getattr(draft, "propose", None)) and callable(getattr(draft, "rollback",
+                                                                            None))):
+        raise TypeError(f"draft must be a model (torch.nn.Module), a ModelDrafter, a "
+                        f"PromptLookupDrafter or another object with propose() and rollback(); "
+                        f"got {type(draft).__name__}")
+    if isinstance(draft, ModelDrafter) and model_limits(draft.model)[0] != vocab_size:
+        raise ValueError(f"the draft's vocabulary ({model_limits(draft.model)[0]}) differs from "
+                         f"the target's ({vocab_size}): they must share a tokenizer")
 
 
 @torch.inference_mode()
 def speculative_generate(target: torch.nn.Module, draft, prompt_ids, params: SamplingParams, *,
                          gamma: int = 4, eos_id: int | None = None,
                          generator: torch.Generator | None = None) -> SpeculativeResult:
-    """Generate with `target`, drafting with `draft` (a model, a ModelDrafter or a
-    PromptLookupDrafter); see the module docstring. Returns the GenerationResult fields
-    (stop_reason "eos" or "length") plus `stats` and `tokens_per_pass`."""
+    """Generate with `target`, drafting with `draft` (a model, a ModelDrafter, a
+    PromptLookupDrafter, or any object with their propose() and rollback()); see the module
+    docstring. Returns the GenerationResult fields (stop_reason "eos" or "length") plus
+    `stats` and `tokens_per_pass`.
+
+    The context is not cropped (the caches cannot slide): prompt + max_new_tokens - 1 positions
+    must fit the target's max_seq_len (and the draft model's), as in day 17's Engine; the last
+    new token is never fed back. gamma is in [1, max_seq_len - 1]. A drafter's reset(), when it
+    has one (ModelDrafter), is called first. A quantized target (tinygpt.quant.quantize_model)
+    verifies with tinygpt.quant.QuantizedDecodeStep, as generate() decodes it.
+    Bad arguments raise ValueError / TypeError before any work."""
     if isinstance(draft, torch.nn.Module):
         draft = ModelDrafter(draft)
-    _check(target, draft, params, gamma)
+    _check(target, draft, params, gamma, eos_id, generator)
     device = model_device(target)
-    vocab, window = target.cfg.vocab_size, target.cfg.max_seq_len
+    vocab, window = model_limits(target)
     prompt = prepare_prompt(prompt_ids, vocab, window)[0].tolist()
-    if len(prompt) + params.max_new_tokens > window:
-        raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens}) "
-                         f"exceeds max_seq_len={window}")
+    positions = len(prompt) + params.max_new_tokens - 1
+    if positions > window:
+        raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens "
+                         f"({params.max_new_tokens}) - 1 = {positions} positions exceed the "
+                         f"target's max_seq_len={window} (speculative decoding cannot crop the "
+                         f"context)")
+    if isinstance(draft, ModelDrafter) and positions - 1 > model_limits(draft.model)[1]:
+        raise ValueError(f"the draft model reads up to {positions - 1} positions of this run, "
+                         f"more than its max_seq_len={model_limits(draft.model)[1]}: lower "
+                         f"max_new_tokens or shorten the prompt")
     if generator is None and params.seed is not None:
         generator = torch.Generator(device="cpu").manual_seed(params.seed)
+    reset = getattr(draft, "reset", None)
+    if callable(reset):
+        reset()
     stats = SpeculativeStats(gamma, proposed=[0] * gamma, accepted=[0] * gamma)
     cache = KVCache.for_model(target, 1)
     logits = target(torch.tensor([prompt[:-1]], device=device), kv_cache=cache) \
         if len(prompt) > 1 else None
-    verify = DecodeStep(target, cache).extend     # the model's forward, or the tiled CPU layers
+    if getattr(target, "quant_scheme", None) is not None:
+        # day 15's step, imported here as tinygpt.generate.CachedLogits does: a quantized
+        # model comes from tinygpt.quant.quantize_model, so the module is loaded already
+        from tinygpt.quant import QuantizedDecodeStep
+
+        verify = QuantizedDecodeStep(target, cache).extend     # the model's own forward
+    else:
+        verify = DecodeStep(target, cache).extend  # the model's forward, or the tiled CPU layers
     context, out, reason = list(prompt), [], None
     while reason is None:
         room = min(gamma, params.max_new_tokens - len(out) - 1)

@@ -245,9 +245,17 @@ def format_chat(messages: Sequence[Mapping[str, str]], add_generation_prompt: bo
 
 
 def _as_id(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an integer token id, got {value!r}")
-    return operator.index(value)
+    if type(value) is int:
+        return value
+    # a 0-d integer tensor or a NumPy integer has __index__; so do a bool tensor (which would
+    # read as 0 / 1) and a row of a 2-D tensor (which torch refuses with an opaque message)
+    if not (isinstance(value, bool) or getattr(value, "ndim", 0) != 0
+            or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")):
+        try:
+            return operator.index(value)
+        except TypeError:                   # no __index__, or a float tensor's
+            pass
+    raise TypeError(f"{name} must be an integer token id, got {value!r}")
 
 
 class BPETokenizer:
@@ -444,7 +452,14 @@ class BPETokenizer:
     # -- decoding ------------------------------------------------------------------------------
 
     def token_bytes(self, ids: Iterable[int]) -> list[bytes]:
-        """The bytes of each id (special tokens give their UTF-8 name), one entry per id."""
+        """The bytes of each id (special tokens give their UTF-8 name), one entry per id.
+        ids: an iterable of ints, or a 1-D integer tensor / array (not bool); anything else
+        is a TypeError naming ids."""
+        if not hasattr(ids, "__iter__") or getattr(ids, "ndim", 1) != 1:
+            shape = getattr(ids, "shape", None)
+            raise TypeError(f"ids must be an iterable of token ids (a list of ints or a 1-D "
+                            f"integer tensor), got {type(ids).__name__}"
+                            + ("" if shape is None else f" of shape {tuple(shape)}"))
         out = []
         for position, value in enumerate(ids):
             token_id = _as_id(value, f"ids[{position}]")
