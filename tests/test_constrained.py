@@ -479,3 +479,22 @@ def test_tiny_model_writes_json_that_validates():
             again = constrained_generate(WithoutCache(model), tok, prompt, index, params,
                                          eos_id=tok.eot_id)
         assert again.token_ids == result.token_ids
+
+
+def test_a_quantized_model_decodes_with_its_own_step():
+    # DecodeStep refuses a quantized model; the uncached forward is the oracle
+    import copy
+
+    from tinygpt.quant import quantize_model
+
+    model, tok = tinygpt.load_pretrained()
+    quantized = quantize_model(copy.deepcopy(model).eval(), "int8")
+    vocab = token_strings(tok, model.cfg.vocab_size)
+    index = TokenIndex(compile_regex(schema_to_regex(PERSON)), vocab, tok.eot_id).precompute()
+    prompt = [tok.eot_id] + tok.encode("the little girl has a cat.")
+    params = SamplingParams(temperature=0, max_new_tokens=60)
+    result = constrained_generate(quantized, tok, prompt, index, params, eos_id=tok.eot_id)
+    with torch_single_thread():
+        again = constrained_generate(WithoutCache(quantized), tok, prompt, index, params,
+                                     eos_id=tok.eot_id)
+    assert result.token_ids == again.token_ids and result.forward_passes > 1

@@ -99,6 +99,26 @@ def test_tokenizer_files_that_cannot_be_read_are_named(tmp_path, name, text):
     assert str(folder) in str(caught.value) and name in str(caught.value)
 
 
+def test_a_folder_without_tokenizer_files_says_so(tmp_path):
+    # transformers' own message blamed missing sentencepiece / tiktoken, over five lines
+    folder = llama_folder(tmp_path / "model")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    with pytest.raises(ValueError, match="holds no tokenizer files .one of tokenizer.json, "):
+        load_model(folder)
+
+
+def test_chat_refuses_a_model_without_a_chat_template_at_start(tmp_path, capsys):
+    # it started, then answered every message with "(not sent: ... use /v1/completions)"
+    folder = llama_folder(tmp_path / "model")
+    capsys.readouterr()                          # (saving the folder draws a progress bar)
+    out = io.StringIO()
+    assert chat_main(["--model", str(folder), "--max-tokens", "4"], stdin=io.StringIO("hi\n"),
+                     stdout=out) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "has no chat template, so it cannot chat" in line and out.getvalue() == ""
+
+
 def test_an_empty_model_name_is_refused_not_read_as_the_current_folder(tmp_path, monkeypatch):
     llama_folder(tmp_path)                    # the current folder holds a loadable model
     monkeypatch.chdir(tmp_path)
@@ -127,3 +147,27 @@ def test_chat_and_serve_print_a_bad_folder_as_one_error_line(tmp_path, capsys):
         assert str(tmp_path / "text" / "config.json") in one_error_line(capsys.readouterr().err)
         assert main(["--model", ""]) == 2
         assert "the model name is empty" in one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("name", ["tinygpt", "smollm2", "absent.gguf"])
+def test_dtype_and_max_seq_len_are_checked_before_anything_is_read(name):
+    """max_seq_len=1.5 loaded a model with max_seq_len 1 (True gave 1, "64" gave 64), and
+    dtype="float16" failed in Module.to as "Invalid device string"."""
+    for bad in ("float16", torch.int8, float):
+        with pytest.raises(TypeError, match="dtype must be None or a floating torch.dtype"):
+            load_model(name, dtype=bad)
+    for bad in (1.5, True, "64"):
+        with pytest.raises(TypeError, match="max_seq_len must be None or an int"):
+            load_model(name, max_seq_len=bad)
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="max_seq_len must be >= 1"):
+            load_model(name, max_seq_len=bad)
+
+
+def test_load_gguf_checks_them_too(tmp_path):
+    from tinygpt.loading import load_gguf
+
+    with pytest.raises(TypeError, match="max_seq_len must be None or an int"):
+        load_gguf(tmp_path / "absent.gguf", max_seq_len=64.0)
+    with pytest.raises(TypeError, match="dtype must be None or a floating torch.dtype"):
+        load_gguf(tmp_path / "absent.gguf", dtype="bfloat16")

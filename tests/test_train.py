@@ -485,3 +485,22 @@ def test_experts_by_word_class_counts_every_token_and_slot():
         experts_by_word_class(TinyGPT(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32,
                                                   n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64,
                                                   max_seq_len=16)), tokenizer, stories)
+
+
+@pytest.mark.parametrize("device,match", [("cpu:1", "the CPU is one device here"),
+                                          ("gpu", "device must be one of")])
+def test_load_pretrained_refuses_a_device_this_machine_lacks(device, match):
+    # cpu:1 was accepted; cuda on a CPU-only torch was an AssertionError from inside torch
+    from tinygpt.train import load_pretrained
+
+    with pytest.raises(ValueError, match=match):
+        load_pretrained(device)
+    assert load_pretrained("cpu")[0].tok_embeddings.weight.device.type == "cpu"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_load_pretrained_on_cuda_without_cuda_says_so():
+    from tinygpt.train import load_pretrained
+
+    with pytest.raises(ValueError, match="device cuda: CUDA is not available here"):
+        load_pretrained("cuda")

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
 
     from tinygpt.generate import stream
     from tinygpt.loading import load_model
-    from tinygpt.sampling import SamplingParams
+    from tinygpt.sampling import SamplingParams, flag_message
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p,
                                 max_new_tokens=args.max_tokens, seed=args.seed)
     except (TypeError, ValueError) as err:
-        print(f"error: {str(err).replace('max_new_tokens', '--max-tokens')}", file=sys.stderr)
+        print(f"error: {flag_message(str(err), max_new_tokens='--max-tokens')}",
+              file=sys.stderr)
         return 2
     try:
         model, tokenizer, info = load_model(args.model)
@@ -108,6 +109,12 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
     if args.max_tokens >= info.context_length:
         print(f"error: --max-tokens must be < the context of {info.context_length}",
               file=sys.stderr)
+        return 2
+    try:                          # a base model: every message would be refused
+        tokenizer.encode_chat([{"role": "user", "content": "Hi"}])
+    except ValueError:
+        print(f"error: {info.model_id}'s tokenizer has no chat template, so it cannot chat (a "
+              f"base model continues text: serve it and use /v1/completions)", file=sys.stderr)
         return 2
     stops = set(info.end_of_turn_ids)
     start = [] if args.system is None else [{"role": "system", "content": args.system}]

@@ -615,7 +615,14 @@ def constrained_generate(model: torch.nn.Module, tokenizer, prompt_ids,
     if generator is None and params.seed is not None:
         generator = torch.Generator(device=device).manual_seed(params.seed)
     cache = KVCache.for_model(model, 1, total) if supports_kv_cache(model) else None
-    step = DecodeStep(model, cache) if cache is not None else None
+    if cache is None:
+        step = None
+    elif getattr(model, "quant_scheme", None) is not None:   # day 15's step (as generate's)
+        from tinygpt.quant import QuantizedDecodeStep
+
+        step = QuantizedDecodeStep(model, cache)
+    else:
+        step = DecodeStep(model, cache)
     ids, fed = prompt[0].tolist(), 0          # the context, and how much of it the model read
     state, new, forced, passes, reason = index.dfa.start, [], 0, 0, "length"
     while len(new) < params.max_new_tokens:

@@ -89,6 +89,11 @@ class HFTokenizer:
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)   # a BatchEncoding
 
 
+# a Hugging Face tokenizer is one of these (a fast tokenizer.json; sentencepiece's model;
+# GPT-2's vocab.json with merges.txt)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
 def load_hf_folder(path: Path, config: dict, dtype: torch.dtype | None = None):
     """(model, HFTokenizer) from a Hugging Face folder of one of MODEL_TYPES (Llama,
     Qwen3-MoE, Mixtral, DeepSeek-V3, ...): safetensors weights only. A weights file that is no
@@ -119,6 +124,9 @@ def load_hf_folder(path: Path, config: dict, dtype: torch.dtype | None = None):
     except ImportError as err:
         raise ValueError(f"loading a Hugging Face folder needs transformers for its "
                          f"tokenizer: {err}") from None
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"{path} holds no tokenizer files (one of {', '.join(TOKENIZER_FILES)}"
+                         f"): copy the model's tokenizer files beside its weights")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as err:     # a malformed file surfaces as KeyError, TypeError, ...
@@ -135,9 +143,26 @@ def _tinygpt_info(model, tokenizer, model_id: str, source: str) -> ModelInfo:
     return ModelInfo(model_id, source, model.cfg.max_seq_len, eos, end + eos)
 
 
+def _check_options(dtype, max_seq_len) -> None:
+    """load_model's dtype (None or a floating torch.dtype) and max_seq_len (None or an int
+    >= 1), checked before anything is read: int(1.5) or int("64") would pass silently, and a
+    dtype given as a string would be read as a device by Module.to."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be None or a floating torch.dtype (torch.float32, "
+                        f"torch.bfloat16, torch.float16), got {dtype!r}")
+    if max_seq_len is not None:
+        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int):
+            raise TypeError(f"max_seq_len must be None or an int, got "
+                            f"{type(max_seq_len).__name__} {max_seq_len!r}")
+        if max_seq_len < 1:
+            raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
+
+
 def load_gguf(path: str | Path, model_id: str | None = None, dtype: torch.dtype = torch.float32,
               max_seq_len: int | None = None):
-    """(model, GGUFTokenizer, ModelInfo) from a GGUF file; the file is parsed once for both."""
+    """(model, GGUFTokenizer, ModelInfo) from a GGUF file; the file is parsed once for both.
+    dtype and max_seq_len as load_model takes them."""
+    _check_options(dtype, max_seq_len)
     path = Path(path)
     reader = open_gguf(path)
     model = load_gguf_model(path, dtype=dtype, max_seq_len=max_seq_len)
@@ -156,8 +181,10 @@ def load_gguf(path: str | Path, model_id: str | None = None, dtype: torch.dtype 
 def load_model(name_or_path: str | Path | None = None, *, dtype: torch.dtype | None = None,
                max_seq_len: int | None = None):
     """(model in eval mode on the CPU, tokenizer, ModelInfo) for a name or a path (see the
-    module docstring for the forms). dtype: default the weights' own (float32 for GGUF).
-    max_seq_len: GGUF only, override the file's context length.
+    module docstring for the forms). dtype: None (the weights' own; float32 for GGUF) or a
+    floating torch.dtype. max_seq_len: None or an int >= 1, GGUF only: override the file's
+    context length. (The model is loaded on the CPU: move it with .to(device) after
+    tinygpt.usable_device(name) has checked the machine has that device.)
 
     ValueError naming the allowed forms for anything else (an empty name too); FileNotFoundError
     for a path that does not exist or a model package that is not installed (with the pip
@@ -168,6 +195,7 @@ def load_model(name_or_path: str | Path | None = None, *, dtype: torch.dtype | N
                         f"{type(name_or_path).__name__}; allowed: {ALLOWED}")
     if name_or_path == "":
         raise ValueError(f"the model name is empty; allowed: {ALLOWED}")
+    _check_options(dtype, max_seq_len)
     is_gguf = name_or_path == "smollm2" or str(name_or_path).endswith(".gguf")
     if max_seq_len is not None and not is_gguf:
         raise ValueError(f"max_seq_len can only be set for a GGUF model, not for "

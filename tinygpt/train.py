@@ -489,8 +489,16 @@ def load_checkpoint(path: str | Path, device: torch.device | str | None = None
     version and fields; the ModelConfig and tokenizer are valid and agree on the vocabulary
     size; the weights file is a readable safetensors file whose SHA-256 matches config.json;
     it has exactly the model's tensor names, with the model's shapes, all finite.
-    device: where to put the model (default CPU).
+    device: where to put the model (default CPU); one this machine lacks (cuda without CUDA,
+    cpu:1) is a ValueError before anything is read.
     """
+    if device is not None:
+        import tinygpt
+
+        try:
+            device = tinygpt.usable_device(str(device))
+        except ValueError as err:        # its messages name the command line's --device
+            raise ValueError(str(err).replace("--device", "device", 1)) from None
     path = Path(path)
     meta = checkpoint_metadata(path)
     config_path, weights_path = path / CONFIG_FILE, path / WEIGHTS_FILE
