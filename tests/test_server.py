@@ -667,89 +667,63 @@ def test_a_stream_that_fails_midway_still_ends_with_done(random_model, monkeypat
         assert calls["n"] == 4 and len(lines) >= 3       # it failed mid-way, after a frame
 
 
-def test_a_whole_response_is_built_off_the_event_loop(random_model, monkeypatch):
-    """A whole response with echo and logprobs over many long prompts is megabytes of JSON;
-    built on the event loop, 37 MB of it held /health back for a second. The building is made slow
-    here (each choice's logprobs take 0.5 s, sleeping), so the check does not depend on the
-    machine: /health must be answered within 100 ms meanwhile."""
+def built_slowly_beside_health(app, monkeypatch, method: str, body: dict):
+    """Post `body` with responses.Choice.<method> made slow (0.5 s, sleeping, so the check
+    does not depend on the machine); once it is building, ask for /health. Returns the
+    response, and /health's answer with the seconds it took and how long before the building
+    ended it came."""
     import asyncio
     import threading
 
     from tinygpt.server import responses
 
-    app, _, _ = random_model
     building, timeline = threading.Event(), {}
-    take = responses.Choice.take
+    real = getattr(responses.Choice, method)
 
-    def slow_take(self):
+    def slow(self):
         building.set()
         time.sleep(0.5)
         timeline["built"] = time.perf_counter()
-        return take(self)
+        return real(self)
 
-    monkeypatch.setattr(responses.Choice, "take", slow_take)
+    monkeypatch.setattr(responses.Choice, method, slow)
 
     async def scenario():
-        body = {"model": "tinygpt", "prompt": "The cat", "max_tokens": 2, "echo": True,
-                "logprobs": 2, "n": 2, "seed": 1}
-        whole = asyncio.create_task(app.client.post("/v1/completions", json=body))
+        answer = asyncio.create_task(app.client.post("/v1/completions", json=body))
         deadline = time.perf_counter() + 60
         while not building.is_set():
-            assert not whole.done(), f"the request ended unbuilt: {whole.result().text[:300]}"
+            assert not answer.done(), f"the request ended unbuilt: {answer.result().text[:300]}"
             assert time.perf_counter() < deadline, "the response was not built within 60 s"
             await asyncio.sleep(0.005)
         sent = time.perf_counter()
         health = await app.client.get("/health")
         answered = time.perf_counter()
-        return await whole, health, answered - sent, timeline["built"] - answered
+        return await answer, health, answered - sent, timeline["built"] - answered
 
-    whole, health, took, left = app.loop.run_until_complete(scenario())
-    assert whole.status_code == 200 and len(whole.json()["choices"]) == 2
+    answer, health, took, left = app.loop.run_until_complete(scenario())
     assert health.status_code == 200
     assert took < 0.1 and left > 0, (f"/health took {took:.3f} s and was answered "
                                      f"{-left:.3f} s after the response was built")
+    return answer
+
+
+def test_a_whole_response_is_built_off_the_event_loop(random_model, monkeypatch):
+    """A whole response with echo and logprobs over many long prompts is megabytes of JSON;
+    built on the event loop, 37 MB of it held /health back for a second: /health must be
+    answered within 100 ms while each choice's logprobs are built."""
+    whole = built_slowly_beside_health(random_model[0], monkeypatch, "take", {
+        "model": "tinygpt", "prompt": "The cat", "max_tokens": 2, "echo": True, "logprobs": 2,
+        "n": 2, "seed": 1})
+    assert whole.status_code == 200 and len(whole.json()["choices"]) == 2
 
 
 def test_a_stream_s_echoed_prompt_is_built_off_the_event_loop(random_model, monkeypatch):
     """The same for a stream: its echoed prompt with logprobs (up to 2^18 entries) was built
-    and serialized on the event loop. The building is made slow (0.5 s, sleeping): /health
-    must be answered within 100 ms meanwhile."""
-    import asyncio
-    import threading
-
-    from tinygpt.server import responses
-
-    app, _, _ = random_model
-    building, timeline = threading.Event(), {}
-    prompt_part = responses.Choice.prompt_part
-
-    def slow_prompt_part(self):
-        building.set()
-        time.sleep(0.5)
-        timeline["built"] = time.perf_counter()
-        return prompt_part(self)
-
-    monkeypatch.setattr(responses.Choice, "prompt_part", slow_prompt_part)
-
-    async def scenario():
-        body = {"model": "tinygpt", "prompt": "The cat", "max_tokens": 2, "echo": True,
-                "logprobs": 2, "seed": 1, "stream": True}
-        streamed = asyncio.create_task(app.client.post("/v1/completions", json=body))
-        deadline = time.perf_counter() + 60
-        while not building.is_set():
-            assert not streamed.done(), f"the stream ended unbuilt: {streamed.result().text[:300]}"
-            assert time.perf_counter() < deadline, "the echo was not built within 60 s"
-            await asyncio.sleep(0.005)
-        sent = time.perf_counter()
-        health = await app.client.get("/health")
-        answered = time.perf_counter()
-        return await streamed, health, answered - sent, timeline["built"] - answered
-
-    streamed, health, took, left = app.loop.run_until_complete(scenario())
+    and serialized on the event loop."""
+    streamed = built_slowly_beside_health(random_model[0], monkeypatch, "prompt_part", {
+        "model": "tinygpt", "prompt": "The cat", "max_tokens": 2, "echo": True, "logprobs": 2,
+        "seed": 1, "stream": True})
     frames = [json.loads(line[6:]) for line in streamed.text.splitlines()
               if line.startswith("data: {")]
     assert streamed.status_code == 200 and frames[0]["choices"][0]["text"] == "The cat"
     assert frames[0]["choices"][0]["logprobs"]["tokens"], frames[0]
-    assert health.status_code == 200
-    assert took < 0.1 and left > 0, (f"/health took {took:.3f} s and was answered "
-                                     f"{-left:.3f} s after the echo was built")
