@@ -64,6 +64,12 @@ def test_trace_validation():
     with pytest.raises(ValueError, match="before start"):
         trace(1.0, 0.5)
     assert trace(0, 1, 1).n_tokens == 2  # two tokens in one flush are fine
+    # a NaN passed every order check; a negative prompt length was kept
+    for bad in ((math.nan, 1.0), (0.0, math.nan), (0.0, 0.5, math.inf)):
+        with pytest.raises(ValueError, match="must be finite numbers of seconds"):
+            trace(*bad)
+    with pytest.raises(ValueError, match="prompt_tokens must be an int >= 0, got -3"):
+        B.RequestTrace(0.0, (1.0,), prompt_tokens=-3)
 
 
 def test_percentile_by_hand_and_against_numpy():
@@ -80,6 +86,8 @@ def test_percentile_by_hand_and_against_numpy():
         B.percentile([1], 101)
     with pytest.raises(ValueError, match="empty"):
         B.percentile([], 50)
+    with pytest.raises(ValueError, match="NaN"):      # its answer depended on the order
+        B.percentile([3, math.nan, 1, 2], 50)
 
 
 def test_summarize():
@@ -107,6 +115,9 @@ def test_goodput_by_hand():
         B.goodput(traces, 0, 0.05)
     with pytest.raises(ValueError, match="empty"):
         B.goodput([], 0.2, 0.05)
+    for bad in (True, math.inf, 0):                   # True was read as one second
+        with pytest.raises(ValueError, match="duration must be a finite number of seconds"):
+            B.goodput(traces, 0.2, 0.05, duration=bad)
 
 
 def test_request_metrics():

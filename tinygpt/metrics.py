@@ -30,7 +30,8 @@ class RequestTrace:
     """Timestamps of one streamed request, in seconds of one clock (e.g. time.perf_counter).
 
     start: when the request was submitted.   token_times: when each new token arrived, in
-    order (at least one).   prompt_tokens: the prompt's length.
+    order (at least one).   prompt_tokens: the prompt's length (an int >= 0). Every time is a
+    finite number (a NaN would pass every order check unseen).
     """
 
     start: float
@@ -41,6 +42,13 @@ class RequestTrace:
         times = tuple(float(t) for t in self.token_times)
         if not times:
             raise ValueError("token_times must hold at least one timestamp")
+        if not all(math.isfinite(t) for t in (float(self.start), *times)):
+            raise ValueError(f"start and token_times must be finite numbers of seconds, got "
+                             f"start={self.start!r} and {len(times)} token times with "
+                             f"{sum(not math.isfinite(t) for t in times)} not finite")
+        count = self.prompt_tokens
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"prompt_tokens must be an int >= 0, got {count!r}")
         if times[0] < self.start or any(b < a for a, b in zip(times, times[1:], strict=False)):
             raise ValueError("token_times must be non-decreasing and not before start")
         object.__setattr__(self, "token_times", times)
@@ -87,13 +95,16 @@ def percentile(values: Sequence[float], q: float) -> float:
     Sorted values v_0 .. v_{n-1}: position p = q / 100 * (n - 1), answer v_floor(p) +
     (p - floor(p)) * (v_ceil(p) - v_floor(p)), or v_floor(p) when p is whole or the two are
     equal (so an infinite value gives inf, not 0 * inf = nan). Same as numpy.percentile's
-    default on finite values.
+    default on finite values. A NaN is a ValueError (sorting with it depends on the order the
+    values came in).
     """
     if isinstance(q, bool) or not isinstance(q, int | float) or not 0 <= q <= 100:
         raise ValueError(f"q must be a number in [0, 100], got {q!r}")
     ordered = sorted(float(v) for v in values)
     if not ordered:
         raise ValueError("values must not be empty")
+    if any(math.isnan(v) for v in ordered):
+        raise ValueError("values must not contain NaN")
     position = q / 100 * (len(ordered) - 1)
     low = math.floor(position)
     high = min(low + 1, len(ordered) - 1)
@@ -133,8 +144,9 @@ def goodput(traces: Sequence[RequestTrace], ttft_slo: float, tpot_slo: float,
         raise ValueError("traces must not be empty")
     if duration is None:
         duration = (max(t.token_times[-1] for t in traces) - min(t.start for t in traces))
-    if not duration > 0:
-        raise ValueError(f"duration must be > 0 seconds, got {duration!r}")
+    if isinstance(duration, bool) or not isinstance(duration, int | float) \
+            or not 0 < duration < math.inf:
+        raise ValueError(f"duration must be a finite number of seconds > 0, got {duration!r}")
     return sum(meets_slo(t, ttft_slo, tpot_slo) for t in traces) / duration
 
 
