@@ -324,6 +324,139 @@ def sample_next_token(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, ty
     probs = sampling_probs(logits, temperature, top_k, top_p, min_p, typical_p, order)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
 """),
+    # ---- the input's identity, large logits, knobs passed on (hidden checks added 2026-11)
+    Mistake("top_k", "returns the caller's tensor itself when k is off (no copy)", """
+def top_k_filter(logits, k):
+    if k < 0:
+        raise ValueError(f"k must be >= 0 (0 = off), got {k}")
+    if k == 0 or k >= logits.shape[-1]:
+        return logits
+    kth_largest = torch.topk(logits, k, dim=-1).values[:, -1:]
+    return logits.masked_fill(logits < kth_largest, float("-inf"))
+""", says="not a copy"),
+    Mistake("top_p", "returns the caller's tensor itself when p = 1 (no copy)", """
+def top_p_filter(logits, p):
+    if not 0 < p <= 1:
+        raise ValueError(f"p must be in (0, 1] (1 = off), got {p}")
+    if p == 1:
+        return logits
+    probs = torch.softmax(logits, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    keep_sorted = mass_before < p
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
+""", says="not a copy"),
+    Mistake("top_p", "hand-written softmax without subtracting the max: exp overflows", """
+def top_p_filter(logits, p):
+    if not 0 < p <= 1:
+        raise ValueError(f"p must be in (0, 1] (1 = off), got {p}")
+    if p == 1:
+        return logits.clone()
+    e = torch.exp(logits)
+    probs = e / e.sum(dim=-1, keepdim=True)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    keep_sorted = mass_before < p
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
+""", says="overflows"),
+    Mistake("top_p", "the ValueError's message does not name p", """
+def top_p_filter(logits, p):
+    if not 0 < p <= 1:
+        raise ValueError("expected a value in (0, 1]")
+    if p == 1:
+        return logits.clone()
+    probs = torch.softmax(logits, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    keep_sorted = mass_before < p
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
+""", says="should mention p"),
+    Mistake("min_p", "returns the caller's tensor itself when min_p = 0 (no copy)", """
+def min_p_filter(logits, min_p):
+    if not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
+    if min_p == 0:
+        return logits
+    probs = torch.softmax(logits, dim=-1)
+    threshold = min_p * probs.max(dim=-1, keepdim=True).values
+    return logits.masked_fill(probs < threshold, float("-inf"))
+""", says="not a copy"),
+    Mistake("min_p", "bare exp(logits) for the ratio (no max subtracted): overflows", """
+def min_p_filter(logits, min_p):
+    if not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
+    if min_p == 0:
+        return logits.clone()
+    weights = torch.exp(logits)
+    threshold = min_p * weights.max(dim=-1, keepdim=True).values
+    return logits.masked_fill(weights < threshold, float("-inf"))
+""", says="overflows"),
+    Mistake("typical", "returns the caller's tensor itself when typical_p = 1 (no copy)", """
+def typical_filter(logits, typical_p):
+    if not 0 < typical_p <= 1:
+        raise ValueError(f"typical_p must be in (0, 1] (1 = off), got {typical_p}")
+    if typical_p == 1:
+        return logits
+    log_probs = torch.log_softmax(logits, dim=-1)
+    probs = log_probs.exp()
+    entropy = -torch.where(probs > 0, probs * log_probs, torch.zeros_like(probs)).sum(dim=-1, keepdim=True)
+    distance = (-log_probs - entropy).abs()
+    _, order = torch.sort(distance, dim=-1, stable=True)
+    sorted_probs = probs.gather(1, order)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    keep_sorted = mass_before < typical_p
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
+""", says="not a copy"),
+    Mistake("sampling_probs", "divides the caller's logits by the temperature in place", """
+def sampling_probs(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                   order=HF_ORDER):
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 here (0 = greedy), got {temperature}")
+    x = logits
+    for stage in order:
+        if stage == "temperature":
+            x /= temperature
+        elif stage == "top_k":
+            x = top_k_filter(x, top_k)
+        elif stage == "top_p":
+            x = top_p_filter(x, top_p)
+        elif stage == "min_p":
+            x = min_p_filter(x, min_p)
+        elif stage == "typical":
+            x = typical_filter(x, typical_p)
+        else:
+            raise ValueError(f"unknown stage {stage!r} in order")
+    return torch.softmax(x, dim=-1)
+""", says="in-place"),
+    Mistake("sample_next_token", "does not pass `order` on to sampling_probs", """
+def sample_next_token(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                      order=HF_ORDER, generator=None):
+    if temperature == 0:
+        return torch.argmax(logits, dim=-1)
+    probs = sampling_probs(logits, temperature, top_k, top_p, min_p, typical_p)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+""", says="order"),
+    Mistake("sample_next_token", "passes only temperature, top_k and top_p on (min_p, typical_p "
+            "dropped)", """
+def sample_next_token(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                      order=HF_ORDER, generator=None):
+    if temperature == 0:
+        return torch.argmax(logits, dim=-1)
+    probs = sampling_probs(logits, temperature, top_k, top_p, order=order)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+""", says="min_p"),
+    Mistake("sample_next_token", "forgets to pass typical_p on to sampling_probs", """
+def sample_next_token(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                      order=HF_ORDER, generator=None):
+    if temperature == 0:
+        return torch.argmax(logits, dim=-1)
+    probs = sampling_probs(logits, temperature, top_k, top_p, min_p, order=order)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+""", says="typical_p"),
     # ---- self-check ----------------------------------------------------------------------------
     Mistake("q1", "drops the crossing token", 'answer_q1 = "B"'),
     Mistake("q1", "counts every token below the cumulative 0.95", 'answer_q1 = "D"'),

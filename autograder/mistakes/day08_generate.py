@@ -409,6 +409,115 @@ def stream_text(token_ids, decode, stop):
         released = safe
     return pieces, stopped_any
 """),
+    Mistake("repetition_penalty", "returns the caller's tensor itself when nothing changes "
+            "(penalty 1 or nothing seen)", """
+def apply_repetition_penalty(logits, seen_ids, penalty):
+    if penalty <= 0:
+        raise ValueError(f"penalty must be > 0 (1 = off), got {penalty}")
+    if penalty == 1 or seen_ids.numel() == 0:
+        return logits
+    seen = torch.zeros_like(logits, dtype=torch.bool)
+    seen.scatter_(1, seen_ids, True)
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits)
+""", says="not a new one"),
+    Mistake("frequency_presence", "returns the caller's tensor itself when nothing was generated", """
+def apply_frequency_presence_penalty(logits, generated_ids, frequency, presence):
+    if generated_ids.numel() == 0:
+        return logits
+    counts = torch.zeros_like(logits)
+    counts.scatter_add_(1, generated_ids, torch.ones_like(generated_ids, dtype=logits.dtype))
+    return logits - counts * frequency - (counts > 0).to(logits.dtype) * presence
+""", says="not a new one"),
+    Mistake("generate_loop", "keeps the context in the caller's prompt list and appends to it", """
+def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
+    max_seq_len = model.cfg.max_seq_len
+    if generator is None and params.seed is not None:
+        generator = torch.Generator().manual_seed(params.seed)
+    n_prompt = len(prompt_ids)
+    ids, new = prompt_ids, []
+    with torch.inference_mode():
+        while True:
+            logits = model(torch.tensor([ids[-max_seq_len:]]))[:, -1, :]
+            token = int(sample_next_token(logits, params, generator=generator,
+                                          prompt_ids=torch.tensor([ids[:n_prompt]]),
+                                          generated_ids=torch.tensor([ids[n_prompt:]],
+                                                                     dtype=torch.long).reshape(1, -1)))
+            new.append(token)
+            ids.append(token)
+            if eos_id is not None and token == eos_id:
+                return new, "eos"
+            if len(new) == params.max_new_tokens:
+                return new, "length"
+""", says="prompt_ids list"),
+    Mistake("generate_loop", "gives the penalties the cropped window as prompt_ids", """
+def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
+    max_seq_len = model.cfg.max_seq_len
+    if generator is None and params.seed is not None:
+        generator = torch.Generator().manual_seed(params.seed)
+    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    ids, new = prompt, []
+    with torch.inference_mode():
+        while True:
+            window = ids[:, -max_seq_len:]
+            logits = model(window)[:, -1, :]
+            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=window,
+                                          generated_ids=ids[:, prompt.shape[1]:]))
+            new.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            if eos_id is not None and token == eos_id:
+                return new, "eos"
+            if len(new) == params.max_new_tokens:
+                return new, "length"
+""", says="not the cropped window"),
+    Mistake("generate_loop", "generated_ids = ids[:, -len(new):]: the whole context at step 0", """
+def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
+    max_seq_len = model.cfg.max_seq_len
+    if generator is None and params.seed is not None:
+        generator = torch.Generator().manual_seed(params.seed)
+    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    ids, new = prompt, []
+    with torch.inference_mode():
+        while True:
+            logits = model(ids[:, -max_seq_len:])[:, -1, :]
+            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
+                                          generated_ids=ids[:, -len(new):]))
+            new.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            if eos_id is not None and token == eos_id:
+                return new, "eos"
+            if len(new) == params.max_new_tokens:
+                return new, "length"
+""", says="-len(new)"),
+    Mistake("stream_text", "adds up each token's own decode ([id]) instead of decoding the "
+            "whole prefix", """
+def stream_text(token_ids, decode, stop):
+    pieces, released, text = [], 0, ""
+    for i, token in enumerate(token_ids):
+        text += decode([token])
+        safe, stopped = safe_text_length(text, stop)
+        if not stopped and i == len(token_ids) - 1:
+            safe = len(text)
+        pieces.append(text[released:safe])
+        released = safe
+        if stopped:
+            return pieces, True
+    return pieces, False
+""", says="whole prefix"),
+    Mistake("stream_text", "flushes at the last token even when a stop string just appeared", """
+def stream_text(token_ids, decode, stop):
+    pieces, released = [], 0
+    for i in range(len(token_ids)):
+        text = decode(list(token_ids[:i + 1]))
+        safe, stopped = safe_text_length(text, stop)
+        if i == len(token_ids) - 1:
+            safe = len(text)
+        pieces.append(text[released:safe])
+        released = safe
+        if stopped:
+            return pieces, True
+    return pieces, False
+""", says="only when no stop string"),
     # ---------------------------------------------------------------- self-check
     Mistake("q1", "divides the negative logit (moves it towards 0)", 'answer_q1 = "A"'),
     Mistake("q1", "penalizes once per occurrence", 'answer_q1 = "C"'),

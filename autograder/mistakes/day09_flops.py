@@ -187,6 +187,78 @@ def kv_cache_bytes(cfg, tokens, batch, dtype):
     elements = 2 * cfg.n_layers * cfg.d_model * tokens * batch
     return math.ceil(elements * BYTES_PER_ELEMENT[dtype])
 """),
+    Mistake("param_breakdown", "wq and wo sized D x D: assumes n_heads * head_dim == d_model", """
+def param_breakdown(cfg):
+    D, hd, L = cfg.d_model, cfg.head_dim, cfg.n_layers
+    kv_width = cfg.n_kv_heads * hd
+    return {
+        "embedding": cfg.vocab_size * D,
+        "attention": L * (2 * D * D + 2 * D * kv_width),
+        "mlp": L * 3 * D * cfg.d_ff,
+        "norms": L * 2 * D + D,
+        "lm_head": 0 if cfg.tie_embeddings else D * cfg.vocab_size,
+    }
+""", says="head_dim"),
+    Mistake("param_breakdown", "head width computed as d_model / n_heads instead of cfg.head_dim", """
+def param_breakdown(cfg):
+    D, L = cfg.d_model, cfg.n_layers
+    hd = D // cfg.n_heads
+    q_width, kv_width = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    return {
+        "embedding": cfg.vocab_size * D,
+        "attention": L * (D * q_width + 2 * D * kv_width + q_width * D),
+        "mlp": L * 3 * D * cfg.d_ff,
+        "norms": L * 2 * D + D,
+        "lm_head": 0 if cfg.tie_embeddings else D * cfg.vocab_size,
+    }
+""", says="head_dim"),
+    Mistake("weight_flops", "attention weights from d_model: wq and wo taken as D x D", """
+def weight_flops_per_token(cfg):
+    D, L = cfg.d_model, cfg.n_layers
+    attention = L * (2 * D * D + 2 * D * cfg.n_kv_heads * cfg.head_dim)
+    return 2 * (attention + L * 3 * D * cfg.d_ff + D * cfg.vocab_size)
+""", says="head_dim"),
+    Mistake("attention_flops", "4 L D context_len: d_model in place of n_heads * head_dim", """
+def attention_flops_per_token(cfg, context_len):
+    if context_len < 1:
+        raise ValueError(f"context_len must be >= 1, got {context_len}")
+    return 4 * cfg.n_layers * cfg.d_model * context_len
+""", says="head_dim"),
+    Mistake("weight_bytes", "forgets math.ceil: a float number of bytes", """
+def weight_bytes(cfg, dtype):
+    if dtype not in BYTES_PER_ELEMENT:
+        raise ValueError(f"dtype must be one of {sorted(BYTES_PER_ELEMENT)}, got {dtype!r}")
+    return sum(param_breakdown(cfg).values()) * BYTES_PER_ELEMENT[dtype]
+""", says="whole number"),
+    Mistake("weight_bytes", "int() rounds half a byte down", """
+def weight_bytes(cfg, dtype):
+    if dtype not in BYTES_PER_ELEMENT:
+        raise ValueError(f"dtype must be one of {sorted(BYTES_PER_ELEMENT)}, got {dtype!r}")
+    return int(sum(param_breakdown(cfg).values()) * BYTES_PER_ELEMENT[dtype])
+""", says="round UP"),
+    Mistake("weight_bytes", "round() to the nearest byte", """
+def weight_bytes(cfg, dtype):
+    if dtype not in BYTES_PER_ELEMENT:
+        raise ValueError(f"dtype must be one of {sorted(BYTES_PER_ELEMENT)}, got {dtype!r}")
+    return round(sum(param_breakdown(cfg).values()) * BYTES_PER_ELEMENT[dtype])
+""", says="round UP"),
+    Mistake("weight_bytes", "BYTES_PER_ELEMENT[dtype] unchecked: a KeyError for an unknown dtype", """
+def weight_bytes(cfg, dtype):
+    return math.ceil(sum(param_breakdown(cfg).values()) * BYTES_PER_ELEMENT[dtype])
+""", says="KeyError"),
+    Mistake("kv_cache_bytes", "head width as d_model // n_heads instead of cfg.head_dim", """
+def kv_cache_bytes(cfg, tokens, batch, dtype):
+    if dtype not in BYTES_PER_ELEMENT:
+        raise ValueError(f"dtype must be one of {sorted(BYTES_PER_ELEMENT)}, got {dtype!r}")
+    elements = 2 * cfg.n_layers * cfg.n_kv_heads * (cfg.d_model // cfg.n_heads) * tokens * batch
+    return math.ceil(elements * BYTES_PER_ELEMENT[dtype])
+""", says="head_dim"),
+    Mistake("kv_cache_bytes", "forgets math.ceil: a float number of bytes", """
+def kv_cache_bytes(cfg, tokens, batch, dtype):
+    if dtype not in BYTES_PER_ELEMENT:
+        raise ValueError(f"dtype must be one of {sorted(BYTES_PER_ELEMENT)}, got {dtype!r}")
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * tokens * batch * BYTES_PER_ELEMENT[dtype]
+""", says="whole number"),
     # ------------------------------------------------------------------ self-check
     Mistake("q1", "thinks attention arithmetic is slower", 'answer_q1 = "A"'),
     Mistake("q1", "thinks decode recomputes the prompt", 'answer_q1 = "B"'),
@@ -196,6 +268,9 @@ answer_q2 = prefill_flops(LLAMA2_7B, 1, 512) / 1979e12 * 1e3
     Mistake("q2", "answered in seconds", """
 answer_q2 = prefill_flops(LLAMA2_7B, 1, 512) / 989.4e12
 """),
+    Mistake("q2", "the nominal 7.0e9 parameters (2 x 7e9 x 512 FLOPs)", """
+answer_q2 = 2 * 7.0e9 * 512 / 989.4e12 * 1e3
+""", says="nominal"),
     Mistake("q3", "thinks GQA also cuts attention FLOPs", 'answer_q3 = "A"'),
     Mistake("q3", "swapped: FLOPs shrink, bytes stay", 'answer_q3 = "C"'),
 ]

@@ -122,6 +122,32 @@ def critical_batch(cfg, dtype, peak_flops, bandwidth, max_batch=100_000):
             return batch
     return max_batch
 """),
+    Mistake("attainable_flops", "multiplies the caller's array of intensities in place", """
+def attainable_flops(peak_flops, bandwidth, intensity):
+    if isinstance(intensity, np.ndarray):
+        intensity *= bandwidth
+        return np.minimum(peak_flops, intensity)
+    return min(peak_flops, bandwidth * intensity)
+""", says="in-place"),
+    Mistake("predict_decode_step", "weight_bytes (the whole embedding table) + kv_cache_bytes", """
+def predict_decode_step(cfg, batch, context_len, dtype, peak_flops, bandwidth):
+    nbytes = flops.weight_bytes(cfg, dtype) + flops.kv_cache_bytes(cfg, context_len, batch, dtype)
+    return op_time(flops.decode_flops(cfg, batch, context_len), nbytes, peak_flops, bandwidth)
+""", says="weight_bytes would count the whole table"),
+    Mistake("predict_decode_step", "a KV cache of context_len - 1 tokens (the cache before the step)", """
+def predict_decode_step(cfg, batch, context_len, dtype, peak_flops, bandwidth):
+    return op_time(flops.decode_flops(cfg, batch, context_len),
+                   flops.decode_step_bytes(cfg, batch, context_len - 1, dtype), peak_flops, bandwidth)
+""", says="not context_len - 1"),
+    Mistake("critical_batch", "compares the two times inline with a strict >: a tie counts as "
+            "memory-bound", """
+def critical_batch(cfg, dtype, peak_flops, bandwidth, max_batch=100_000):
+    per_token = flops.weight_flops_per_token(cfg)
+    for batch in range(1, max_batch + 1):
+        if batch * per_token / peak_flops > flops.weights_read_bytes(cfg, batch, dtype) / bandwidth:
+            return batch
+    return None
+""", says="a tie counts as compute-bound"),
     # ------------------------------------------------------------------ self-check
     Mistake("q1", "thinks intensity 50 is compute-bound", 'answer_q1 = "A"'),
     Mistake("q1", "divides bandwidth by intensity", 'answer_q1 = "C"'),
@@ -134,6 +160,12 @@ answer_q2 = flops.decode_flops(P["llama-2-70b"], 1, 1) / 989.4e12 * 1e3
     Mistake("q2", "answered in seconds", """
 answer_q2 = flops.decode_step_bytes(P["llama-2-70b"], 1, 1, "bf16") / 4.8e12
 """),
+    Mistake("q2", "the H200's memory capacity (141 GB) over its bandwidth", """
+answer_q2 = 141e9 / 4.8e12 * 1e3
+""", says="memory capacity"),
+    Mistake("q2", "the nominal 140 GB of Llama-2-70B's weights over the bandwidth", """
+answer_q2 = 140e9 / 4.8e12 * 1e3
+""", says="nominal 140 GB"),
     Mistake("q3", "thinks the step time scales with batch", 'answer_q3 = "A"'),
     Mistake("q3", "thinks batch 16 is compute-bound", 'answer_q3 = "D"'),
 ]
