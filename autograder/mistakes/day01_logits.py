@@ -34,6 +34,11 @@ def softmax(logits):
     e = np.exp(logits)
     return e / e.sum(axis=-1, keepdims=True)
 """),
+    Mistake("softmax", "no np.asarray: a list input (the worked example) has no .max()", """
+def softmax(logits):
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+""", says="np.asarray"),
     Mistake("log_softmax", "log of softmax: -inf where a probability underflows", """
 def log_softmax(logits):
     return np.log(softmax(logits))
@@ -100,6 +105,18 @@ def softmax_with_temperature(logits, temperature):
         return one_hot.reshape(x.shape)
     return softmax(x / temperature)
 """),
+    Mistake("temperature", "divides in place (x /= temperature): changes the caller's logits", """
+def softmax_with_temperature(logits, temperature):
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    x = np.asarray(logits, dtype=np.float64)
+    if temperature == 0:
+        one_hot = np.zeros_like(x)
+        np.put_along_axis(one_hot, x.argmax(axis=-1)[..., None], 1.0, axis=-1)
+        return one_hot
+    x /= temperature
+    return softmax(x)
+""", says="in place"),
     Mistake("cross_entropy", "sums over positions instead of averaging", """
 def cross_entropy(logits, targets):
     logp = log_softmax(logits)
@@ -133,6 +150,13 @@ def perplexity(token_logprobs):
 def perplexity(token_logprobs):
     return float(np.exp(np.abs(np.mean(token_logprobs))))
 """),
+    Mistake("perplexity", "rejects only a positive mean, not each positive entry", """
+def perplexity(token_logprobs):
+    lp = np.asarray(token_logprobs, dtype=np.float64)
+    if lp.mean() > 0:
+        raise ValueError("token_logprobs must be log-probabilities (<= 0)")
+    return float(np.exp(-lp.mean()))
+""", says="not the mean"),
     Mistake("q1", "thinks a shift raises every probability", 'answer_q1 = "A"'),
     Mistake("q1", "thinks a shift sharpens the distribution", 'answer_q1 = "C"'),
     Mistake("q2", "reports the cross-entropy itself", "answer_q2 = 2.0"),
@@ -147,6 +171,7 @@ _KEEPS = {
     'normalises over the whole array instead of each row': ('temperature', 'cross_entropy'),
     'subtracts one max for the whole batch': ('temperature', 'cross_entropy'),
     'reduces along axis 0 (columns) instead of the last axis': ('temperature', 'cross_entropy'),
+    'no np.asarray: a list input': ('temperature', 'cross_entropy'),
     'logsumexp without the max shift: overflows': ('cross_entropy',),
 }
 MISTAKES = [replace(m, keeps=next((v for k, v in _KEEPS.items() if m.name.startswith(k)), ()))

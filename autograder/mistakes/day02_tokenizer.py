@@ -311,6 +311,25 @@ def encode_chat(messages, tok, add_generation_prompt=True):
         ids.append(special["<|assistant|>"])
     return ids
 """),
+    Mistake("encode_chat", "checks the role by looking its marker up in tok.special_tokens", """
+ROLES = ("system", "user", "assistant")
+
+
+def encode_chat(messages, tok, add_generation_prompt=True):
+    special = tok.special_tokens
+    ids = []
+    for message in messages:
+        role = message["role"]
+        marker = f"<|{role}|>"
+        if marker not in special:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        ids.append(special[marker])
+        ids.extend(tok.encode(message["content"]))
+        ids.append(special["<|end|>"])
+    if add_generation_prompt:
+        ids.append(special["<|assistant|>"])
+    return ids
+""", says="not against tok.special_tokens"),
     Mistake("encode_chat", "forgets the generation prompt", """
 ROLES = ("system", "user", "assistant")
 

@@ -39,6 +39,20 @@ def one_hot(ids, num_classes):
         raise ValueError(f"ids must lie in [0, {num_classes})")
     return (ids[..., None] == np.arange(num_classes)).astype(np.float64)
 """, says="check the range only when there are ids"),
+    Mistake("one_hot", "returns ints (astype(int)) instead of a float array", """
+def one_hot(ids, num_classes):
+    ids = np.asarray(ids)
+    if ids.size and (ids.min() < 0 or ids.max() >= num_classes):
+        raise ValueError(f"ids must lie in [0, {num_classes})")
+    return (ids[..., None] == np.arange(num_classes)).astype(int)
+""", says="float"),
+    Mistake("one_hot", "returns the boolean comparison itself", """
+def one_hot(ids, num_classes):
+    ids = np.asarray(ids)
+    if ids.size and (ids.min() < 0 or ids.max() >= num_classes):
+        raise ValueError(f"ids must lie in [0, {num_classes})")
+    return ids[..., None] == np.arange(num_classes)
+""", says="float"),
     Mistake("embedding", "lookup without validation: table[-1] silently reads the last row", """
 def embedding_lookup(table, ids):
     return table[np.asarray(ids)]
@@ -196,6 +210,8 @@ def apply_rope(x, cos, sin):
 # the function these mistakes break, so they keep their full marks (by name prefix).
 _KEEPS = {
     'classes on the first axis': ('embedding',),
+    'returns ints (astype(int))': ('embedding',),
+    'returns the boolean comparison': ('embedding',),
 }
 MISTAKES = [replace(m, keeps=next((v for k, v in _KEEPS.items() if m.name.startswith(k)), ()))
             for m in MISTAKES]

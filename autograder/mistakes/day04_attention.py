@@ -31,6 +31,13 @@ def causal_mask(t_q, t_k=None):
     t_k = t_q if t_k is None else t_k
     return np.triu(np.full((t_q, t_k), -np.inf), k=t_k - t_q + 1)
 """),
+    Mistake("causal_mask", "treats t_k = 0 as not given (t_k = t_k or t_q)", """
+def causal_mask(t_q, t_k=None):
+    t_k = t_k or t_q
+    if t_k < t_q:
+        raise ValueError(f"t_k ({t_k}) must be >= t_q ({t_q})")
+    return np.triu(np.full((t_q, t_k), -np.inf), k=t_k - t_q + 1)
+""", says="t_k is None"),
     Mistake("attention_numpy", "forgets the 1/sqrt(d) scale", """
 def attention_numpy(q, k, v, mask=None):
     scores = q @ np.swapaxes(k, -1, -2)
@@ -59,6 +66,41 @@ def attention_numpy(q, k, v, mask=None):
         weights = weights * (mask == 0)
     return weights @ v
 """),
+    Mistake("attention_numpy", "scales q in place (q /= np.sqrt(d)): changes the caller's array", """
+def attention_numpy(q, k, v, mask=None):
+    d = q.shape[-1]
+    q /= np.sqrt(d)
+    scores = q @ np.swapaxes(k, -1, -2)
+    if mask is not None:
+        scores = scores + mask
+    return softmax(scores) @ v
+""", says="in place"),
+    Mistake("attention_torch", "softmax written out without the max shift: exp overflows", """
+def attention_weights(q, k, causal=True):
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        allowed = torch.ones(t_q, t_k, dtype=torch.bool).tril(diagonal=t_k - t_q)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    e = torch.exp(scores)
+    return e / e.sum(dim=-1, keepdim=True)
+
+def scaled_dot_product_attention(q, k, v, causal=True):
+    return attention_weights(q, k, causal) @ v
+""", says="exp overflowed"),
+    Mistake("attention_torch", "scales q in place (q /= math.sqrt(d)): changes the caller's tensor", """
+def attention_weights(q, k, causal=True):
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    q /= math.sqrt(q.shape[-1])
+    scores = q @ k.transpose(-2, -1)
+    if causal:
+        allowed = torch.ones(t_q, t_k, dtype=torch.bool).tril(diagonal=t_k - t_q)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+def scaled_dot_product_attention(q, k, v, causal=True):
+    return attention_weights(q, k, causal) @ v
+""", says="in place"),
     Mistake("attention_torch", "softmax over the queries (dim=-2)", """
 def attention_weights(q, k, causal=True):
     t_q, t_k = q.shape[-2], k.shape[-2]
@@ -186,6 +228,12 @@ def repeat_kv(x, n_rep):
 def repeat_kv(x, n_rep):
     return torch.repeat_interleave(x, n_rep, dim=1)
 """),
+    Mistake("repeat_kv", "rejects only n_rep == 0: a negative n_rep reaches torch", """
+def repeat_kv(x, n_rep):
+    if n_rep == 0:
+        raise ValueError(f"n_rep must be >= 1, got {n_rep}")
+    return torch.repeat_interleave(x, n_rep, dim=1)
+""", says="negative"),
     Mistake("gqa", "tiles the KV heads (repeat) instead of repeat_interleave", """
 def grouped_query_attention(q, k, v, causal=True):
     n_heads, n_kv_heads = q.shape[1], k.shape[1]
@@ -214,6 +262,26 @@ def grouped_query_attention(q, k, v, causal=True):
     n_rep = n_heads // n_kv_heads
     return scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep))
 """),
+    Mistake("gqa", "calls F.sdpa(is_causal=causal, enable_gqa=True): top-left when T_q < T_k", """
+def grouped_query_attention(q, k, v, causal=True):
+    n_heads, n_kv_heads = q.shape[1], k.shape[1]
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+""", says="bottom-right"),
+    Mistake("gqa", "writes attention out with a square tril() mask: top-left when T_q < T_k", """
+def grouped_query_attention(q, k, v, causal=True):
+    n_heads, n_kv_heads = q.shape[1], k.shape[1]
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
+    n_rep = n_heads // n_kv_heads
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        t_q, t_k = scores.shape[-2], scores.shape[-1]
+        scores = scores.masked_fill(~torch.ones(t_q, t_k, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+""", says="bottom-right"),
     Mistake("q1", "thinks the mask aligns top-left (PyTorch's is_causal)", 'answer_q1 = "B"'),
     Mistake("q1", "thinks a token cannot see itself", 'answer_q1 = "D"'),
     Mistake("q2", "tiles instead of grouping: 13 % 8", "answer_q2 = 13 % 8"),
@@ -229,6 +297,10 @@ def grouped_query_attention(q, k, v, causal=True):
 _KEEPS = {
     'divides by d instead of sqrt(d)': ('gqa',),
     'tensor.repeat tiles the block': ('gqa',),
+    "scales q in place (q /= np.sqrt(d))": ('attention_torch',),
+    'softmax written out without the max shift': ('gqa',),
+    "scales q in place (q /= math.sqrt(d))": ('gqa',),
+    'rejects only n_rep == 0': ('gqa',),
 }
 MISTAKES = [replace(m, keeps=next((v for k, v in _KEEPS.items() if m.name.startswith(k)), ()))
             for m in MISTAKES]

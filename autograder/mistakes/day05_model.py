@@ -56,6 +56,18 @@ def rms_norm(x, weight, eps=1e-5):
     x32 = x.float()
     return weight * (x32 / torch.sqrt(x32.var(dim=-1, keepdim=True) + eps)).to(x.dtype)
 """),
+    Mistake("rms_norm", "normalizes in place: x.float() is x itself for a float32 x", """
+def rms_norm(x, weight, eps=1e-5):
+    x32 = x.float()
+    x32 *= torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+""", says="in place"),
+    Mistake("rms_norm", "ignores the eps argument (a hard-coded 1e-5)", """
+def rms_norm(x, weight, eps=1e-5):
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + 1e-5)
+    return weight * x32.to(x.dtype)
+""", says="not a fixed 1e-5"),
     # ---- swiglu
     Mistake("swiglu", "silu on the up projection instead of the gate", """
 def swiglu(x, w1, w2, w3):
@@ -116,6 +128,13 @@ def block_forward(x, p, cfg, cos, sin):
     return swiglu(rms_norm(h, p["ffn_norm.weight"], cfg.norm_eps), p["feed_forward.w1.weight"],
                   p["feed_forward.w2.weight"], p["feed_forward.w3.weight"])
 """),
+    Mistake("block_forward", "ignores cfg.norm_eps: both norms use rms_norm's default eps", """
+def block_forward(x, p, cfg, cos, sin):
+    h = x + attention_forward(rms_norm(x, p["attention_norm.weight"]), p, cfg, cos, sin)
+    hn = rms_norm(h, p["ffn_norm.weight"])
+    return h + swiglu(hn, p["feed_forward.w1.weight"], p["feed_forward.w2.weight"],
+                      p["feed_forward.w3.weight"])
+""", says="cfg.norm_eps"),
     # ---- model_forward
     Mistake("model_forward", "forgets the final norm", """
 def model_forward(idx, weights, cfg):
@@ -191,6 +210,17 @@ def model_forward(idx, weights, cfg):
     head = weights["tok_embeddings.weight"] if cfg.tie_embeddings else weights["output.weight"]
     return x @ head.T
 """),
+    Mistake("model_forward", "the final norm ignores cfg.norm_eps (rms_norm's default eps)", """
+def model_forward(idx, weights, cfg):
+    T = idx.shape[1]
+    cos, sin = rope_cos_sin(cfg.head_dim, T, cfg.rope_base)
+    x = weights["tok_embeddings.weight"][idx]
+    for i in range(cfg.n_layers):
+        x = block_forward(x, layer_weights(weights, i), cfg, cos, sin)
+    x = rms_norm(x, weights["norm.weight"])
+    head = weights["tok_embeddings.weight"] if cfg.tie_embeddings else weights["output.weight"]
+    return x @ head.T
+""", says="cfg.norm_eps"),
     # ---- count_params
     Mistake("count_params", "counts wk and wv with n_heads instead of n_kv_heads", """
 def count_params(cfg):
@@ -263,5 +293,8 @@ _KEEPS = {
     "forgets the learned weight": ("block_forward", "model_forward"),
     "sigmoid instead of silu (plain GLU)": ("block_forward", "model_forward"),
     "swaps the two norm weights": ("model_forward",),
+    "normalizes in place: x.float() is x itself for a float32 x": ("block_forward", "model_forward"),
+    "ignores the eps argument (a hard-coded 1e-5)": ("block_forward", "model_forward"),
+    "ignores cfg.norm_eps: both norms use rms_norm's default eps": ("model_forward",),
 }
 MISTAKES = [replace(m, keeps=_KEEPS.get(m.name, ())) for m in MISTAKES]
