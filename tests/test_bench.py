@@ -148,6 +148,23 @@ def test_trace_request_timestamps_every_streamed_token():
     assert ids2 == ids and t2.n_tokens == 6 and t2.prompt_tokens == 3
 
 
+def test_run_requests_and_random_prompt_refuse_bad_arguments():
+    model = tiny_model()
+    traces = B.run_requests(model, 3, 2, (3, 5), warmup=3)
+    assert [t.prompt_tokens for t in traces] == [3, 5, 3] and all(t.n_tokens == 2 for t in traces)
+    for kwargs, match in [(dict(prompt_lengths=()), "prompt_lengths must be a non-empty"),
+                          (dict(prompt_lengths=4), "prompt_lengths must be a non-empty"),
+                          (dict(prompt_lengths=(4, 0)), r"prompt_lengths\[1\] must be >= 1"),
+                          (dict(warmup=-1), "warmup must be >= 0, got -1"),
+                          (dict(warmup=4), "warmup must be at most n_requests=3")]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            B.run_requests(model, 3, 2, **{"prompt_lengths": (3,), **kwargs})
+    assert B.random_prompt(4, 1, seed=0) == [0, 0, 0, 0]
+    for vocab_size in (0, -5):
+        with pytest.raises(ValueError, match=f"vocab_size must be >= 1, got {vocab_size}"):
+            B.random_prompt(4, vocab_size, seed=0)
+
+
 def test_measure_decode_step_counts_the_bytes_it_must_read():
     model = tiny_model()
     step = B.measure_decode_step(model, context_len=8, steps=4, warmup=2)

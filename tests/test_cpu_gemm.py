@@ -295,6 +295,16 @@ def test_paged_attention_refuses_bad_input():
         cpu_gemm.paged_attention(randn(2, 3, 16), k_pool, v_pool, tables, lengths, 1.0)
     with pytest.raises(ValueError, match="float32"):
         cpu_gemm.paged_attention(q.double(), k_pool, v_pool, tables, lengths, 1.0)
+    with pytest.raises(ValueError, match=r"int64 tables \(N, W\)"):
+        cpu_gemm.paged_attention(q, k_pool, v_pool, tables[..., None], lengths, 1.0)
+    no_heads = torch.zeros(8, 0, 4, 16)
+    with pytest.raises(ValueError, match=r"pools \(num_blocks, H_kv >= 1, block_size >= 1, d\)"):
+        cpu_gemm.paged_attention(q, no_heads, no_heads, tables, lengths, 1.0)
+    with pytest.raises(ValueError, match="block_size >= 1"):
+        cpu_gemm.chunk_attention(q, no_heads, no_heads, tables, torch.tensor([0, 0]),
+                                 torch.tensor([1, 1]), 1.0)
+    with pytest.raises(ValueError, match=r"q \(rows, H, d\)"):
+        cpu_gemm.paged_attention(q[0], k_pool, v_pool, tables, lengths, 1.0)
     for bad in (-1, 8):                                 # a block id outside the 8 blocks
         outside = tables.index_fill(1, torch.tensor([0]), bad)
         with pytest.raises(ValueError, match=r"tables must name blocks of the pools, in \[0, 8\)"):
@@ -382,6 +392,18 @@ def test_rms_norm_equals_torch(shape):
                         floor=5e-7)
     with pytest.raises(ValueError, match="weight"):
         cpu_gemm.rms_norm(x, w[:-1], 1e-5)
+
+
+def test_rms_norm_refuses_what_it_cannot_normalize():
+    x, w = randn(2, 8), randn(8, seed=1)
+    assert torch.equal(cpu_gemm.rms_norm(x, w, 0), cpu_gemm.rms_norm(x, w, 0.0))
+    with pytest.raises(ValueError, match=r"D >= 1, got torch.float32 \(2, 0\)"):
+        cpu_gemm.rms_norm(torch.zeros(2, 0), torch.zeros(0), 1e-5)
+    with pytest.raises(ValueError, match="D >= 1"):
+        cpu_gemm.rms_norm(torch.tensor(1.0), w, 1e-5)
+    for eps in (-1e-5, float("nan"), float("inf"), "a", None, True):
+        with pytest.raises(ValueError, match=f"eps must be a finite number >= 0, got {eps!r}"):
+            cpu_gemm.rms_norm(x, w, eps)
 
 
 def test_rope_store_rotates_like_torch_bit_for_bit_and_writes_the_slots():

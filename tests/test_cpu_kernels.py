@@ -283,6 +283,14 @@ def test_bad_shapes_and_inputs_are_refused():
         ck.set_threads(0)
     with pytest.raises(ValueError, match="fmt must be one of"):
         ck.TiledLinear(weights(16, 8), fmt="int3")
+    with pytest.raises(ValueError, match=r"in_features >= 1, got \(16, 0\)"):
+        ck.TiledLinear(torch.zeros(16, 0))
+    with pytest.raises(ValueError, match="in_features >= 1"):
+        ck.TiledLinear(torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"float32 x \(\.\.\., 8\)"):
+        tiled(torch.tensor(1.0))                             # a 0-d x has no last dimension
+    with pytest.raises(ValueError, match="tiled must be contiguous float32 CPU tiles"):
+        ck.TiledLinear.sharing(torch.zeros(1, 0, 16), [16])
 
 
 def test_q8_0_tiles_refuse_weights_outside_q8_0s_range():
@@ -297,6 +305,24 @@ def test_q8_0_tiles_refuse_weights_outside_q8_0s_range():
         ck.tile_q8_0(q, d)
     with pytest.raises(TypeError, match="q must be an int8 tensor"):
         ck.tile_q8_0(q.to(torch.int16), d)
+
+
+def test_q4_1_tiles_refuse_codes_outside_four_bits():
+    """Q4_1 codes are 0..15 (quantize_q4_1 clamps there): a larger one would spill into its
+    neighbour's nibble and the kernel would no longer multiply dequantize_q4_1's weights, so
+    tile_q4_1 and TiledLinear's `blocks` refuse it, and codes that are not uint8."""
+    w = weights(16, 64)
+    q, d, m = ck.quantize_q4_1(w)
+    assert int(q.max()) == 15 and ck.tile_q4_1(q, d, m).shape == (1, 2, 320)
+    q[3, 7] = 16
+    with pytest.raises(ValueError, match=r"q must hold Q4_1 codes in \[0, 15\] .*got 16"):
+        ck.tile_q4_1(q, d, m)
+    with pytest.raises(ValueError, match=r"blocks\[1\]\[0\] must hold Q4_1 codes in \[0, 15\]"):
+        ck.TiledLinear(w, w, fmt="q4_1", blocks=[ck.quantize_q4_1(w), (q, d, m)])
+    with pytest.raises(TypeError, match=r"blocks\[0\]\[0\] must be a uint8 tensor"):
+        ck.TiledLinear(w, fmt="q4_1", blocks=[(q.to(torch.int16), d, m)])
+    with pytest.raises(ValueError, match=r"d, m \(N, K / 32\)"):
+        ck.TiledLinear(w, fmt="q4_1", blocks=[(q.clamp(max=15), d[:, :1], m)])
 
 
 # --------------------------------------------------------------------------------------------

@@ -390,6 +390,8 @@ def test_bad_inputs_raise_clear_errors():
         flops.prefill_flops(cfg, 1, True)
     with pytest.raises(ValueError, match="context_len"):
         flops.decode_flops(cfg, 1, 0)
+    with pytest.raises(ValueError, match="context_len must be >= 1, got 0"):
+        flops.decode_step_bytes(cfg, 1, 0, "bf16")     # as decode_flops: the new key counts
     with pytest.raises(ValueError, match=r"attention must be one of \['causal', 'full'\]"):
         flops.prefill_flops(cfg, 1, 4, attention="half")
     with pytest.raises(ValueError, match="dtype must be one of"):

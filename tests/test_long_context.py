@@ -85,6 +85,8 @@ def test_windowed_layers_stop_growing_at_the_window():
     (dict(n_layers=2, latent=4, local_layers=1), "needs a window"),
     (dict(n_layers=2, latent=4, window=8, local_layers=3), "cannot exceed"),
     (dict(n_layers=2, latent=4, window=0), "window must be"),
+    (dict(n_layers=2, latent=4, window=8), "window 8 needs local_layers >= 1"),
+    (dict(n_layers=2, n_kv_heads=1, head_dim=8, window=8, local_layers=0), "needs local_layers"),
     (dict(n_layers=2, latent=-1), "latent"),
 ])
 def test_bad_layouts_are_refused(kwargs, message):

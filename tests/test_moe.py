@@ -264,6 +264,21 @@ def test_capacity_drops_exactly_the_counted_pairs_latest_first():
             M.dropped_pairs(experts, e, bad)
 
 
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(scale=-2.5), ValueError, "scale must be a finite number > 0"),
+    (dict(scale=float("nan")), ValueError, "scale must be a finite number > 0"),
+    (dict(scale=float("inf")), ValueError, "scale must be a finite number > 0"),
+    (dict(scale="2.5"), TypeError, "scale must be a number"),
+    (dict(renormalize="no"), TypeError, "renormalize must be True or False"),
+])
+def test_sigmoid_group_router_refuses_what_moe_refuses(kwargs, error, match):
+    logits, bias = randn(3, 8, seed=1), torch.zeros(8)
+    with pytest.raises(error, match=match):
+        M.route_sigmoid_groups(logits, bias, 2, 2, 1, **kwargs)
+    with pytest.raises(error, match=match):                   # the layer words it the same
+        M.MoE(16, 8, 2, 8, router="sigmoid_groups", n_group=2, **kwargs)
+
+
 def test_dispatch_errors_name_the_argument():
     x, _, weights, experts = routed(4, 8, 4, 2)
     w1, w3, w2 = experts_weights(4, 6, 8)
@@ -273,6 +288,13 @@ def test_dispatch_errors_name_the_argument():
         M.dispatch(x, weights[:, :1], experts, w1, w3, w2)
     with pytest.raises(ValueError, match="x must be"):
         M.moe_loop(x[:, :5], weights, experts, w1, w3, w2)
+    with pytest.raises(ValueError, match=r"w3 must have w1's shape .* = \(4, 6, 8\), got "
+                                         r"\(4, 5, 8\)"):
+        M.dispatch(x, weights, experts, w1, w3[:, :5], w2)
+    with pytest.raises(ValueError, match=r"w2 must have shape .* = \(4, 8, 6\), got \(4, 6, 8\)"):
+        M.dispatch(x, weights, experts, w1, w3, w1)        # w2 given w1's layout
+    with pytest.raises(ValueError, match=r"w2 must have shape"):
+        M.moe_loop(x, weights, experts, w1, w3, w2[:3])
 
 
 def poisoned_layer(shared: bool = False) -> M.MoE:
@@ -427,6 +449,17 @@ def test_expert_load_and_imbalance_by_hand():
     assert M.expert_load(experts, 5).tolist() == [3, 1, 1, 1, 0]
     assert M.load_imbalance(experts, 4) == pytest.approx(3 / 1.5)
     assert M.load_imbalance(torch.tensor([[0, 1], [2, 3]]), 4) == 1.0
+    with pytest.raises(ValueError, match=r"experts must lie in \[0, n_experts=4\), got .* "
+                                         r"\[0, 4\]"):
+        M.load_imbalance(torch.tensor([[0, 4], [2, 3]]), 4)      # 4 is no expert of 4
+    with pytest.raises(ValueError, match=r"experts must lie in \[0, n_experts=5\)"):
+        M.expert_load(torch.tensor([[-1, 2]]), 5)
+    with pytest.raises(ValueError, match="experts must lie in"):
+        M.dropped_pairs(experts, 3, 1)
+    with pytest.raises(ValueError, match="n_experts must be an int >= 1"):
+        M.load_imbalance(experts, 0)
+    with pytest.raises(ValueError, match="at least one"):
+        M.load_imbalance(torch.zeros(0, 2, dtype=torch.long), 4)
 
 
 @pytest.mark.parametrize("e,k,b", [(16, 4, 4), (16, 2, 16), (64, 6, 8)])

@@ -265,6 +265,9 @@ def test_bad_weights_are_named(hf_model):
     ("qwen3_moe", {"rope_parameters": {"rope_type": "longrope", "factor": 4.0,
                                        "rope_theta": 1e6}}, "longrope"),
     ("qwen3_moe", {"decoder_sparse_step": 0}, "decoder_sparse_step"),
+    ("qwen3_moe", {"rms_norm_eps": None}, r"rms_norm_eps must be a finite number > 0, got None"),
+    ("mixtral", {"rms_norm_eps": -1e-5}, r"rms_norm_eps must be a finite number > 0"),
+    ("mixtral", {"num_key_value_heads": 0}, r"num_key_value_heads must be None or an int >= 1"),
     ("qwen3_moe", {"num_local_experts": 4}, "number of experts once"),
     ("mixtral", {"num_experts_per_tok": 5}, "top_k"),
     ("mixtral", {"model_type": "qwen2_moe"}, "shared_expert_gate"),
@@ -277,6 +280,56 @@ def test_configs_we_cannot_run_are_refused(family, change, match):
         base = {**base, "num_experts": base.pop("num_local_experts")}   # the Hub's spelling
     with pytest.raises(ValueError, match=match):
         config_from_hf({**base, **change})
+
+
+def test_only_a_missing_kv_head_count_means_one_per_head():
+    from tinygpt.hf_models import config_to_hf
+    from tinygpt.model import ModelConfig
+
+    llama = config_to_hf(ModelConfig(vocab_size=32, d_model=32, n_layers=1, n_heads=4,
+                                      n_kv_heads=2, d_ff=48, max_seq_len=16)).to_dict()
+    for base in (llama, mixtral_config().to_dict()):
+        assert config_from_hf({**base, "num_key_value_heads": None}).n_kv_heads == 4
+        assert config_from_hf({k: v for k, v in base.items()
+                               if k != "num_key_value_heads"}).n_kv_heads == 4
+        with pytest.raises(ValueError, match="num_key_value_heads must be None or an int >= 1, "
+                                             "got 0"):
+            config_from_hf({**base, "num_key_value_heads": 0})
+        with pytest.raises(ValueError, match="rms_norm_eps must be a finite number > 0, got None"):
+            config_from_hf({**base, "rms_norm_eps": None})
+
+
+def test_weights_not_float_or_not_finite_are_named(hf_model):
+    from tinygpt.hf_models import hf_llama_key_map
+    from tinygpt.model import ModelConfig, TinyGPT
+
+    config, sd = hf_model.config, dict(hf_model.state_dict())
+    v_proj, experts = "model.layers.1.self_attn.v_proj.weight", "model.layers.0.mlp.experts."
+    nan, inf = sd[v_proj].clone(), sd[experts + "down_proj"].clone()
+    nan[3, 5], inf[1, 2, 3] = float("nan"), -float("inf")
+    with pytest.raises(ValueError, match=f"^{v_proj} holds NaN or infinite values"):
+        from_hf({**sd, v_proj: nan}, config)
+    with pytest.raises(ValueError, match=r"^model.layers.0.mlp.experts \(w2\) holds NaN"):
+        from_hf({**sd, experts + "down_proj": inf}, config)
+    with pytest.raises(ValueError, match="^model.embed_tokens.weight has dtype torch.int64: "
+                                         "weights must be floating point"):
+        from_hf({**sd, "model.embed_tokens.weight": sd["model.embed_tokens.weight"].long()},
+                config)
+    # day 05's Llama, through from_hf_llama
+    cfg = ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48,
+                      max_seq_len=16)
+    ours = TinyGPT(cfg, seed=0).state_dict()
+    theirs = {hf: ours[k] for k, hf in hf_llama_key_map(cfg).items()}
+    llama = hf_models.config_to_hf(cfg).to_dict()
+    assert torch.equal(from_hf_llama(theirs, llama).state_dict()["output.weight"], ours[
+        "output.weight"])
+    w2 = "model.layers.1.mlp.down_proj.weight"
+    bad = theirs[w2].clone()
+    bad[0, 0] = float("inf")
+    with pytest.raises(ValueError, match=f"^{w2} holds NaN or infinite values"):
+        from_hf_llama({**theirs, w2: bad}, llama)
+    with pytest.raises(ValueError, match=f"^{w2} has dtype torch.int32"):
+        from_hf_llama({**theirs, w2: theirs[w2].int()}, llama)
 
 
 def test_a_long_window_is_no_window():

@@ -158,9 +158,18 @@ def test_int8_weights_halve_decode_time_and_compute_in_bf16():
     bf16 = roofline.decode_estimate(cfg, H100, 1, 1, "bf16")
     int8 = roofline.decode_estimate(cfg, H100, 1, 1, "int8")
     assert int8.seconds == pytest.approx(bf16.seconds / 2, rel=1e-3)
-    with pytest.raises(ValueError, match="dtype must be one of"):
-        roofline.decode_estimate(cfg, HARDWARE["apple-m1-max"], 1, 1, "int8",
-                                 compute_dtype="int8")
+    m1 = HARDWARE["apple-m1-max"]
+    with pytest.raises(ValueError, match=r"^compute_dtype must be one of \['bf16', 'fp16', "
+                                         r"'fp32'\] for hardware 'apple-m1-max', got 'int8'"):
+        roofline.decode_estimate(cfg, m1, 1, 1, "int8", compute_dtype="int8")
+    with pytest.raises(ValueError, match="^compute_dtype must be one of"):
+        roofline.prefill_estimate(cfg, m1, 1, 8, "bf16", compute_dtype="float16")
+    with pytest.raises(ValueError, match="^compute_dtype must be one of"):
+        roofline.critical_batch_size(cfg, m1, "bf16", compute_dtype="fp8")
+    with pytest.raises(ValueError, match="no peak for 'bf16', the compute dtype of dtype 'int8'"):
+        roofline.decode_estimate(cfg, Hardware("fp32 only", {"fp32": 1e12}, 1e12, 1e9,
+                                               {"fp32": "t", "bandwidth": "t", "memory": "t"}),
+                                 1, 1, "int8")
 
 
 def test_generation_estimate_averages_the_decode_steps():

@@ -26,6 +26,7 @@ checks a probe against them when it builds, and tests/test_cpu_gemm.py compares 
 from __future__ import annotations
 
 import ctypes
+import math
 import weakref
 from pathlib import Path
 
@@ -121,11 +122,15 @@ class GemmLinear:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """F.rms_norm(x, (D,), weight, eps) for float32 x (..., D) in one call on this thread
     (torch's CPU rms_norm is seven operations; at 16 rows each costs more than the arithmetic).
-    Equal to F.rms_norm up to float rounding (the sum of squares runs in another order)."""
-    dim = x.shape[-1]
-    if x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.shape != (dim,):
-        raise ValueError(f"rms_norm takes float32 x (..., D) and weight (D,), got {x.dtype} "
-                         f"{tuple(x.shape)} and {weight.dtype} {tuple(weight.shape)}")
+    Equal to F.rms_norm up to float rounding (the sum of squares runs in another order).
+    D must be at least 1 and eps a finite number >= 0."""
+    dim = x.shape[-1] if x.ndim else 0
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.shape != (dim,) \
+            or dim < 1:
+        raise ValueError(f"rms_norm takes float32 x (..., D) and weight (D,), D >= 1, got "
+                         f"{x.dtype} {tuple(x.shape)} and {weight.dtype} {tuple(weight.shape)}")
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < math.inf:
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     lib = load()
     if lib is None:
         raise RuntimeError(available())
@@ -138,7 +143,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def _check_pools(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
                  ) -> tuple[int, int]:
     """What both pool attentions check first: float32 q (rows, H, d) and pools (num_blocks,
-    H_kv, block_size, d) that fit it. Returns (H_kv, block_size)."""
+    H_kv, block_size, d) that fit it, H_kv and block_size at least 1. Returns (H_kv,
+    block_size)."""
+    if q.ndim != 3 or k_pool.ndim != 4 or k_pool.shape[1] < 1 or k_pool.shape[2] < 1:
+        raise ValueError(f"{what} takes q (rows, H, d) and pools (num_blocks, H_kv >= 1, "
+                         f"block_size >= 1, d), got q {tuple(q.shape)} and pools "
+                         f"{tuple(k_pool.shape)}")
     _, kv_heads, block, _ = k_pool.shape
     if q.dtype != torch.float32 or k_pool.dtype != torch.float32 \
             or v_pool.dtype != torch.float32:
@@ -184,9 +194,9 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     float rounding: the sums run in another order). checked=True skips the checks of the
     lengths' range and of the tables' block ids (the runner checks the lengths once per step,
     not once per layer, and its tables are its cache's own)."""
-    n_seq, heads, dim = q.shape
     kv_heads, block = _check_pools("paged_attention", q, k_pool, v_pool)
-    if tables.dtype != torch.int64 or lengths.dtype != torch.int64 \
+    n_seq, heads, dim = q.shape
+    if tables.dtype != torch.int64 or tables.ndim != 2 or lengths.dtype != torch.int64 \
             or tables.shape[0] != n_seq or lengths.shape != (n_seq,):
         raise ValueError(f"paged_attention needs int64 tables (N, W) and lengths (N,) for "
                          f"N={n_seq}, got {tables.dtype} {tuple(tables.shape)} and "
@@ -226,8 +236,8 @@ def chunk_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     the function of runner.padded_attention up to float rounding. checked=True skips the checks
     that every chunk's last position is inside its table (the runner checks it once a step) and
     of the tables' block ids (the runner's are its cache's own)."""
-    n_tokens, heads, dim = q.shape
     kv_heads, block = _check_pools("chunk_attention", q, k_pool, v_pool)
+    n_tokens, heads, dim = q.shape
     n_chunks = tables.shape[0]
     if tables.dtype != torch.int64 or tables.ndim != 2 or starts.dtype != torch.int64 \
             or counts.dtype != torch.int64 or starts.shape != (n_chunks,) \

@@ -196,12 +196,23 @@ def dequantize_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.
     return values.reshape(n, k)
 
 
+def _check_q4_1_codes(name: str, q: torch.Tensor) -> None:
+    """Q4_1 codes: a uint8 tensor in 0..15 (one full scan: for construction, not per step)."""
+    if q.dtype != torch.uint8:
+        raise TypeError(f"{name} must be a uint8 tensor of Q4_1 codes, got {q.dtype}")
+    if q.numel() and int(q.max()) > 15:
+        raise ValueError(f"{name} must hold Q4_1 codes in [0, 15] (quantize_q4_1's range), "
+                         f"got {int(q.max())}")
+
+
 def tile_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """Q4_1 blocks in the kernel's layout: per tile of 16 rows (the last padded with zero rows)
     and block, 16 float16 scales, 16 float16 minimums, then 4 x 64 bytes: byte 64g + 4i + c
     holds row i's column 4g + c in its low nibble and column 16 + 4g + c in its high one;
     uint8 (tiles, K / 32, 320). d and m must hold float16 values (a GGUF file's and
-    quantize_q4_1's do)."""
+    quantize_q4_1's do). q must be uint8 (else a TypeError) in 0..15 (else a ValueError: a
+    larger code would spill into its neighbour's nibble)."""
+    _check_q4_1_codes("q", q)
     n, k = q.shape
     pad = -n % TILE
     if pad:
@@ -313,7 +324,8 @@ class TiledLinear:
 
     TiledLinear(*weights, fmt="fp32", "bf16", "q8_0" or "q4_1") stacks the weights, converts
     them to the format (bf16: rounded to bfloat16; q8_0: quantize_q8_0; q4_1: the given
-    `blocks`, one (q, d, m) per weight, else quantize_q4_1; K a multiple of 32 for both),
+    `blocks`, one (q, d, m) per weight with q uint8 codes in 0..15 and d, m (N, K / 32), else
+    quantize_q4_1; K >= 1, a multiple of 32 for both),
     tiles them and keeps the copy (later changes to the weights do not reach it). Call it
     with x (M, K) or (B, 1, K) float32, M <= MAX_ROWS: it returns one float32 output per
     weight, shapes (..., N_i), equal to F.linear(kernel_input(x, fmt), W_i dequantized) up to
@@ -343,9 +355,14 @@ class TiledLinear:
                 if blocks is None:
                     blocks = [quantize_q4_1(w) for w in weights]
                 if len(blocks) != len(weights) or any(
-                        b[0].shape != w.shape for b, w in zip(blocks, weights, strict=False)):
+                        len(b) != 3 or b[0].shape != w.shape
+                        or {tuple(b[1].shape), tuple(b[2].shape)}
+                        != {(w.shape[0], w.shape[1] // Q_BLOCK)}
+                        for b, w in zip(blocks, weights, strict=False)):
                     raise ValueError("blocks must hold one (q, d, m) per weight, q shaped like "
-                                     "the weight")
+                                     "the weight and d, m (N, K / 32)")
+                for i, b in enumerate(blocks):
+                    _check_q4_1_codes(f"blocks[{i}][0]", b[0])
                 self.tiled = tile_q4_1(*(torch.cat(parts) for parts in zip(*blocks,
                                                                           strict=True)))
             elif fmt == "q8_0":
@@ -360,7 +377,7 @@ class TiledLinear:
         weights' rows. The tiles must stay unchanged while it is used."""
         n, n_pad = sum(sizes), -(-sum(sizes) // TILE) * TILE
         if tiled.dtype != torch.float32 or tiled.ndim != 3 or tiled.shape[0] * TILE != n_pad \
-                or tiled.shape[2] != TILE or not tiled.is_contiguous() \
+                or tiled.shape[2] != TILE or not tiled.shape[1] or not tiled.is_contiguous() \
                 or tiled.device.type != "cpu":
             raise ValueError(f"tiled must be contiguous float32 CPU tiles ({n_pad // TILE}, K, "
                              f"{TILE}) for sizes {sizes}, got {tiled.dtype} {tuple(tiled.shape)}")
@@ -378,7 +395,9 @@ class TiledLinear:
         """Why these weights cannot be tiled together in `fmt`, or None when they can."""
         if not weights:
             return "TiledLinear needs at least one weight"
-        k = weights[0].shape[-1]
+        k = weights[0].shape[-1] if weights[0].ndim else 0
+        if k < 1:
+            return f"TiledLinear needs in_features >= 1, got {tuple(weights[0].shape)}"
         if fmt in ("q8_0", "q4_1") and k % Q_BLOCK:
             return f"{fmt.upper()} needs in_features a multiple of {Q_BLOCK}, got {k}"
         for w in weights:
@@ -397,7 +416,7 @@ class TiledLinear:
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         # A decode step makes ~120 of these calls per token, so the wrapper does as little
         # tensor bookkeeping as it can (each view or split costs about a microsecond).
-        rows = x.numel() // self.k if x.shape[-1] == self.k else -1
+        rows = x.numel() // self.k if x.ndim and x.shape[-1] == self.k else -1
         if x.dtype != torch.float32 or not 0 < rows <= MAX_ROWS:
             raise ValueError(f"TiledLinear takes float32 x (..., {self.k}) with at most "
                              f"{MAX_ROWS} rows, got {x.dtype} {tuple(x.shape)}")

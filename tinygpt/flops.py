@@ -339,13 +339,15 @@ def decode_step_bytes(cfg: ModelConfig, batch: int, context_len: int, dtype: str
     """Bytes one decode step must read: the weights once plus the whole KV cache.
 
     = weights_read_bytes(cfg, batch, dtype) + kv_cache_bytes(cfg, context_len, batch, kv_dtype)
-    with `context_len` keys per sequence as in decode_flops; `kv_dtype` defaults to `dtype`.
+    with `context_len` >= 1 keys per sequence as in decode_flops (the new token's own key
+    included); `kv_dtype` defaults to `dtype`.
     Activations (a few vectors of width D per sequence) are ignored. A mixture of experts at
     batch 1 reads its active weights (top_k routed experts per sparse layer), at batch > 1
     the experts its batch is expected to touch (see weights_read_bytes and
     tinygpt.moe.moe_decode_bytes): more than the active weights, at most all of them.
     """
     _check_int("batch", batch)
+    _check_int("context_len", context_len)
     kv = dtype if kv_dtype is None else kv_dtype
     return weights_read_bytes(cfg, batch, dtype) + kv_cache_bytes(cfg, context_len, batch, kv)
 

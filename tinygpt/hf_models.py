@@ -45,6 +45,7 @@ gated shared expert. DeepSeek-V3 ("deepseek_v3", day 21) is converted by tinygpt
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -126,6 +127,34 @@ def _hf_get(hf_config: Any, name: str, default: Any = _MISSING, family: str = "L
     return value
 
 
+def _kv_heads_and_eps(hf: Any, n_heads: Any) -> tuple[Any, float]:
+    """hf_config's num_key_value_heads (None or absent: one per query head, as in transformers;
+    else an int >= 1) and rms_norm_eps (absent: 1e-6; else a finite number > 0)."""
+    kv, eps = _hf_get(hf, "num_key_value_heads", None), _hf_get(hf, "rms_norm_eps", 1e-6)
+    if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1):
+        raise ValueError(f"num_key_value_heads must be None or an int >= 1, got {kv!r}")
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 < eps < math.inf:
+        raise ValueError(f"rms_norm_eps must be a finite number > 0, got {eps!r}")
+    return n_heads if kv is None else kv, float(eps)
+
+
+def _check_state(what: str, missing: list[str], unexpected: list[str],
+                 tensors: Mapping[str, torch.Tensor]) -> None:
+    """ValueError for keys `what` lacks or does not know (five of each shown), then for the first
+    tensor that is not floating point or not finite, as GGUF and checkpoint loading refuse
+    them: one min/max pass each (NaN propagates through both)."""
+    if missing or unexpected:
+        raise ValueError(f"state_dict does not match {what} with this config: missing keys "
+                         f"{missing[:5]}{' ...' if len(missing) > 5 else ''}, unexpected keys "
+                         f"{unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+    for name, t in tensors.items():
+        if not t.is_floating_point():
+            raise ValueError(f"{name} has dtype {t.dtype}: weights must be floating point")
+        if t.numel() and t.device.type != "meta" and not torch.stack(torch.aminmax(t)).isfinite(
+                ).all():
+            raise ValueError(f"{name} holds NaN or infinite values")
+
+
 def _check_dense(cfg: ModelConfig, what: str) -> None:
     why = cfg.fast_path_refusal()
     if why is not None and why != cfg.positions_refusal():     # windows, dynamic RoPE: fine
@@ -157,7 +186,7 @@ def config_from_hf(hf_config: Any) -> ModelConfig:
             raise ValueError(f"{name}=True is not supported: TinyGPT's linear layers have no bias")
     d_model = _hf_get(hf_config, "hidden_size")
     n_heads = _hf_get(hf_config, "num_attention_heads")
-    n_kv_heads = _hf_get(hf_config, "num_key_value_heads", None) or n_heads
+    n_kv_heads, eps = _kv_heads_and_eps(hf_config, n_heads)
     theta, scaling, context = hf_rope(hf_config)
     window = _hf_get(hf_config, "sliding_window", None) if model_type == "mistral" else None
     return ModelConfig(
@@ -171,7 +200,7 @@ def config_from_hf(hf_config: Any) -> ModelConfig:
         rope_base=theta,
         rope_scaling=scaling,
         sliding_window=hf_window(window, context),
-        norm_eps=float(_hf_get(hf_config, "rms_norm_eps", 1e-6)),
+        norm_eps=eps,
         tie_embeddings=bool(_hf_get(hf_config, "tie_word_embeddings", False)),
         head_dim=_hf_get(hf_config, "head_dim", None),
     )
@@ -184,7 +213,7 @@ def from_hf_llama(state_dict: Mapping[str, torch.Tensor] | nn.Module, hf_config:
     state_dict: the model's state_dict (or the model itself); keys "model.embed_tokens.weight",
     "model.layers.{i}.self_attn.q_proj.weight", ..., "lm_head.weight" (optional when tied).
     hf_config: its LlamaConfig or config.json dict. dtype: defaults to the embedding's dtype.
-    Raises ValueError on missing, unexpected or wrongly shaped weights.
+    ValueError on missing, unexpected, misshapen, non-float or non-finite weights, naming them.
     """
     if isinstance(state_dict, nn.Module):
         state_dict = state_dict.state_dict()
@@ -206,12 +235,9 @@ def from_hf_llama(state_dict: Mapping[str, torch.Tensor] | nn.Module, hf_config:
             raise ValueError("hf_config.tie_word_embeddings is True but lm_head.weight differs "
                              "from model.embed_tokens.weight")
         del key_map["output.weight"]
-    missing = sorted(set(key_map.values()) - set(theirs))
-    unexpected = sorted(set(theirs) - set(key_map.values()))
-    if missing or unexpected:
-        raise ValueError(f"state_dict does not match a LlamaForCausalLM with this config: "
-                         f"missing keys {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
-                         f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+    wanted = set(key_map.values())
+    _check_state("a LlamaForCausalLM", sorted(wanted - set(theirs)), sorted(set(theirs) - wanted),
+                 {name: theirs[name] for name in key_map.values() if name in theirs})
 
     if dtype is None:
         dtype = theirs["model.embed_tokens.weight"].dtype
@@ -244,24 +270,13 @@ def config_to_hf(cfg: ModelConfig, **overrides: Any):
                          f"cfg.sliding_window={cfg.sliding_window} (a MistralConfig has one)")
 
     kwargs: dict[str, Any] = dict(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.d_model,
-        intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_kv_heads,
-        head_dim=cfg.head_dim,
-        max_position_embeddings=hf_context(cfg),
-        rms_norm_eps=cfg.norm_eps,
-        rope_parameters=hf_rope_parameters(cfg),
-        tie_word_embeddings=cfg.tie_embeddings,
-        hidden_act="silu",
-        attention_bias=False,
-        mlp_bias=False,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
+        max_position_embeddings=hf_context(cfg), rms_norm_eps=cfg.norm_eps,
+        rope_parameters=hf_rope_parameters(cfg), tie_word_embeddings=cfg.tie_embeddings,
+        hidden_act="silu", attention_bias=False, mlp_bias=False,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None)
     kwargs.update(overrides)
     return LlamaConfig(**kwargs)
 
@@ -295,8 +310,7 @@ def to_hf_llama(model: TinyGPT, attn_implementation: str = "sdpa", **config_over
 
 def _n_experts(hf_config: Any, family: str) -> int:
     """Qwen3-MoE's num_experts (the Hub's name) or num_local_experts (transformers 5's)."""
-    names = ("num_local_experts",) if family == "mixtral" else ("num_experts",
-                                                                 "num_local_experts")
+    names = ("num_local_experts",) if family == "mixtral" else ("num_experts", "num_local_experts")
     values = {n: _hf_get(hf_config, n, None) for n in names}
     given = {v for v in values.values() if v is not None}
     if len(given) != 1:
@@ -335,6 +349,7 @@ def config_from_hf_moe(hf_config: Any) -> ModelConfig:
     if family == "qwen3_moe" and not get("use_sliding_window", False):
         window = None                                 # transformers ignores it then
     n_experts, top_k = _n_experts(hf_config, family), get("num_experts_per_tok")
+    n_kv_heads, eps = _kv_heads_and_eps(hf_config, n_heads)
     if family == "mixtral":
         d_ff = d_expert = get("intermediate_size")
         dense, renormalize, qk_norm = [], True, False
@@ -353,9 +368,9 @@ def config_from_hf_moe(hf_config: Any) -> ModelConfig:
                    norm_topk_prob=renormalize, dense_layers=tuple(dense))
     return ModelConfig(
         vocab_size=get("vocab_size"), d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-        n_kv_heads=get("num_key_value_heads", None) or n_heads, d_ff=d_ff,
+        n_kv_heads=n_kv_heads, d_ff=d_ff,
         max_seq_len=context, rope_base=theta, rope_scaling=scaling,
-        sliding_window=hf_window(window, context), norm_eps=float(get("rms_norm_eps", 1e-6)),
+        sliding_window=hf_window(window, context), norm_eps=eps,
         tie_embeddings=bool(get("tie_word_embeddings", False)), qk_norm=qk_norm,
         head_dim=get("head_dim", None), **moe)
 
@@ -449,8 +464,8 @@ def from_hf_moe(state_dict: Mapping[str, torch.Tensor] | nn.Module, hf_config: A
     tensors of a folder's *.safetensors (per-expert keys). hf_config: its config object or
     config.json dict. dtype: defaults to the embedding's dtype.
 
-    ValueError on missing, unexpected or wrongly shaped weights, naming them (and for Qwen2-MoE's
-    shared_expert_gate, which TinyGPT does not implement).
+    ValueError on missing, unexpected, wrongly shaped, non-float or non-finite weights, naming
+    them (and for Qwen2-MoE's shared_expert_gate, which TinyGPT does not implement).
     """
     if isinstance(state_dict, nn.Module):
         state_dict = state_dict.state_dict()
@@ -488,12 +503,10 @@ def from_hf_moe(state_dict: Mapping[str, torch.Tensor] | nn.Module, hf_config: A
 def assemble(cfg: ModelConfig, new_state: dict[str, torch.Tensor], names: dict[str, str],
              keys: _Keys, family: str, dtype: torch.dtype | None) -> TinyGPT:
     """The TinyGPT holding `new_state` (ours -> tensor; `names`: ours -> the checkpoint's), once
-    `keys` are all taken; ValueError for missing, unexpected or misshapen weights."""
-    missing, unexpected = keys.missing, sorted(keys.left)
-    if missing or unexpected:
-        raise ValueError(f"state_dict does not match a {family} model with this config: "
-                         f"missing keys {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
-                         f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+    `keys` are all taken; ValueError for missing, unexpected, misshapen, non-float or
+    non-finite weights (_check_state and the shapes)."""
+    _check_state(f"a {family} model", keys.missing, sorted(keys.left),
+                 {names[key]: tensor for key, tensor in new_state.items()})
     dtype = new_state["tok_embeddings.weight"].dtype if dtype is None else dtype
     with torch.device("meta"):                    # shapes only: the weights are assigned below
         model = TinyGPT(cfg, seed=None)

@@ -87,6 +87,7 @@ class KVLayout:
     numbers per token and layer); latent > 0 for MLA (kv_lora_rank + qk_rope_head_dim numbers
     per token and layer, n_kv_heads and head_dim unused); local_layers of the n_layers hold only
     the last `window` tokens (hybrid local/global; 0 with window None: every layer is global).
+    A window and local_layers come together: one without the other is refused.
     """
 
     name: str
@@ -115,6 +116,9 @@ class KVLayout:
                 raise ValueError("local_layers > 0 needs a window")
         elif isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"window must be None or an integer >= 1, got {self.window!r}")
+        elif not self.local_layers:
+            raise ValueError(f"window {self.window} needs local_layers >= 1 (the layers it "
+                             "applies to); with local_layers 0 give window None")
 
     @property
     def numbers_per_layer(self) -> int:

@@ -89,6 +89,9 @@ def route_sigmoid_groups(logits: torch.Tensor, bias: torch.Tensor, k: int, n_gro
     Returns weights (N, k) float32 and experts (N, k) int64.
     """
     _check_logits(logits, k)
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"renormalize must be True or False, got {renormalize!r}")
+    _check_scale(scale)
     n, e = logits.shape
     if bias.shape != (e,):
         raise ValueError(f"bias must have shape (E,) = ({e},), got {tuple(bias.shape)}")
@@ -128,7 +131,7 @@ def moe_loop(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, w1: 
 
     Reads an expert's weights once per (token, expert) pair: N k matrix-vector products.
     """
-    _check_pairs(x, weights, experts, w1)
+    _check_pairs(x, weights, experts, w1, w3, w2)
     acc = _accumulator(x)
     out = torch.zeros_like(x)
     for n in range(x.shape[0]):
@@ -155,11 +158,18 @@ def sort_by_expert(experts: torch.Tensor, n_experts: int
 
 
 def _check_pairs(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
-                 w1: torch.Tensor) -> None:
+                 w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> None:
     """Clear errors for dispatch's and moe_loop's arguments."""
     if x.ndim != 2 or w1.ndim != 3 or x.shape[1] != w1.shape[2]:
         raise ValueError(f"x must be (N, D) and w1 (E, d_expert, D) with the same D, got x "
                          f"{tuple(x.shape)} and w1 {tuple(w1.shape)}")
+    e, d_expert, d = w1.shape
+    if w3.shape != w1.shape:
+        raise ValueError(f"w3 must have w1's shape (E, d_expert, D) = {(e, d_expert, d)}, got "
+                         f"{tuple(w3.shape)}")
+    if w2.shape != (e, d, d_expert):
+        raise ValueError(f"w2 must have shape (E, D, d_expert) = {(e, d, d_expert)}, got "
+                         f"{tuple(w2.shape)}")
     if experts.ndim != 2 or experts.shape[0] != x.shape[0] or weights.shape != experts.shape:
         raise ValueError(f"weights and experts must both be (N={x.shape[0]}, k), got "
                          f"{tuple(weights.shape)} and {tuple(experts.shape)}")
@@ -175,7 +185,7 @@ def _dispatch(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, w1:
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
                                  or capacity < 0):
         raise ValueError(f"capacity must be None (dropless) or an int >= 0, got {capacity!r}")
-    _check_pairs(x, weights, experts, w1)
+    _check_pairs(x, weights, experts, w1, w3, w2)
     n_experts = w1.shape[0]
     order, tokens, counts = sort_by_expert(experts, n_experts)
     flat_weights = weights.reshape(-1)[order]
@@ -213,7 +223,7 @@ def dropped_pairs(experts: torch.Tensor, n_experts: int, capacity: int) -> int:
     """How many (token, expert) pairs a per-expert capacity drops."""
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
         raise ValueError(f"capacity must be an int >= 0, got {capacity!r}")
-    counts = torch.bincount(experts.reshape(-1), minlength=n_experts)
+    counts = expert_load(experts, n_experts)
     return int((counts - capacity).clamp(min=0).sum())
 
 
@@ -241,10 +251,7 @@ def _check_moe_args(d_model, n_experts, top_k, d_expert, router, renormalize, n_
         raise ValueError(f"d_shared must be >= 0, got {d_shared!r}")
     if not 1 <= top_k <= n_experts:
         raise ValueError(f"top_k must be in [1, n_experts={n_experts}], got {top_k!r}")
-    if isinstance(scale, bool) or not isinstance(scale, int | float):
-        raise TypeError(f"scale must be a number, got {scale!r}")
-    if not 0 < scale < math.inf:
-        raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+    _check_scale(scale)
     if router == "softmax":
         for name, value in (("n_group", n_group), ("topk_group", topk_group), ("scale", scale)):
             if value != 1:
@@ -252,6 +259,14 @@ def _check_moe_args(d_model, n_experts, top_k, d_expert, router, renormalize, n_
                                  f"are 'sigmoid_groups' options), got {value!r}")
         return
     _check_groups(n_experts, n_group, topk_group, top_k, "divide n_experts", "top_k")
+
+
+def _check_scale(scale: float) -> None:
+    """The routed weights' factor: a finite number > 0 (DeepSeek-V3: 2.5)."""
+    if isinstance(scale, bool) or not isinstance(scale, int | float):
+        raise TypeError(f"scale must be a number, got {scale!r}")
+    if not 0 < scale < math.inf:
+        raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
 
 
 def _check_groups(e: int, n_group: int, topk_group: int, k: int, split: str, k_name: str):
@@ -459,8 +474,18 @@ class MoEDecode:
 # load and bytes
 
 
+def _check_expert_ids(experts: torch.Tensor, n_experts: int) -> None:
+    """n_experts an int >= 1 and every id in experts (any shape) in [0, n_experts)."""
+    if isinstance(n_experts, bool) or not isinstance(n_experts, int) or n_experts < 1:
+        raise ValueError(f"n_experts must be an int >= 1, got {n_experts!r}")
+    if experts.numel() and not 0 <= int(experts.min()) <= int(experts.max()) < n_experts:
+        raise ValueError(f"experts must lie in [0, n_experts={n_experts}), got values in "
+                         f"[{int(experts.min())}, {int(experts.max())}]")
+
+
 def expert_load(experts: torch.Tensor, n_experts: int) -> torch.Tensor:
-    """Pairs routed to each expert: (E,) int64."""
+    """Pairs routed to each expert: (E,) int64. Ids outside [0, n_experts) are refused."""
+    _check_expert_ids(experts, n_experts)
     return torch.bincount(experts.reshape(-1), minlength=n_experts)
 
 
@@ -468,7 +493,10 @@ def load_imbalance(experts: torch.Tensor, n_experts: int) -> float:
     """The busiest expert's load over the mean load (1.0 = perfectly balanced).
 
     With capacity-free dispatch on one device per expert, the step waits for the busiest one.
+    experts holds at least one id, each in [0, n_experts).
     """
+    if not experts.numel():
+        raise ValueError("experts must hold at least one (token, expert) pair, got none")
     load = expert_load(experts, n_experts).float()
     return float(load.max() / load.mean())
 

@@ -223,12 +223,28 @@ class Estimate:
         return self.flops / self.seconds
 
 
-def _compute_dtype(dtype: str, compute_dtype: str | None) -> str:
-    """Weights in int8/int4 are dequantized and multiplied in bf16 (weight-only quantization)."""
+def _default_compute_dtype(dtype: str) -> str:
+    """Weights in int8/int4 are dequantized and multiplied in bf16 (weight-only quantization);
+    others are multiplied in their own dtype."""
     F._check_dtype("dtype", dtype)
-    if compute_dtype is not None:
-        return compute_dtype
     return "bf16" if dtype in ("int8", "int4") else dtype
+
+
+def _compute_dtype(hw: Hardware, dtype: str, compute_dtype: str | None) -> str:
+    """The dtype the matmuls run in: `compute_dtype` if given, else _default_compute_dtype(dtype).
+    A ValueError naming the argument at fault when `hw` lists no peak for it."""
+    _check_hw(hw)
+    compute = _default_compute_dtype(dtype)
+    peaks = sorted(hw.peak_flops)
+    if compute_dtype is not None:
+        if compute_dtype not in hw.peak_flops:
+            raise ValueError(f"compute_dtype must be one of {peaks} for hardware {hw.name!r}, "
+                             f"got {compute_dtype!r}")
+        return compute_dtype
+    if compute not in hw.peak_flops:
+        raise ValueError(f"hardware {hw.name!r} has no peak for {compute!r}, the compute dtype "
+                         f"of dtype {dtype!r}: pass compute_dtype, one of {peaks}")
+    return compute
 
 
 def _estimate(phase: str, batch: int, flops: float, nbytes: float, hw: Hardware,
@@ -248,9 +264,10 @@ def prefill_estimate(cfg: ModelConfig, hw: Hardware, batch: int, prompt_len: int
     dtype: weight dtype; compute runs in `compute_dtype`, by default dtype itself, or bf16 for
     int8/int4 weights (weight-only quantization).
     """
+    compute = _compute_dtype(hw, dtype, compute_dtype)
     flops = F.prefill_flops(cfg, batch, prompt_len, attention=attention, all_logits=False)
     nbytes = F.prefill_bytes(cfg, batch, prompt_len, dtype, kv_dtype)
-    return _estimate("prefill", batch, flops, nbytes, hw, _compute_dtype(dtype, compute_dtype))
+    return _estimate("prefill", batch, flops, nbytes, hw, compute)
 
 
 def decode_estimate(cfg: ModelConfig, hw: Hardware, batch: int, context_len: int,
@@ -261,9 +278,10 @@ def decode_estimate(cfg: ModelConfig, hw: Hardware, batch: int, context_len: int
     `context_len`: keys each new token attends to, itself included (flops.decode_flops).
     Bytes: flops.decode_step_bytes (weights once + the whole KV cache read).
     """
+    compute = _compute_dtype(hw, dtype, compute_dtype)
     flops = F.decode_flops(cfg, batch, context_len)
     nbytes = F.decode_step_bytes(cfg, batch, context_len, dtype, kv_dtype)
-    return _estimate("decode", batch, flops, nbytes, hw, _compute_dtype(dtype, compute_dtype))
+    return _estimate("decode", batch, flops, nbytes, hw, compute)
 
 
 def generation_estimate(cfg: ModelConfig, hw: Hardware, batch: int, prompt_len: int,
@@ -306,7 +324,7 @@ def critical_batch_size(cfg: ModelConfig, hw: Hardware, dtype: str = "bf16",
     Round up for an integer batch.
     """
     F._check_int("context_len", context_len, minimum=0)
-    ridge = ridge_point(hw, _compute_dtype(dtype, compute_dtype))
+    ridge = ridge_point(hw, _compute_dtype(hw, dtype, compute_dtype))
     bytes_per_seq = cfg.d_model * F.bytes_per_element(dtype)              # its embedding row
     shared_bytes = F.weights_read_bytes(cfg, 1, dtype) - bytes_per_seq     # read once per step
     flops_per_seq = F.weight_flops_per_token(cfg)
@@ -618,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
     cfg = F.PRESETS[args.model]
-    compute = _compute_dtype(args.dtype, None)
+    compute = _default_compute_dtype(args.dtype)
     if args.hardware == "local":
         hw = measure_local_roofline(2.0, dtypes=(compute,))
     else:

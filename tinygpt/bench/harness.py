@@ -72,6 +72,7 @@ def measure_read_bandwidth(nbytes: int = 2**28, repeats: int = 5, warmup: int = 
 def random_prompt(length: int, vocab_size: int, seed: int) -> list[int]:
     """A seeded list of `length` uniformly random token ids in [0, vocab_size)."""
     F._check_int("length", length)
+    F._check_int("vocab_size", vocab_size)
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab_size, (length,), generator=generator).tolist()
 
@@ -128,8 +129,19 @@ def run_requests(model: TinyGPT, n_requests: int, new_tokens: int,
                  prompt_lengths: Sequence[int] = (16, 64, 128, 256), *, seed: int = 0,
                  warmup: int = 1) -> list[RequestTrace]:
     """Stream `n_requests` greedy requests one after another; prompts cycle through
-    `prompt_lengths` (seeded random ids). Returns their traces (warm-up requests excluded)."""
+    `prompt_lengths` (seeded random ids), each an int >= 1. The first `warmup` prompts (at most
+    n_requests) are streamed once more beforehand, untimed. Returns the n_requests traces."""
     F._check_int("n_requests", n_requests)
+    if isinstance(prompt_lengths, str | bytes) or not isinstance(prompt_lengths, Sequence) \
+            or not prompt_lengths:
+        raise ValueError(f"prompt_lengths must be a non-empty sequence of ints >= 1, got "
+                         f"{prompt_lengths!r}")
+    for i, length in enumerate(prompt_lengths):
+        F._check_int(f"prompt_lengths[{i}]", length)
+    F._check_int("warmup", warmup, minimum=0)
+    if warmup > n_requests:
+        raise ValueError(f"warmup must be at most n_requests={n_requests} (it reruns the first "
+                         f"prompts), got {warmup}")
     params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
     prompts = [random_prompt(prompt_lengths[i % len(prompt_lengths)], model.cfg.vocab_size,
                              seed + i) for i in range(n_requests)]
