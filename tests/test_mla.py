@@ -397,6 +397,9 @@ def test_mla_fields_leave_other_configs_alone():
     (dict(num_key_value_heads=2), "num_key_value_heads must equal"),
     (dict(attention_bias=True), "bias"),
     (dict(hidden_act="gelu"), "silu"),
+    # a TypeError from float(None), and 0 read as "one per head", before
+    (dict(rms_norm_eps=None), "rms_norm_eps must be a finite number > 0, got None"),
+    (dict(num_key_value_heads=0), "num_key_value_heads must be None or an int >= 1"),
 ])
 def test_deepseek_configs_we_cannot_run_are_refused(change, match):
     with pytest.raises(ValueError, match=match):

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tinygpt.hf_models import _experts, _hf_get, _Keys, assemble
+from tinygpt.hf_models import _experts, _hf_get, _Keys, _kv_heads_and_eps, assemble
 from tinygpt.hf_rope import hf_rope
 from tinygpt.mla import MLAttention
 from tinygpt.model import ModelConfig, TinyGPT
@@ -68,7 +68,7 @@ def config_from_hf_deepseek(hf_config: Any) -> ModelConfig:
                          "no bias")
     rope_base, rope_scaling, context = hf_rope(hf_config)
     n_heads, n_layers = get("num_attention_heads"), get("num_hidden_layers")
-    n_kv = get("num_key_value_heads", None) or n_heads
+    n_kv, eps = _kv_heads_and_eps(hf_config, n_heads)    # (0 was read as "one per head")
     if n_kv != n_heads:
         raise ValueError(f"num_key_value_heads must equal num_attention_heads ({n_heads}) for "
                          f"multi-head latent attention, got {n_kv!r}")
@@ -87,8 +87,7 @@ def config_from_hf_deepseek(hf_config: Any) -> ModelConfig:
         vocab_size=get("vocab_size"), d_model=get("hidden_size"), n_layers=n_layers,
         n_heads=n_heads, n_kv_heads=n_heads, d_ff=get("intermediate_size"),
         max_seq_len=context, rope_base=rope_base, rope_scaling=rope_scaling,
-        norm_eps=float(get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(get("tie_word_embeddings", False)), attention="mla",
+        norm_eps=eps, tie_embeddings=bool(get("tie_word_embeddings", False)), attention="mla",
         q_lora_rank=get("q_lora_rank", None) or 0, kv_lora_rank=get("kv_lora_rank"),
         qk_nope_head_dim=get("qk_nope_head_dim"), qk_rope_head_dim=get("qk_rope_head_dim"),
         v_head_dim=get("v_head_dim"), **moe)
