@@ -512,6 +512,50 @@ async def _drain(request):
     return [event async for event in request]
 
 
+def test_a_request_submitted_while_the_worker_drains_the_inbox_is_not_lost(shipped, prompts,
+                                                                          monkeypatch):
+    """submit() picks the inbox, builds the Request, then appends under the lock; the worker
+    drained the inbox by putting a new deque in its place, so a request appended to the old
+    one in between was counted as submitted and never ran: its client waited forever (a
+    server test hung on it with 32 choices at once). Forced here: while request 2 is being
+    built, another request is queued and the worker drains it."""
+    import time
+
+    import tinygpt.engine as engine_module
+
+    model, tok = shipped
+    real_request = engine_module.Request
+
+    async def main():
+        engine = AsyncEngine(model, tok)
+        loop = asyncio.get_running_loop()
+        other = real_request(1000, list(prompts[1]), GREEDY, (), loop)
+
+        class DrainedMeanwhile(real_request):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                if self.id == 2:
+                    with engine._lock:
+                        engine._inbox.append(other)
+                        engine._lock.notify()
+                    deadline = time.monotonic() + 30
+                    while engine._inbox and time.monotonic() < deadline:
+                        time.sleep(0.001)            # until the worker has taken it
+
+        monkeypatch.setattr(engine_module, "Request", DrainedMeanwhile)
+        try:
+            first = await engine.submit(prompts[0], GREEDY)
+            await asyncio.wait_for(_drain(first), 30)
+            second = await engine.submit(prompts[2], GREEDY)
+            done = await asyncio.wait_for(_drain(second), 30)
+            assert done[-1].finish_reason == "length"
+            assert (await asyncio.wait_for(_drain(other), 30))[-1].finish_reason == "length"
+        finally:
+            await engine.shutdown(1.0)
+
+    asyncio.run(main())
+
+
 # -- arguments, ids and results ------------------------------------------------------------------
 
 def test_the_constructor_checks_every_argument_before_allocating():

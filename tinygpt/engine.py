@@ -738,7 +738,10 @@ class AsyncEngine(_Frontend):
                     self._lock.wait()
                 if self._closed and not self._inbox and not engine.has_work:
                     return
-                arrivals, self._inbox = list(self._inbox), deque()
+                # drained in place: submit() chose this deque before taking the lock, so a new
+                # one put here would lose a request appended to the old one meanwhile
+                arrivals = list(self._inbox)
+                self._inbox.clear()
                 for request in arrivals:
                     self._live[request.id] = request
                     try:
@@ -843,7 +846,8 @@ class SerialEngine(_Frontend):
         again (the server does, once on the signal and once on exit) waits for the same end."""
         with self._lock:
             self._closed = True
-            waiting, self._waiting = list(self._waiting), deque()
+            waiting = list(self._waiting)       # drained in place, as AsyncEngine's inbox
+            self._waiting.clear()
             self._lock.notify_all()
         for request in waiting:
             request.cancel()
