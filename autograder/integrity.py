@@ -20,8 +20,9 @@ and searched for the means of tampering: IPython internals, frame and tracing tr
 code (exec, eval, __import__), assignments to attributes of imported modules, rebinding the
 check functions, comparison overrides (__eq__ that can say yes to anything), reading notebook
 files or the kernel's input history, importing the package's finished version of the function
-under test, and calling a function a test cell defines (a visible test's reference, which runs
-in the same kernel: an answer that only calls it passes the tests that compare values).
+under test, and an answer that calls a function a test cell defines, directly or through the
+student's own functions (a visible test's reference runs in the same kernel: an answer that
+only calls it passes the tests that compare values).
 
 A submission with evidence is graded as usual (prevented tampering no longer earns points) and
 gets the status `flagged` with the evidence, for manual review. What remains possible: code
@@ -268,6 +269,32 @@ def _uses(source: str, names: set[str]) -> list[str]:
                               and isinstance(node.ctx, ast.Load) and node.id in names))
 
 
+def _reaching(references: set[str], sources: list[str]) -> dict[str, str]:
+    """Every name that reaches a test cell's function: each of `references` (-> itself), and
+    each function or class the `sources` define whose body reads one of them (-> the chain
+    it reaches it by, "helper, which calls kv_truth"), to any depth."""
+    defined = {}
+    for source in sources:
+        try:
+            tree = ast.parse(_strip_magics(source))
+        except SyntaxError:
+            continue
+        defined.update({node.name: node for node in tree.body if isinstance(
+            node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)})
+    chain = {name: name for name in references}
+    grown = True
+    while grown:
+        grown = False
+        for name, node in defined.items():
+            if name in chain:
+                continue
+            used = [n.id for n in ast.walk(node) if isinstance(n, ast.Name)
+                    and isinstance(n.ctx, ast.Load) and n.id in chain]
+            if used:
+                chain[name], grown = f"{name}, which calls {chain[used[0]]}", True
+    return chain
+
+
 def _code_sources(nb) -> list[str]:
     return [c.source for c in nb.cells if c.cell_type == "code"]
 
@@ -276,25 +303,29 @@ def scan_submission(release, submission, source=None) -> list[Evidence]:
     """Static evidence from every code cell of `submission` that is not a test cell and not
     identical to a code cell of the released notebook or of the instructor's `source`
     notebook (a test cell that lost its metadata, hidden tests included): what the student
-    wrote or edited."""
+    wrote or edited. An answer cell that reaches a function a test cell defines, directly or
+    through functions the student wrote, is a reference copy; other cells may call those
+    functions (a student comparing their work with the test's reference is exploring)."""
     release_sources = _code_sources(release)
     original = {s.strip() for s in release_sources + (_code_sources(source) if source else [])}
     aliases = module_aliases(release_sources + _code_sources(submission))
     protected = check_names(release_sources) | {a for a, m in aliases.items()
                                                 if m in ("numpy", "torch", "math")}
     names = exercise_function_names(release)
-    references = test_cell_functions(release)
+    edited = [(index, cell) for index, cell in enumerate(submission.cells)
+              if cell.cell_type == "code" and not is_test(cell)
+              and cell.source.strip() not in original]
+    reaching = _reaching(test_cell_functions(release), [cell.source for _, cell in edited])
     evidence = []
-    for index, cell in enumerate(submission.cells):
-        if cell.cell_type != "code" or is_test(cell) or cell.source.strip() in original:
-            continue
+    for index, cell in edited:
         where = nbgrader_meta(cell).get("grade_id") or f"cell {index}"
         for kind, detail in scan_source(cell.source, aliases=aliases, protected=protected,
                                         exercise_names=names):
             evidence.append(Evidence(kind, where, detail))
-        for name in _uses(cell.source, references):
-            evidence.append(Evidence("reference-copy", where, f"calls {name}, which a test "
-                                                              f"cell defines (the tests' own)"))
+        for name in _uses(cell.source, set(reaching)) if is_answer(cell) else ():
+            evidence.append(Evidence("reference-copy", where, f"calls {reaching[name]}, which "
+                                                              f"a test cell defines (the tests' "
+                                                              f"own)"))
     return evidence
 
 

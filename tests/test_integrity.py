@@ -181,8 +181,12 @@ def test_calling_a_visible_test_s_reference_is_flagged():
     submission.cells.insert(index, nbformat.v4.new_code_cell(
         "def helper(*args):\n    return naive_decode(*args)"))
     found = [e.text() for e in scan_submission(release, submission)]
-    assert found == [f"reference-copy in cell {index}: calls naive_decode, which a test cell "
-                     "defines (the tests' own)"], found
+    assert found == ["reference-copy in absorbed_decode: calls helper, which calls naive_decode, "
+                     "which a test cell defines (the tests' own)"], found
+    # a cell of the student's own comparing their answer with the reference is not flagged
+    submission.cells[index].source = "print(naive_decode(*inputs) - absorbed_decode(*inputs))"
+    cell.source = "def absorbed_decode(q_nope, q_pe, c, k_pe, w_uk, w_uv, scale):\n    return 0"
+    assert scan_submission(release, submission) == []
 
 
 @pytest.mark.parametrize("day", DAYS)
