@@ -4,6 +4,37 @@ from dataclasses import replace
 
 from autograder.mistakes import Mistake
 
+# the loop as the solution writes it; most of its mistakes are this with one or two edits
+_LOOP = """
+def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
+    max_seq_len = model.cfg.max_seq_len
+    if generator is None and params.seed is not None:
+        generator = torch.Generator().manual_seed(params.seed)
+    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    ids, new = prompt, []
+    with torch.inference_mode():
+        while True:
+            logits = model(ids[:, -max_seq_len:])[:, -1, :]
+            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
+                                          generated_ids=ids[:, prompt.shape[1]:]))
+            new.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            if eos_id is not None and token == eos_id:
+                return new, "eos"
+            if len(new) == params.max_new_tokens:
+                return new, "length"
+"""
+
+
+def _loop(*edits: tuple[str, str]) -> str:
+    """_LOOP with each (old, new) made, each old found exactly once."""
+    text = _LOOP
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    return text
+
+
 MISTAKES = [
     # ---------------------------------------------------------------- repetition penalty
     Mistake("repetition_penalty", "multiplies positive logits and divides negative ones "
@@ -165,43 +196,12 @@ def safe_text_length(text, stop):
     return len(text) - held, False
 """),
     # ---------------------------------------------------------------- the loop
-    Mistake("generate_loop", "off by one: generates max_new_tokens + 1 tokens", """
-def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
-    max_seq_len = model.cfg.max_seq_len
-    if generator is None and params.seed is not None:
-        generator = torch.Generator().manual_seed(params.seed)
-    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
-    ids, new = prompt, []
-    with torch.inference_mode():
-        while len(new) <= params.max_new_tokens:
-            logits = model(ids[:, -max_seq_len:])[:, -1, :]
-            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
-                                          generated_ids=ids[:, prompt.shape[1]:]))
-            new.append(token)
-            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-            if eos_id is not None and token == eos_id:
-                return new, "eos"
-    return new, "length"
-"""),
-    Mistake("generate_loop", "`if eos_id and ...`: an EOS id of 0 never stops the loop", """
-def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
-    max_seq_len = model.cfg.max_seq_len
-    if generator is None and params.seed is not None:
-        generator = torch.Generator().manual_seed(params.seed)
-    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
-    ids, new = prompt, []
-    with torch.inference_mode():
-        while True:
-            logits = model(ids[:, -max_seq_len:])[:, -1, :]
-            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
-                                          generated_ids=ids[:, prompt.shape[1]:]))
-            new.append(token)
-            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-            if eos_id and token == eos_id:
-                return new, "eos"
-            if len(new) == params.max_new_tokens:
-                return new, "length"
-""", says="is False when eos_id is 0"),
+    Mistake("generate_loop", "off by one: generates max_new_tokens + 1 tokens", _loop(
+        ("while True:", "while len(new) <= params.max_new_tokens:"),
+        ('            if len(new) == params.max_new_tokens:\n                return new, "length"\n',
+         '    return new, "length"\n'))),
+    Mistake("generate_loop", "`if eos_id and ...`: an EOS id of 0 never stops the loop", _loop(
+        ("if eos_id is not None and token", "if eos_id and token")), says="is False when eos_id is 0"),
     Mistake("generate_loop", "drops the EOS id from the returned ids", """
 def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
     max_seq_len = model.cfg.max_seq_len
@@ -242,117 +242,22 @@ def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
                 return new, "eos"
 """),
     Mistake("generate_loop", "frequency / presence penalties counted over the prompt too "
-            "(generated_ids = the whole context)", """
-def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
-    max_seq_len = model.cfg.max_seq_len
-    if generator is None and params.seed is not None:
-        generator = torch.Generator().manual_seed(params.seed)
-    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
-    ids, new = prompt, []
-    with torch.inference_mode():
-        while True:
-            logits = model(ids[:, -max_seq_len:])[:, -1, :]
-            token = int(sample_next_token(logits, params, generator=generator, generated_ids=ids))
-            new.append(token)
-            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-            if eos_id is not None and token == eos_id:
-                return new, "eos"
-            if len(new) == params.max_new_tokens:
-                return new, "length"
-"""),
+            "(generated_ids = the whole context)", _loop(
+        ("prompt_ids=prompt,\n" + " " * 42 + "generated_ids=ids[:, prompt.shape[1]:]",
+         "generated_ids=ids"))),
     Mistake("generate_loop", "repetition penalty over the generated tokens only (prompt "
-            "forgotten)", """
-def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
-    max_seq_len = model.cfg.max_seq_len
-    if generator is None and params.seed is not None:
-        generator = torch.Generator().manual_seed(params.seed)
-    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
-    ids, new = prompt, []
-    with torch.inference_mode():
-        while True:
-            logits = model(ids[:, -max_seq_len:])[:, -1, :]
-            token = int(sample_next_token(logits, params, generator=generator,
-                                          generated_ids=ids[:, prompt.shape[1]:]))
-            new.append(token)
-            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-            if eos_id is not None and token == eos_id:
-                return new, "eos"
-            if len(new) == params.max_new_tokens:
-                return new, "length"
-"""),
-    Mistake("generate_loop", "no generator: sample_next_token re-seeds at every step", """
-def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
-    max_seq_len = model.cfg.max_seq_len
-    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
-    ids, new = prompt, []
-    with torch.inference_mode():
-        while True:
-            logits = model(ids[:, -max_seq_len:])[:, -1, :]
-            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
-                                          generated_ids=ids[:, prompt.shape[1]:]))
-            new.append(token)
-            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-            if eos_id is not None and token == eos_id:
-                return new, "eos"
-            if len(new) == params.max_new_tokens:
-                return new, "length"
-"""),
-    Mistake("generate_loop", "takes the logits of the first position instead of the last", """
-def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
-    max_seq_len = model.cfg.max_seq_len
-    if generator is None and params.seed is not None:
-        generator = torch.Generator().manual_seed(params.seed)
-    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
-    ids, new = prompt, []
-    with torch.inference_mode():
-        while True:
-            logits = model(ids[:, -max_seq_len:])[:, 0, :]
-            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
-                                          generated_ids=ids[:, prompt.shape[1]:]))
-            new.append(token)
-            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-            if eos_id is not None and token == eos_id:
-                return new, "eos"
-            if len(new) == params.max_new_tokens:
-                return new, "length"
-"""),
-    Mistake("generate_loop", "never crops: the context outgrows the model's window", """
-def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
-    if generator is None and params.seed is not None:
-        generator = torch.Generator().manual_seed(params.seed)
-    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
-    ids, new = prompt, []
-    with torch.inference_mode():
-        while True:
-            logits = model(ids)[:, -1, :]
-            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
-                                          generated_ids=ids[:, prompt.shape[1]:]))
-            new.append(token)
-            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-            if eos_id is not None and token == eos_id:
-                return new, "eos"
-            if len(new) == params.max_new_tokens:
-                return new, "length"
-"""),
-    Mistake("generate_loop", "returns the prompt together with the new ids", """
-def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
-    max_seq_len = model.cfg.max_seq_len
-    if generator is None and params.seed is not None:
-        generator = torch.Generator().manual_seed(params.seed)
-    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
-    ids, new = prompt, []
-    with torch.inference_mode():
-        while True:
-            logits = model(ids[:, -max_seq_len:])[:, -1, :]
-            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
-                                          generated_ids=ids[:, prompt.shape[1]:]))
-            new.append(token)
-            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-            if eos_id is not None and token == eos_id:
-                return ids[0].tolist(), "eos"
-            if len(new) == params.max_new_tokens:
-                return ids[0].tolist(), "length"
-"""),
+            "forgotten)", _loop(
+        (" prompt_ids=prompt,", ""))),
+    Mistake("generate_loop", "no generator: sample_next_token re-seeds at every step", _loop(
+        ("    if generator is None and params.seed is not None:\n"
+         "        generator = torch.Generator().manual_seed(params.seed)\n", ""))),
+    Mistake("generate_loop", "takes the logits of the first position instead of the last", _loop(
+        ("[:, -1, :]", "[:, 0, :]"))),
+    Mistake("generate_loop", "never crops: the context outgrows the model's window", _loop(
+        ("    max_seq_len = model.cfg.max_seq_len\n", ""), ("ids[:, -max_seq_len:]", "ids"))),
+    Mistake("generate_loop", "returns the prompt together with the new ids", _loop(
+        ('return new, "eos"', 'return ids[0].tolist(), "eos"'),
+        ('return new, "length"', 'return ids[0].tolist(), "length"'))),
     # ---------------------------------------------------------------- streaming
     Mistake("stream_text", "releases everything it decodes: a stop string split across tokens "
             "leaks", """
@@ -450,45 +355,12 @@ def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
             if len(new) == params.max_new_tokens:
                 return new, "length"
 """, says="prompt_ids list"),
-    Mistake("generate_loop", "gives the penalties the cropped window as prompt_ids", """
-def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
-    max_seq_len = model.cfg.max_seq_len
-    if generator is None and params.seed is not None:
-        generator = torch.Generator().manual_seed(params.seed)
-    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
-    ids, new = prompt, []
-    with torch.inference_mode():
-        while True:
-            window = ids[:, -max_seq_len:]
-            logits = model(window)[:, -1, :]
-            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=window,
-                                          generated_ids=ids[:, prompt.shape[1]:]))
-            new.append(token)
-            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-            if eos_id is not None and token == eos_id:
-                return new, "eos"
-            if len(new) == params.max_new_tokens:
-                return new, "length"
-""", says="not the cropped window"),
-    Mistake("generate_loop", "generated_ids = ids[:, -len(new):]: the whole context at step 0", """
-def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
-    max_seq_len = model.cfg.max_seq_len
-    if generator is None and params.seed is not None:
-        generator = torch.Generator().manual_seed(params.seed)
-    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
-    ids, new = prompt, []
-    with torch.inference_mode():
-        while True:
-            logits = model(ids[:, -max_seq_len:])[:, -1, :]
-            token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
-                                          generated_ids=ids[:, -len(new):]))
-            new.append(token)
-            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-            if eos_id is not None and token == eos_id:
-                return new, "eos"
-            if len(new) == params.max_new_tokens:
-                return new, "length"
-""", says="-len(new)"),
+    Mistake("generate_loop", "gives the penalties the cropped window as prompt_ids", _loop(
+        ("            logits = model(ids[:, -max_seq_len:])[:, -1, :]\n",
+         "            window = ids[:, -max_seq_len:]\n            logits = model(window)[:, -1, :]\n"),
+        ("prompt_ids=prompt,", "prompt_ids=window,")), says="not the cropped window"),
+    Mistake("generate_loop", "generated_ids = ids[:, -len(new):]: the whole context at step 0", _loop(
+        ("generated_ids=ids[:, prompt.shape[1]:]", "generated_ids=ids[:, -len(new):]")), says="-len(new)"),
     Mistake("stream_text", "adds up each token's own decode ([id]) instead of decoding the "
             "whole prefix", """
 def stream_text(token_ids, decode, stop):
