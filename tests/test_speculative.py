@@ -250,9 +250,9 @@ def test_stop_strings_and_a_bad_eos_id_generator_or_draft_are_refused():
     with pytest.raises(ValueError, match="stop strings"):
         speculative_generate(model, PromptLookupDrafter(), [1, 2],
                              SamplingParams(temperature=0, stop=["."]))
-    with pytest.raises(ValueError, match=r"eos_id must be in \[0, 6\), got -1"):
+    with pytest.raises(ValueError, match=r"eos_id must be a token id in \[0, 6\), got -1"):
         speculative_generate(model, PromptLookupDrafter(), [1, 2], p, eos_id=-1)
-    with pytest.raises(ValueError, match=r"eos_id must be in \[0, 6\), got 6"):
+    with pytest.raises(ValueError, match=r"eos_id must be a token id in \[0, 6\), got 6"):
         speculative_generate(model, PromptLookupDrafter(), [1, 2], p, eos_id=6)
     for bad in ("a", True, 1.0):
         with pytest.raises(TypeError, match="eos_id must be None or an int"):

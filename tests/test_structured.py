@@ -109,8 +109,12 @@ def test_what_cannot_be_compiled_is_a_grammar_error_and_a_compile_is_cached(ship
     with pytest.raises(ValueError, match="eos_ids"):
         first.constraint([])
     vocab_size = grammars.vocab_size
-    for bad in ([vocab_size], [-1], [0, vocab_size + 5], [True], [1.0]):
-        with pytest.raises(ValueError, match=rf"eos_ids must be ints in \[0, {vocab_size}\)"):
+    for bad, index in (([vocab_size], 0), ([-1], 0), ([0, vocab_size + 5], 1)):
+        with pytest.raises(ValueError,
+                           match=rf"eos_ids\[{index}\] must be a token id in \[0, {vocab_size}\)"):
+            first.constraint(bad)
+    for bad in ([True], [1.0]):
+        with pytest.raises(TypeError, match=r"eos_ids\[0\] must be an int token id"):
             first.constraint(bad)
 
 

@@ -54,7 +54,7 @@ from tinygpt.metrics import RequestTrace, inter_token_latencies, summarize, tpot
 from tinygpt.mla import LatentLayerCache
 from tinygpt.model import ModelConfig, TinyGPT
 from tinygpt.roofline import Hardware, op_time
-from tinygpt.sampling import SamplingParams, sample_next_token
+from tinygpt.sampling import SamplingParams, check_token_id, sample_next_token
 
 # --------------------------------------------------------------------------------------------
 # padded batches
@@ -98,26 +98,12 @@ def _check_prompt(prompt: object, name: str) -> list[int]:
     return ids
 
 
-def _check_token_id(name: str, value: object, vocab: int | None = None, *,
-                    optional: bool = False) -> int | None:
-    """An int token id (None too when optional), in [0, vocab) when vocab is given."""
-    if value is None and optional:
-        return None
-    what = "None or an int" if optional else "an int"
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be {what} token id, got {type(value).__name__} {value!r}")
-    top = "" if vocab is None else f", {vocab})"
-    if value < 0 or (vocab is not None and value >= vocab):
-        raise ValueError(f"{name} must be a token id in [0{top or ', ...)'}, got {value}")
-    return value
-
-
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists into ids (B, T) long and a mask (B, T) bool, True on real tokens.
     T is the longest prompt's length; pad_id is an int >= 0 (a token id: pads are fed to the
     model, masked)."""
-    _check_token_id("pad_id", pad_id)
+    check_token_id("pad_id", pad_id)
     prompts = _check_prompts(prompts)
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -301,7 +287,7 @@ def generate_batch(model: TinyGPT, prompts: Sequence[Sequence[int]],
     rows = _params_per_row(params, len(prompt_lists))
     ids, mask = left_pad(prompt_lists)
     vocab, window = model.cfg.vocab_size, model.cfg.max_seq_len
-    _check_token_id("eos_id", eos_id, vocab, optional=True)
+    check_token_id("eos_id", eos_id, vocab, optional=True)
     if int(ids.max()) >= vocab or int(ids.min()) < 0:
         raise ValueError(f"prompts: token ids must be in [0, {vocab})")
     steps = max(p.max_new_tokens for p in rows)
@@ -415,7 +401,7 @@ def beam_search(model: TinyGPT, prompt_ids: Sequence[int], num_beams: int,
             not math.isfinite(length_penalty):
         raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
     vocab, window = model.cfg.vocab_size, model.cfg.max_seq_len
-    _check_token_id("eos_id", eos_id, vocab, optional=True)
+    check_token_id("eos_id", eos_id, vocab, optional=True)
     if min(prompt) < 0 or max(prompt) >= vocab:
         raise ValueError(f"prompt_ids: token ids must be in [0, {vocab})")
     if len(prompt) + max_new_tokens - 1 > window:

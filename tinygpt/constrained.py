@@ -54,7 +54,7 @@ from tinygpt.generate import (
 )
 from tinygpt.kv_cache import DecodeStep, KVCache, prefill, supports_kv_cache
 from tinygpt.native import torch_single_thread
-from tinygpt.sampling import SamplingParams, sample_next_token
+from tinygpt.sampling import SamplingParams, check_token_id, sample_next_token
 
 MAX_CHAR = 0x10FFFF           # the last Unicode code point
 MAX_REPEAT = 1000             # the largest m or n of {m,n}
@@ -435,9 +435,7 @@ def compile_regex(pattern: str, max_states: int = 10_000) -> DFA:
 # ----------------------------------------------------------------------------------------------
 
 def _mask(allowed: list[int], size: int, dfa: DFA, state: int, eos_id) -> torch.Tensor:
-    if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int)
-                               or not 0 <= eos_id < size):
-        raise ValueError(f"eos_id must be None or an int in [0, {size}), got {eos_id!r}")
+    check_token_id("eos_id", eos_id, size, optional=True)
     with torch_single_thread():            # tinygpt.native says why (an OpenMP team's wake-up)
         mask = torch.zeros(size, dtype=torch.bool)
         mask[torch.tensor(allowed, dtype=torch.long)] = True

@@ -84,7 +84,7 @@ from tinygpt.model import TinyGPT
 from tinygpt.native import torch_single_thread
 from tinygpt.paged import PagedKVCache
 from tinygpt.runner import ModelRunner
-from tinygpt.sampling import DEFAULT_ORDER, SamplingParams, check_order
+from tinygpt.sampling import DEFAULT_ORDER, SamplingParams, check_order, check_token_id
 from tinygpt.scheduler import Scheduler, Seq
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
@@ -140,9 +140,8 @@ def check_eos_ids(eos_ids: object, vocab_size: int) -> tuple[int, ...]:
     if isinstance(eos_ids, str | bytes) or not isinstance(eos_ids, Sequence):
         raise TypeError(f"eos_ids must be a sequence of ints (token ids), such as (0,) or [], "
                         f"got {type(eos_ids).__name__} {eos_ids!r}")
-    for eos in eos_ids:
-        if isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < vocab_size:
-            raise ValueError(f"eos_ids must be ints in [0, {vocab_size}), got {eos_ids!r}")
+    for i, eos in enumerate(eos_ids):
+        check_token_id(f"eos_ids[{i}]", eos, vocab_size)
     return tuple(eos_ids)
 
 

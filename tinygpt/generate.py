@@ -45,7 +45,13 @@ import torch
 
 from tinygpt.detokenize import ReplyText
 from tinygpt.kv_cache import CompileFallbackWarning, DecodeStep, KVCache, prefill, supports_kv_cache
-from tinygpt.sampling import DEFAULT_ORDER, SamplingParams, check_order, sample_next_token
+from tinygpt.sampling import (
+    DEFAULT_ORDER,
+    SamplingParams,
+    check_order,
+    check_token_id,
+    sample_next_token,
+)
 
 STOP_REASONS = ("eos", "length", "stop_string")
 
@@ -275,11 +281,7 @@ def _check_args(model, params, eos_id, tokenizer, generator, order, constraint=N
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
     vocab_size, max_seq_len = model_limits(model)
-    if eos_id is not None:
-        if isinstance(eos_id, bool) or not isinstance(eos_id, int):
-            raise TypeError(f"eos_id must be None or an int, got {type(eos_id).__name__}")
-        if not 0 <= eos_id < vocab_size:
-            raise ValueError(f"eos_id must be in [0, {vocab_size}), got {eos_id}")
+    check_token_id("eos_id", eos_id, vocab_size, optional=True)
     if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
         raise TypeError("tokenizer must have a decode(list[int]) -> str method")
     if params.stop and tokenizer is None:

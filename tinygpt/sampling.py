@@ -77,6 +77,21 @@ def _integer(name: str, value) -> int:
     return int(value)
 
 
+def check_token_id(name: str, value: object, vocab: int | None = None, *,
+                   optional: bool = False) -> int | None:
+    """An int token id (None too when optional), in [0, vocab) when vocab is given: the one
+    check behind every pad_id, eos_id and eos_ids the loops and the engine take."""
+    if value is None and optional:
+        return None
+    what = "None or an int" if optional else "an int"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be {what} token id, got {type(value).__name__} {value!r}")
+    if value < 0 or (vocab is not None and value >= vocab):
+        top = "..." if vocab is None else vocab
+        raise ValueError(f"{name} must be a token id in [0, {top}), got {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick each next token, and when to stop. Validated on construction.

@@ -40,6 +40,7 @@ from tinygpt.kv_cache import DecodeStep, KVCache
 from tinygpt.sampling import (
     SamplingParams,
     apply_temperature,
+    check_token_id,
     min_p_filter,
     top_k_filter,
     top_p_filter,
@@ -216,11 +217,7 @@ def _check(target, draft, params, gamma, eos_id, generator) -> None:
     if gamma >= window:
         raise ValueError(f"gamma must be an int in [1, {window - 1}]: a pass feeds gamma + 1 "
                          f"tokens, which must fit the target's max_seq_len={window}; got {gamma}")
-    if eos_id is not None:
-        if isinstance(eos_id, bool) or not isinstance(eos_id, int):
-            raise TypeError(f"eos_id must be None or an int, got {type(eos_id).__name__}")
-        if not 0 <= eos_id < vocab_size:
-            raise ValueError(f"eos_id must be in [0, {vocab_size}), got {eos_id}")
+    check_token_id("eos_id", eos_id, vocab_size, optional=True)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be None or a torch.Generator, got "
                         f"{type(generator).__name__}")

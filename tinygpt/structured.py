@@ -32,6 +32,8 @@ from collections.abc import Sequence
 
 import torch
 
+from tinygpt.sampling import check_token_id
+
 MAX_GRAMMAR_CHARS = 200_000      # a schema, regex or grammar's text; more is a GrammarError
 CACHED_GRAMMARS = 256            # compiled grammars kept (least recently used goes first)
 MAX_ERROR_CHARS = 200            # of the engine's message in a GrammarError (its first line)
@@ -97,9 +99,8 @@ class GrammarConstraint:
         self.eos_ids = tuple(eos_ids)
         if not self.eos_ids:
             raise ValueError("eos_ids: a constrained request needs an end-of-text id to end on")
-        for eos in self.eos_ids:
-            if isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < vocab_size:
-                raise ValueError(f"eos_ids must be ints in [0, {vocab_size}), got {eos_ids!r}")
+        for i, eos in enumerate(self.eos_ids):
+            check_token_id(f"eos_ids[{i}]", eos, vocab_size)
         self._fill = llguidance.numpy.fill_next_token_bitmask
         self._words = llguidance.numpy.allocate_token_bitmask(1, vocab_size)
         self._bits = torch.from_numpy(self._words)     # the same memory, read as a tensor
