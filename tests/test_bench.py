@@ -163,6 +163,9 @@ def test_run_requests_and_random_prompt_refuse_bad_arguments():
     for vocab_size in (0, -5):
         with pytest.raises(ValueError, match=f"vocab_size must be >= 1, got {vocab_size}"):
             B.random_prompt(4, vocab_size, seed=0)
+    for seed, error in ((1.5, TypeError), (True, TypeError), (-1, ValueError)):
+        with pytest.raises(error, match="seed must be"):
+            B.random_prompt(4, 10, seed=seed)
 
 
 def test_measure_decode_step_counts_the_bytes_it_must_read():

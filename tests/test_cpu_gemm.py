@@ -194,6 +194,8 @@ def test_chunk_attention_refuses_bad_input():
         attend(q, k_pool, v_pool, tables, torch.tensor([0, 9]), counts, 1.0)
     with pytest.raises(ValueError, match="int64"):
         attend(q, k_pool, v_pool, tables.int(), starts, counts, 1.0)
+    with pytest.raises(ValueError, match=r"int64 tables \(C, W\).*int64 \(\)"):   # 0-d
+        attend(q, k_pool, v_pool, tables[0, 0], starts, counts, 1.0)
     with pytest.raises(ValueError, match="does not fit"):
         attend(randn(7, 3, 16), k_pool, v_pool, tables, starts, counts, 1.0)
     with pytest.raises(ValueError, match="float32"):

@@ -90,6 +90,9 @@ def test_the_end_is_allowed_only_when_the_value_is_complete(shipped):
     assert torch.isinf(logits[0, ~allowed]).all() and not torch.isinf(logits[0, allowed]).any()
     with pytest.raises(GrammarError, match="does not continue"):
         constraint.advance(tokenizer.encode("z")[0])
+    for bad, error in ((-1, ValueError), (model.cfg.vocab_size, ValueError), (1.0, TypeError)):
+        with pytest.raises(error, match="token_id must be"):
+            constraint.advance(bad)
 
 
 def test_what_cannot_be_compiled_is_a_grammar_error_and_a_compile_is_cached(shipped):

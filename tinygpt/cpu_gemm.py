@@ -238,7 +238,7 @@ def chunk_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     of the tables' block ids (the runner's are its cache's own)."""
     kv_heads, block = _check_pools("chunk_attention", q, k_pool, v_pool)
     n_tokens, heads, dim = q.shape
-    n_chunks = tables.shape[0]
+    n_chunks = tables.shape[0] if tables.ndim else 0
     if tables.dtype != torch.int64 or tables.ndim != 2 or starts.dtype != torch.int64 \
             or counts.dtype != torch.int64 or starts.shape != (n_chunks,) \
             or counts.shape != (n_chunks,):

@@ -123,10 +123,11 @@ class GrammarConstraint:
         return logits.masked_fill(~allowed, float("-inf"))
 
     def advance(self, token_id: int) -> None:
+        check_token_id("token_id", token_id, self.vocab_size)
         if token_id in self.eos_ids:
             self.finished = True
             return
-        if not self.matcher.consume_token(int(token_id)):
+        if not self.matcher.consume_token(token_id):
             raise GrammarError(f"token {token_id} does not continue the grammar: "
                                f"{engine_error(self.matcher.get_error())}")
 

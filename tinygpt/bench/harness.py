@@ -73,6 +73,7 @@ def random_prompt(length: int, vocab_size: int, seed: int) -> list[int]:
     """A seeded list of `length` uniformly random token ids in [0, vocab_size)."""
     F._check_int("length", length)
     F._check_int("vocab_size", vocab_size)
+    F._check_int("seed", seed, minimum=0)
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab_size, (length,), generator=generator).tolist()
 
