@@ -229,6 +229,30 @@ def test_a_disconnecting_client_has_its_request_cancelled(served):
     assert generated < 1000, "the request ran to the end after its client left"
 
 
+def test_a_client_that_hangs_up_before_a_whole_reply_has_its_choices_cancelled(served):
+    """Not streamed, nothing tells the server the client left until it writes the reply: the
+    choices ran to max_tokens holding their slots and KV blocks (a fire-and-forget client
+    could fill the queue). The hang-up is read while the reply is made."""
+    import socket
+    from urllib.parse import urlsplit
+
+    before = httpx.get(f"{served}/health").json()
+    body = json.dumps({"model": "tinygpt", "prompt": "The", "max_tokens": 1000,
+                       "ignore_eos": True, "n": 2}).encode()
+    address = urlsplit(served)
+    with socket.create_connection((address.hostname, address.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        started = wait_for(served, lambda h: h["submitted"] >= before["submitted"] + 2)
+        assert started["submitted"] == before["submitted"] + 2
+    health = wait_for(served, lambda h: h["cancelled"] >= before["cancelled"] + 2
+                      and h["running"] == 0)
+    assert health["cancelled"] == before["cancelled"] + 2 and health["running"] == 0
+    assert health["kv_blocks_used"] == 0, "the abandoned choices still hold KV blocks"
+    generated = health["tokens_generated"] - before["tokens_generated"]
+    assert generated < 2000, "the choices ran to the end after their client left"
+
+
 def test_a_full_queue_answers_429_and_keeps_serving():
     with server("--max-queue", "1", "--max-running", "1") as (url, _):
         body = {"model": "tinygpt", "prompt": "The", "max_tokens": 400, "ignore_eos": True}

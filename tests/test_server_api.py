@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import time
 
 import httpx
 import pytest
@@ -258,13 +259,42 @@ def test_a_body_over_the_limit_is_a_413(small):
 
 
 def test_a_full_queue_is_a_429_with_retry_after(shipped):
-    served = Served(*shipped, max_waiting=0)
+    served = Served(*shipped, max_waiting=1, max_running=1)
+    long = {"model": "tinygpt", "prompt": "x", "max_tokens": 500, "ignore_eos": True}
+
+    async def third_of_three():
+        held = [asyncio.ensure_future(served.client.post("/v1/completions", json=long))
+                for _ in range(2)]             # one runs, one waits: the queue is full
+        while served.engine.stats().submitted < 2:
+            await asyncio.sleep(0.005)
+        try:
+            return await served.client.post("/v1/completions", json=long)
+        finally:
+            for request in held:
+                request.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+
     try:
-        response = served.post("/v1/completions", {"model": "tinygpt", "prompt": "x"})
+        response = served.loop.run_until_complete(third_of_three())
+        assert response.status_code == 429 and is_openai_error(response)
+        assert int(response.headers["retry-after"]) >= 1
+        deadline = time.monotonic() + 30                          # the cancelled two end
+        while served.engine.stats().running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert served.engine.stats().running == 0 and served.engine.stats().cancelled == 2
     finally:
         served.close()
-    assert response.status_code == 429 and is_openai_error(response)
-    assert int(response.headers["retry-after"]) >= 1
+
+
+def test_health_is_503_once_the_engine_has_stopped(shipped):
+    served = Served(*shipped)
+    try:
+        assert served.get("/health").json()["status"] == "ok"
+        served.loop.run_until_complete(served.engine.shutdown(0.1))
+        response = served.get("/health")
+        assert response.status_code == 503 and response.json()["status"] == "stopped"
+    finally:
+        served.close()
 
 
 def test_no_op_fields_are_accepted(small):

@@ -62,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -86,6 +87,8 @@ from tinygpt.paged import PagedKVCache
 from tinygpt.runner import ModelRunner
 from tinygpt.sampling import DEFAULT_ORDER, SamplingParams, check_order, check_token_id
 from tinygpt.scheduler import Scheduler, Seq
+
+log = logging.getLogger(__name__)
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
@@ -199,7 +202,10 @@ class Request:
         return RequestTrace(self.submitted_at, tuple(self.token_times), len(self.prompt_ids))
 
     def _put(self, event: Event) -> None:      # called on the worker thread
-        self.loop.call_soon_threadsafe(self._events.put_nowait, event)
+        try:
+            self.loop.call_soon_threadsafe(self._events.put_nowait, event)
+        except RuntimeError:                   # its event loop has closed: nobody is reading
+            self._cancel.set()
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._iterate()
@@ -621,8 +627,9 @@ class _Frontend:
     EngineClosed), the counts, and how a request ends. Subclasses start a worker thread."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, max_waiting: int, on_finish) -> None:
-        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
-            raise ValueError(f"max_waiting must be an int >= 0, got {max_waiting!r}")
+        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
+            # (0 would refuse every request, an idle engine's too: each waits a moment)
+            raise ValueError(f"max_waiting must be an int >= 1, got {max_waiting!r}")
         self.model, self.tokenizer = model, tokenizer
         self.max_waiting, self.on_finish = max_waiting, on_finish
         self._lock = threading.Condition()
@@ -639,6 +646,8 @@ class _Frontend:
         with self._lock:
             if self._closed:
                 raise EngineClosed("the engine is shutting down")
+            if not self._thread.is_alive():
+                raise EngineClosed("the engine's worker thread has stopped; restart the server")
             if waiting() >= self.max_waiting:
                 self._counts["rejected"] += 1
                 raise EngineFull(f"{waiting()} requests are waiting (the limit is "
@@ -648,8 +657,32 @@ class _Frontend:
             self._lock.notify()
         return request
 
+    @property
+    def alive(self) -> bool:
+        """Whether the worker thread runs (False after shutdown, or if it ever died)."""
+        return self._thread.is_alive()
+
     def _forget(self, request: Request) -> None:
         """Drop the worker's reference to a request that ended (under the lock)."""
+
+    def _held(self) -> list[Request]:
+        """Every request submitted and not yet ended (under the lock)."""
+        raise NotImplementedError
+
+    def _work(self) -> None:
+        """The worker thread: serve until shutdown. Should the loop itself ever fail (a bug,
+        not a request's error, which ends that request alone), every request it holds ends
+        with the error and the engine refuses new ones, so no client waits forever."""
+        try:
+            self._serve()
+        except BaseException as err:
+            log.exception("the engine's worker thread stopped")
+            with self._lock:
+                self._closed = True
+                held = self._held()
+            for request in held:
+                self._finish(request, Event(None, "", "error", f"the engine stopped: "
+                                                               f"{type(err).__name__}: {err}"))
 
     def _finish(self, request: Request, event: Event) -> None:
         request.finish_reason = event.finish_reason
@@ -658,7 +691,10 @@ class _Frontend:
             self._counts["cancelled" if event.finish_reason == "cancelled" else "finished"] += 1
         request._put(event)
         if self.on_finish is not None:
-            self.on_finish(request)
+            try:
+                self.on_finish(request)
+            except Exception:      # noqa: BLE001 - a callback's bug must not stop the worker
+                log.exception("on_finish failed for request %s", request.id)
 
 
 class AsyncEngine(_Frontend):
@@ -729,7 +765,10 @@ class AsyncEngine(_Frontend):
 
     # -- the worker (the only thread that touches the engine) ----------------------------------
 
-    def _work(self) -> None:
+    def _held(self) -> list[Request]:
+        return [*self._live.values(), *self._inbox]
+
+    def _serve(self) -> None:
         engine = self.engine
         while True:
             with self._lock:
@@ -752,9 +791,10 @@ class AsyncEngine(_Frontend):
                     except Exception as err:  # noqa: BLE001 (checked in submit; never fatal)
                         request.cancel()
                         request._error = f"{type(err).__name__}: {err}"
-                if self._closed:               # shutting down: nobody new starts
-                    for seq in engine.scheduler.waiting:
-                        self._live[seq.id].cancel()
+                if self._closed:               # shutting down: nobody new starts (a preempted
+                    for seq in engine.scheduler.waiting:    # one waits again: it has its grace)
+                        if seq.preemptions == 0:
+                            self._live[seq.id].cancel()
             for request in [r for r in self._live.values() if r.cancelled]:
                 engine.abort(request.id)
                 self._finish(request, Event(None, "", "cancelled") if request._error is None
@@ -764,7 +804,8 @@ class AsyncEngine(_Frontend):
             try:
                 events = engine.step()
             except Exception as err:  # noqa: BLE001 (fail the batch, keep the server up)
-                for request in list(self._live.values()):
+                batch = [seq.id for seq in engine.scheduler.running] or list(self._live)
+                for request in [self._live[i] for i in batch if i in self._live]:
                     engine.abort(request.id)
                     self._finish(request, Event(None, "", "error",
                                                 f"{type(err).__name__}: {err}"))
@@ -796,7 +837,7 @@ class SerialEngine(_Frontend):
     """One request at a time on a worker thread; a bounded FIFO queue for the rest.
 
     model, tokenizer: a TinyGPT in eval mode and its tokenizer (decode for text and stop
-    strings). max_waiting: requests that may wait (>= 0); one more is refused with EngineFull.
+    strings). max_waiting: requests that may wait (>= 1); one more is refused with EngineFull.
     on_finish: called with each finished Request (metrics): on the worker thread, except for
     the requests still waiting when shutdown() begins, which it ends on the event loop.
     """
@@ -861,7 +902,10 @@ class SerialEngine(_Frontend):
 
     # -- the worker ----------------------------------------------------------------------------
 
-    def _work(self) -> None:
+    def _held(self) -> list[Request]:
+        return [r for r in (self._running, *self._waiting) if r is not None]
+
+    def _serve(self) -> None:
         while True:
             with self._lock:
                 while not self._waiting and not self._closed:

@@ -128,8 +128,9 @@ def check_flags(args: argparse.Namespace) -> list[str]:
                         f"every interface), got {args.host!r}")
     if not 0 <= args.port <= 65535:
         problems.append(f"--port must be in [0, 65535], got {args.port}")
-    if args.max_queue < 0:
-        problems.append(f"--max-queue must be >= 0, got {args.max_queue}")
+    if args.max_queue < 1:
+        problems.append(f"--max-queue must be >= 1 (0 would refuse every request), got "
+                        f"{args.max_queue}")
     if not (args.grace >= 0 and math.isfinite(args.grace)):
         problems.append(f"--grace must be a finite number of seconds >= 0, got {args.grace}")
     if args.threads is not None:

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from tinygpt.engine import EngineClosed, EngineFull
 from tinygpt.server.checks import check_model
@@ -79,7 +79,10 @@ BODY_ERRORS = {**ERRORS, 415: {"model": ErrorResponse, "description": "a Content
 
 @router.get("/health")
 async def health(request: Request):
-    return {"status": "ok", **vars(served(request).engine.stats())}
+    engine = served(request).engine
+    if not getattr(engine, "alive", True):      # its worker stopped: nothing will be served
+        return JSONResponse({"status": "stopped", **vars(engine.stats())}, status_code=503)
+    return {"status": "ok", **vars(engine.stats())}
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
@@ -160,7 +163,32 @@ async def generate(request: Request, chat: bool):
         return StreamingResponse(events(job, requests, ident, stamp, state.prompts),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    return await whole(job, requests, ident, stamp, state.prompts)
+    return await unless_gone(request, whole(job, requests, ident, stamp, state.prompts))
+
+
+async def unless_gone(request: Request, work) -> Response:
+    """Await a whole response's `work`; a client that hangs up first cancels it (whole's
+    `finally` cancels the engine's requests, so their slots and KV blocks are freed at once,
+    as a stream's are) and gets 499, which nobody reads but /metrics counts."""
+    task = asyncio.ensure_future(work)
+
+    async def hang_up() -> None:          # the body is read: the next message is the hang-up
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(hang_up())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not watcher.done() or watcher.cancelled():
+            raise                          # we are cancelled ourselves, not the client gone
+        return Response(status_code=499)
 
 
 @router.post("/v1/completions", openapi_extra=request_body(CompletionRequest),
