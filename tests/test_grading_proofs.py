@@ -7,7 +7,8 @@
    exercise has at least one recorded mistake; a mistake that names later exercises in `keeps`
    leaves them their full marks (one mistake, one charge); and a fixed, seeded sample of the
    day's mutants (autograder/mutants.py; the full run is `make mutants`) loses points too,
-   unless listed as equivalent.
+   unless listed as equivalent; while every right answer written another way (`ALTERNATIVES`)
+   keeps full marks.
 Plus: a correct answer whose code writes to stderr keeps its points, and every recorded
 mistake's feedback names its own exercise (and no other exercise before it), and a mistake
 that says what its hint must name (`says`) gets a hint that names it.
@@ -56,10 +57,14 @@ def test_every_mistake_loses_its_points(day):
     assert not missing, (f"{day}: exercises without a mistake in autograder/mistakes/{day}.py: "
                          f"{missing}")
     sampled = [m.as_mistake() for m in mutant_sample(day)]
-    trials = run_notebook_with_mistakes(solution_path(day), recorded + sampled)
-    correct_lost = [t for t in trials if t.mistake is None and t.score != t.max_points]
+    right = mistakes.alternatives(day)
+    trials = run_notebook_with_mistakes(solution_path(day), recorded + sampled + right)
+    correct_lost = [t for t in trials if (t.mistake is None or t.mistake in right)
+                    and t.score != t.max_points]
     assert not correct_lost, f"{day}: correct answers lost points in the kernel run: " + "; ".join(
-        f"{t.grade_id} ({t.error})" for t in correct_lost)
+        f"{t.grade_id}{'' if t.mistake is None else ' written as ' + t.mistake.name} ({t.error})"
+        for t in correct_lost)
+    trials = [t for t in trials if t.mistake not in right]
     survived = [t for t in trials if t.mistake is not None and not t.keeps and t.score > 0]
     assert not survived, f"{day}: these mistakes kept their points (tests too weak): " + "; ".join(
         f"{t.grade_id}: {t.mistake.name}" for t in survived)

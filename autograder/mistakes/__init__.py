@@ -11,6 +11,11 @@ full marks (one mistake, one charge).
 A mistake may also give, in `says`, words its feedback must contain (case-insensitive): the
 hint a student with exactly this bug reads must name this bug, not another one.
 
+A day's module may also define `ALTERNATIVES`, a list of `Alternative`s: right answers written
+another way than the solution (float64 or float32 where the markdown allows either, keyword
+calls, another valid formula, a helper with a common name beside the answer). Each must keep
+full marks: a test that takes one of them for a mistake fails a student who did nothing wrong.
+
 A day's module may also define `EQUIVALENT_MUTANTS`, a dict from a mutant's key (see
 autograder/mutants.py) to the one-line reason it computes the same thing as the solution.
 """
@@ -30,6 +35,12 @@ class Mistake:
     says: str = ""  # words the feedback for this mistake must contain (case-insensitive)
 
 
+@dataclass(frozen=True)
+class Alternative(Mistake):
+    """A right answer written another way: replaces the answer cell and must keep full marks
+    (`name` says how it differs from the solution)."""
+
+
 def for_day(day: str) -> list[Mistake]:
     """The day's mistakes (an empty list when the day has no corpus module yet)."""
     try:
@@ -39,6 +50,21 @@ def for_day(day: str) -> list[Mistake]:
             return []
         raise
     return list(module.MISTAKES)
+
+
+def alternatives(day: str) -> list[Alternative]:
+    """The day's right answers written another way (empty when it lists none)."""
+    try:
+        module = importlib.import_module(f"autograder.mistakes.{day}")
+    except ModuleNotFoundError as err:
+        if err.name == f"autograder.mistakes.{day}":
+            return []
+        raise
+    found = list(getattr(module, "ALTERNATIVES", []))
+    wrong = [a for a in found if not isinstance(a, Alternative)]
+    if wrong:
+        raise TypeError(f"{day}: ALTERNATIVES must hold Alternative(...) entries, got {wrong!r}")
+    return found
 
 
 def equivalent_mutants(day: str) -> dict[str, str]:
