@@ -181,3 +181,31 @@ def test_a_closed_engine_says_so(shipped):
         with pytest.raises(EngineClosed):
             await engine.submit(tok.encode("It"), GREEDY)
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("engine_class", [AsyncEngine, SerialEngine])
+def test_text_held_back_for_a_stop_string_is_released_when_the_reply_ends_at_eos(
+        shipped, engine_class):
+    """With stop=[". "], a story's final "." is held back (it could begin ". "); the EOS that
+    follows releases it. The server's events dropped it (an EOS event's text was blanked),
+    and so did a second end id (a chat's end of turn beside <|endoftext|>), decoded as text."""
+    from tinygpt.generate import eos_id_of
+    model, tok = shipped
+    eos = eos_id_of(tok)
+    prompt = [eos] + tok.encode("The cat sat on the")
+    params = SamplingParams(temperature=0.0, max_new_tokens=300, stop=(". ",))
+    want = generate(model, prompt, params, eos_id=eos, tokenizer=tok)
+    assert want.stop_reason == "eos" and want.text.endswith(".")
+    other = next(i for i in range(tok.vocab_size) if i != eos and i not in want.token_ids)
+
+    async def main():
+        engine = engine_class(model, tok)
+        try:
+            for eos_ids in ((eos,), (other, eos)):
+                events = await _drain(await engine.submit(prompt, params, eos_ids))
+                assert "".join(e.text for e in events) == want.text, eos_ids
+                assert events[-1].finish_reason == "stop"
+                assert [e.token_id for e in events] == want.token_ids
+        finally:
+            await engine.shutdown(1.0)
+    asyncio.run(main())

@@ -148,15 +148,13 @@ def check_eos_ids(eos_ids: object, vocab_size: int) -> tuple[int, ...]:
     return tuple(eos_ids)
 
 
-def to_event(event: TokenEvent, eos_ids: Sequence[int]) -> Event:
-    """A token loop's TokenEvent as the server's Event: any of eos_ids ends the request with
-    "stop" and no text; a stop string is "stop" too; max_new_tokens is "length"."""
+def to_event(event: TokenEvent) -> Event:
+    """A token loop's TokenEvent as the server's Event: an EOS or a stop string is "stop",
+    max_new_tokens is "length". An EOS event's text is what the loop held back until then
+    (the end of a possible stop string): it belongs to the reply; the EOS itself is no text."""
     finish = event.finish_reason
     reason = None if finish is None else ("length" if finish == "length" else "stop")
-    if reason is None and event.token_id in eos_ids:
-        reason = "stop"
-    text = "" if reason is not None and event.token_id in eos_ids else event.text or ""
-    return Event(event.token_id, text, reason)
+    return Event(event.token_id, event.text or "", reason)
 
 
 @dataclass(eq=False)
@@ -370,7 +368,7 @@ class Engine:
         queueing, with the same arguments). Returns the prompt as a list of ids."""
         vocab_size, max_seq_len = model_limits(self.model)
         eos_ids = check_eos_ids(eos_ids, vocab_size)
-        _check_args(self.model, params, eos_ids[0] if eos_ids else None, self.tokenizer, None,
+        _check_args(self.model, params, eos_ids, self.tokenizer, None,
                     self.order, constraint)
         for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
@@ -421,7 +419,7 @@ class Engine:
             constraint = forcing = _Forcing(constraint)
         loop = token_events(lambda ids: holder.pop("logits"),
                             torch.tensor([prompt], device=device), params,
-                            eos_ids[0] if eos_ids else None, self.tokenizer, generator,
+                            eos_ids, self.tokenizer, generator,
                             self.order, self.model.cfg.max_seq_len, constraint,
                             fast_forward=forcing is not None)
         seq = Seq(request_id, prompt, params.max_new_tokens, arrival=self.steps,
@@ -523,9 +521,6 @@ class Engine:
               out: list[tuple[Hashable, TokenEvent]]) -> bool:
         """A request's new token: into its sequence, its events and `out`; True when it
         ends the request."""
-        if event.finish_reason is None and event.token_id in active.eos_ids:
-            event = TokenEvent(event.token_id, event.index, "" if event.text is not None
-                               else None, "eos")
         active.seq.output_ids.append(event.token_id)
         active.token_times.append(now)
         active.events.append(event)
@@ -815,7 +810,7 @@ class AsyncEngine(_Frontend):
                 if request.started_at is None:
                     request.started_at = engine.started_at(request_id)
                 request.token_times.append(time.perf_counter())
-                out = to_event(token_event, request.eos_ids)
+                out = to_event(token_event)
                 if request.prompt_logprobs is not None and request.prompt_logprob_list is None:
                     request.prompt_logprob_list = engine.prompt_logprobs(request_id)
                 if request.logprobs is not None:
@@ -865,7 +860,7 @@ class SerialEngine(_Frontend):
                              "--engine batch)")
         vocab_size, max_seq_len = model_limits(self.model)
         eos_ids = check_eos_ids(eos_ids, vocab_size)
-        _check_args(self.model, params, eos_ids[0] if eos_ids else None, self.tokenizer, None,
+        _check_args(self.model, params, eos_ids, self.tokenizer, None,
                     DEFAULT_ORDER, constraint)
         prompt = prepare_prompt(prompt_ids, vocab_size, max_seq_len)[0].tolist()
         return self._enqueue(prompt, params, eos_ids, self._waiting,
@@ -923,18 +918,18 @@ class SerialEngine(_Frontend):
         if request.cancelled:
             self._finish(request, Event(None, "", "cancelled"))
             return
-        eos = request.eos_ids[0] if request.eos_ids else None
         request.started_at = time.perf_counter()
         try:
-            for event in stream(self.model, request.prompt_ids, request.params, eos_id=eos,
-                                tokenizer=self.tokenizer, constraint=request.constraint):
+            for event in stream(self.model, request.prompt_ids, request.params,
+                                eos_id=request.eos_ids, tokenizer=self.tokenizer,
+                                constraint=request.constraint):
                 if request.cancelled:
                     self._finish(request, Event(None, "", "cancelled"))
                     return
                 request.token_times.append(time.perf_counter())
                 with self._lock:
                     self._counts["tokens"] += 1
-                out = to_event(event, request.eos_ids)
+                out = to_event(event)
                 if out.finish_reason is not None:
                     self._finish(request, out)
                     return

@@ -281,7 +281,9 @@ def _check_args(model, params, eos_id, tokenizer, generator, order, constraint=N
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
     vocab_size, max_seq_len = model_limits(model)
-    check_token_id("eos_id", eos_id, vocab_size, optional=True)
+    for i, one in enumerate(eos_id if isinstance(eos_id, tuple) else (eos_id,)):
+        check_token_id("eos_id" if one is eos_id else f"eos_id[{i}]", one, vocab_size,
+                       optional=one is eos_id)
     if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
         raise TypeError("tokenizer must have a decode(list[int]) -> str method")
     if params.stop and tokenizer is None:
@@ -305,7 +307,8 @@ def stream(model: torch.nn.Module, prompt_ids, params: SamplingParams, *,
 
     model: maps ids (1, T) long -> logits (1, T, V) and has .cfg.vocab_size / .cfg.max_seq_len
     (put it in eval mode first). prompt_ids: list[int], (T,) or (1, T) tensor; batch size 1.
-    params: sampling knobs, max_new_tokens and stop strings. eos_id: stop when it is sampled.
+    params: sampling knobs, max_new_tokens and stop strings. eos_id: stop when it is sampled
+    (or any of a tuple of ids: a chat's end of turn and the tokenizer's end of text).
     tokenizer: anything with decode(list[int]) -> str; needed for text and stop strings.
     generator: the randomness; if None, one seeded with params.seed (or torch's global one).
     order: the sampling stage order (see tinygpt.sampling).
@@ -363,14 +366,13 @@ def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, orde
     The ids are a view of one buffer, sized for what a run inside the window can add (a huge
     max_new_tokens allocates nothing more) and doubled by a run that goes on past the window.
     """
-    prompt_len = prompt.shape[1]
+    prompt_len, eos_ids = prompt.shape[1], eos_id if isinstance(eos_id, tuple) else (eos_id,)
     room = min(params.max_new_tokens, max(1, max_seq_len - prompt_len + 1))
     buffer = torch.cat([prompt, prompt.new_empty(1, room)], dim=1)
     ids = buffer[:, :prompt_len]     # (1, T + generated so far): a view of buffer
     generated: list[int] = []        # every new id
     reply = ReplyText(tokenizer) if tokenizer is not None else None  # (EOS excluded)
-    released = ""                    # text already yielded
-    warned = False
+    released, warned = "", False     # text already yielded; whether the crop was warned of
     penalized = params.repetition_penalty != 1 or params.frequency_penalty != 0 \
         or params.presence_penalty != 0   # the history is read only when a penalty is on
     # what next_logits wants around a token's work (CachedLogits: torch's threads)
@@ -404,7 +406,7 @@ def token_events(next_logits, prompt, params, eos_id, tokenizer, generator, orde
         buffer[0, ids.shape[1]] = token
         ids = buffer[:, :ids.shape[1] + 1]
 
-        finish = "eos" if token == eos_id else None
+        finish = "eos" if token in eos_ids else None
         text = None
         if reply is not None:
             full = reply.append(token) if finish is None else reply.text
@@ -565,9 +567,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:
         return int(exit_.code or 0)
     try:
-        params = SamplingParams(temperature=args.temperature, top_k=args.top_k,
-                                top_p=args.top_p, min_p=args.min_p,
-                                repetition_penalty=args.repetition_penalty,
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                min_p=args.min_p, repetition_penalty=args.repetition_penalty,
                                 max_new_tokens=args.max_new_tokens, stop=tuple(args.stop),
                                 seed=args.seed)
         device = tinygpt.usable_device(args.device)
@@ -582,8 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     model = model.to(device).eval()
     eos_id = eos_id_of(tokenizer)
     try:
-        # Training presents every story as <|endoftext|> + text, so the prompt starts the same
-        # way (which also makes an empty --prompt mean "a new story").
+        # as training presents a story: <|endoftext|> + text (an empty --prompt: a new story)
         prompt_ids = ([] if eos_id is None else [eos_id]) + list(tokenizer.encode(args.prompt))
         events = stream(model, prompt_ids, params, eos_id=eos_id, tokenizer=tokenizer,
                         use_cache=not args.no_cache, compile=args.compile)
