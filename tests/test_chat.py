@@ -87,3 +87,68 @@ def test_errors_name_the_flag_not_the_field(capsys, flag, value, field):
     err = capsys.readouterr().err
     assert err.startswith(f"error: {flag} must be"), err
     assert not re.search(rf"(?<![-\w]){field}\b", err), err       # the field, not in a flag
+
+
+def run_chat(argv: list[str], stdin, stdout) -> int:
+    """main's status; a KeyboardInterrupt that escapes it fails this test alone (pytest would
+    otherwise stop the whole session)."""
+    try:
+        return main(argv, stdin=stdin, stdout=stdout)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped the chat loop")
+
+
+class Interrupting(io.StringIO):
+    """stdin whose readline raises KeyboardInterrupt (Ctrl-C at the prompt) once its lines
+    are read."""
+
+    def readline(self, *args):
+        line = super().readline(*args)
+        if not line:
+            raise KeyboardInterrupt
+        return line
+
+
+def test_ctrl_c_during_a_reply_stops_it_and_keeps_the_part_written(monkeypatch):
+    """Ctrl-C printed a KeyboardInterrupt traceback and killed the chat (exit -2). During a
+    reply it now stops that reply and the loop asks for the next line; the part written
+    stays in the conversation, a reply stopped before its first token is dropped with its
+    question."""
+    import tinygpt.chat
+    import tinygpt.generate
+
+    real_stream, interrupt_after = tinygpt.generate.stream, [2, 0]
+    seen: list[list[dict]] = []
+
+    def stream(*args, **kwargs):          # the first reply stopped after 2 tokens, the next
+        after = interrupt_after.pop(0) if interrupt_after else None      # before any
+        for i, event in enumerate(real_stream(*args, **kwargs)):
+            if i == after:
+                raise KeyboardInterrupt
+            yield event
+
+    def fit_history(tokenizer, messages, budget):
+        seen.append([dict(m) for m in messages])
+        return real_fit(tokenizer, messages, budget)
+
+    real_fit = tinygpt.chat.fit_history
+    monkeypatch.setattr(tinygpt.generate, "stream", stream)
+    monkeypatch.setattr(tinygpt.chat, "fit_history", fit_history)
+    out = io.StringIO()
+    assert run_chat(["--model", "tinygpt", "--temperature", "0", "--max-tokens", "5"],
+                    io.StringIO("The cat\nThe dog\nA bird\n/quit\n"), out) == 0
+    text = out.getvalue()
+    assert "(reply stopped; the part written is kept)" in text
+    assert "(reply stopped; the question is dropped)" in text
+    assert "Traceback" not in text
+    partial = seen[1][1]
+    assert partial["role"] == "assistant" and partial["content"]         # 2 tokens' text
+    assert [m["content"] for m in seen[2]] == ["The cat", partial["content"], "A bird"]
+
+
+def test_ctrl_c_at_the_prompt_leaves_quietly_with_130():
+    out = io.StringIO()
+    assert run_chat(["--model", "tinygpt", "--temperature", "0", "--max-tokens", "3"],
+                    Interrupting("The cat\n"), out) == 130
+    assert out.getvalue().endswith("\nyou> \n")              # the prompt's line ended
+    assert chat(io.StringIO("The cat\n"))[1][0] in out.getvalue()      # the reply came first

@@ -520,7 +520,8 @@ def test_a_request_the_kv_pool_cannot_hold_is_a_400_and_others_are_served():
         fits = httpx.post(f"{url}/v1/completions", json={
             "model": "tinygpt", "prompt": "The", "max_tokens": 20}, timeout=60)
     assert too_big.status_code == 400, too_big.text
-    assert "num_blocks" in too_big.json()["error"]["message"]
+    error = too_big.json()["error"]
+    assert error["param"] == "max_tokens" and "--kv-blocks raises the pool" in error["message"]
     assert fits.status_code == 200
 
 

@@ -801,22 +801,70 @@ def test_echoed_logprobs_are_bounded_per_request(real):
 
 def test_a_chat_reply_without_max_tokens_stops_where_the_kv_pool_ends(shipped):
     """Where the engine's KV pool holds fewer positions than the context (SmolLM2's capped
-    pool), chat's default is the rest of the pool: exactly what the engine admits."""
-    from dataclasses import replace
-
+    pool), chat's default is the rest of the pool, which the engine admits; one token more
+    is a 400 from the server, not the engine's refusal."""
     from tinygpt.server.prompts import Prompts
+    from tinygpt.server.protocol import APIError
 
     model, tokenizer = shipped
     ids = tokenizer.encode_chat(HI)
 
-    def chat_params(**options) -> SamplingParams:
+    def chat_params(body=None, **options) -> SamplingParams:
         prompts = Prompts(tokenizer, 1024, tokenizer.vocab_size, "tinygpt", **options)
-        return prompts.prepare(json.dumps({"messages": HI}).encode(), True).params[0]
+        body = {"messages": HI, **(body or {})}
+        return prompts.prepare(json.dumps(body).encode(), True).params[0]
 
     assert chat_params().max_new_tokens == 1024 - len(ids)
     params = chat_params(max_positions=8 * 16)
-    assert params.max_new_tokens == 8 * 16 + 1 - len(ids)
-    engine = Engine(model, tokenizer, num_blocks=8)
-    engine.check_request(ids, params)
-    with pytest.raises(ValueError, match="KV blocks"):
-        engine.check_request(ids, replace(params, max_new_tokens=params.max_new_tokens + 1))
+    assert params.max_new_tokens == 8 * 16 - len(ids)
+    Engine(model, tokenizer, num_blocks=8).check_request(ids, params)
+    assert chat_params({"max_tokens": 8 * 16 - len(ids)}, max_positions=8 * 16) == params
+    with pytest.raises(APIError, match="KV pool holds 128 positions.*--kv-blocks") as refused:
+        chat_params({"max_tokens": 8 * 16 - len(ids) + 1}, max_positions=8 * 16)
+    assert refused.value.param == "max_tokens"
+
+
+def test_what_the_server_admits_is_what_it_reports(shipped):
+    """max_model_len in /v1/models, /tokenize and /tokenizer_info is what a request may take:
+    the KV pool's positions for one request when they are fewer than the context. A request
+    past them is a 400 naming the field and the pool (it was the engine's "the request can
+    need 375 KV blocks", with no field); a chat's prompt is its messages."""
+    _, tokenizer = shipped
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=4,
+                      n_kv_heads=2, d_ff=64, max_seq_len=64)
+    served = Served(TinyGPT(cfg).eval(), tokenizer, num_blocks=2)          # 32 positions
+    try:
+        assert served.get("/v1/models").json()["data"][0]["max_model_len"] == 32
+        assert served.get("/v1/models/tinygpt").json()["max_model_len"] == 32
+        assert served.post("/tokenize", {"prompt": "The"}).json()["max_model_len"] == 32
+        assert served.get("/tokenizer_info").json()["max_model_len"] == 32
+        prompt = tokenizer.encode("The cat sat on the mat")
+        ok = served.post("/v1/completions", {"prompt": prompt, "max_tokens": 32 - len(prompt),
+                                             "ignore_eos": True, "temperature": 0})
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["usage"]["completion_tokens"] == 32 - len(prompt)
+        over = served.post("/v1/completions", {"prompt": prompt,
+                                               "max_tokens": 33 - len(prompt)})
+        error = over.json()["error"]
+        assert over.status_code == 400 and error["param"] == "max_tokens", error
+        assert "KV pool holds 32 positions" in error["message"]
+        assert "--kv-blocks" in error["message"]
+        long = served.post("/v1/completions", {"prompt": [5] * 40, "max_tokens": 1})
+        assert long.status_code == 400 and long.json()["error"]["param"] == "prompt"
+        chat = served.post("/v1/chat/completions", {"messages": [
+            {"role": "user", "content": "the cat " * 20}], "max_tokens": 1})
+        error = chat.json()["error"]
+        assert chat.status_code == 400 and error["param"] == "messages", error
+        assert error["code"] == "context_length_exceeded"
+        assert "at most 31" in error["message"]
+    finally:
+        served.close()
+
+
+def test_a_chat_over_the_context_names_messages(small):
+    chat = small.post("/v1/chat/completions", {"messages": [
+        {"role": "user", "content": "the cat sat " * 30}], "max_tokens": 1})
+    error = chat.json()["error"]
+    assert chat.status_code == 400 and error["param"] == "messages", error
+    assert "the model's context is 64" in error["message"]

@@ -149,3 +149,25 @@ def test_a_constraint_does_not_load_torchs_compiler():
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_only_the_requests_own_ends_are_allowed_never_the_engines(shipped):
+    """Grammars gives the grammar engine <|endoftext|> as its end; a chat ends on its
+    end-of-turn instead. The engine allowed its own end beside the chat's once the text was
+    complete, and a model that preferred it wrote it as text until max_tokens."""
+    _, tokenizer, grammars = shipped
+    engine_eos = tokenizer.special_tokens["<|endoftext|>"]
+    chat_eos = tokenizer.special_tokens["<|end|>"]
+    for grammar, text in ((grammars.regex("(yes|no)"), "no"),
+                          (grammars.choice(["red", "blue"]), "blue"),
+                          (grammars.json_object(), '{"a": 1}')):
+        constraint = grammar.constraint([chat_eos])
+        for token in tokenizer.encode(text):
+            assert not constraint.allowed()[engine_eos]
+            constraint.advance(token)
+        allowed = constraint.allowed()
+        assert allowed.nonzero().flatten().tolist() == [chat_eos], text
+    both = grammars.regex("(yes|no)").constraint([chat_eos, engine_eos])
+    for token in tokenizer.encode("yes"):
+        both.advance(token)
+    assert both.allowed().nonzero().flatten().tolist() == [engine_eos, chat_eos]

@@ -281,6 +281,28 @@ def test_a_json_schema_beside_another_response_format_type_is_a_400(real):
         assert "only allowed with type 'json_schema'" in message and repr(kind) in message
 
 
+def test_ignore_eos_with_a_grammar_is_a_400_naming_both(real):
+    """A grammar ends its reply on the end-of-text token; ignore_eos took that away and the
+    answer was the constraint's "eos_ids: a constrained request needs an end-of-text id to
+    end on" with no field. Without ignore_eos the same requests are answered."""
+    for path, body, field in (
+            ("/v1/chat/completions", {"messages": HI, "response_format": {
+                "type": "json_object"}}, "response_format"),
+            ("/v1/completions", {"prompt": "x", "structured_outputs": {"regex": "(yes|no)"}},
+             "structured_outputs"),
+            ("/v1/chat/completions", {"messages": HI, "tools": [WEATHER],
+                                      "tool_choice": "required"}, "tools"),
+            ("/v1/chat/completions", {"messages": HI, "tools": [WEATHER], "tool_choice": {
+                "type": "function", "function": {"name": "get_weather"}}}, "tool_choice")):
+        body = {"model": "tinygpt", "max_tokens": 8, "temperature": 0, **body}
+        message = refused(real, path, {**body, "ignore_eos": True}, "ignore_eos")
+        assert f"give one of ignore_eos and {field}" in message, message
+        assert real.post(path, {**body, "ignore_eos": False}).status_code == 200
+    plain = real.post("/v1/chat/completions", {"model": "tinygpt", "messages": HI,
+                                               "max_tokens": 4, "ignore_eos": True})
+    assert plain.status_code == 200, plain.text
+
+
 # -- a live server on SmolLM2-135M-Instruct, with the official openai client ------------------
 
 openai = pytest.importorskip("openai")

@@ -1,6 +1,7 @@
 """tool_choice "auto" held to the tools' schemas once the model begins a call, and a reply held
 to calls that max_tokens cuts: finish_reason "length" with the calls begun (the last one's
-arguments as far as they were written), never a text message; whole, streamed, and read by
+arguments as far as they were written), never a text message (a stop string's cut likewise,
+with finish_reason "stop"); whole, streamed, and read by
 the official openai client, in process on the shipped model. The oracle for a cut reply is
 the same greedy request with room to finish: the cut arguments are a prefix of its. A named
 tool_choice of a type other than "function" is a 400 naming tool_choice.type."""
@@ -114,6 +115,68 @@ def test_a_cut_call_streams_as_it_comes_back_whole(real):
                                      "arguments": c["function"]["arguments"]}
                                     for c in whole["message"]["tool_calls"]]
     assert list(calls.values())[0]["name"] == "get_time"
+
+
+def streamed_calls(chunks: list[dict]) -> list[dict]:
+    """The calls a stream sent, as {"name", "arguments"}; no chunk may carry content."""
+    calls: dict[int, dict] = {}
+    for chunk in chunks:
+        delta = chunk["choices"][0]["delta"] if chunk["choices"] else {}
+        assert not delta.get("content"), delta
+        for part in delta.get("tool_calls", ()):
+            call = calls.setdefault(part["index"], {"name": None, "arguments": ""})
+            if "id" in part:
+                call["name"] = part["function"]["name"]
+            call["arguments"] += part["function"]["arguments"]
+    return list(calls.values())
+
+
+@pytest.mark.parametrize("tools, choice", [([WEATHER], "required"), ([WEATHER, TIME], {
+    "type": "function", "function": {"name": "get_weather"}})])
+def test_a_call_cut_by_a_stop_string_is_the_calls_begun_not_markup(real, tools, choice):
+    """A stop string that cuts a reply held to calls gave the format's markup as content
+    ("<tool_call>\n{...") with finish "stop" and no tool_calls. It is read as a max_tokens
+    cut is: content null, the calls begun; finish "stop" stays, whole and streamed alike."""
+    fields = {"tools": tools, "tool_choice": choice, "temperature": 0}
+    full = chat(real, **fields)["choices"][0]
+    assert full["finish_reason"] == "tool_calls"
+    (call,) = full["message"]["tool_calls"]
+    arguments = call["function"]["arguments"]
+    assert arguments.startswith('{"city": ')
+    for stop, whole_arguments in (('"city"', False), ("</tool_call>", True)):
+        reply = chat(real, **fields, stop=[stop])["choices"][0]
+        assert reply["finish_reason"] == "stop", (stop, reply)
+        message = reply["message"]
+        assert message["content"] is None, (stop, message)
+        (cut,) = message["tool_calls"]
+        assert cut["function"]["name"] == "get_weather"
+        assert (cut["function"]["arguments"] == arguments) == whole_arguments, (stop, cut)
+        assert arguments.startswith(cut["function"]["arguments"]), (stop, cut)
+        chunks = events(real, "/v1/chat/completions", {"model": "tinygpt", "messages": HI,
+                                                       "max_tokens": 120, **fields,
+                                                       "stop": [stop]})
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+        assert streamed_calls(chunks) == [{"name": "get_weather",
+                                           "arguments": cut["function"]["arguments"]}]
+
+
+def test_auto_reads_a_stop_strings_cut_as_calls_only_where_a_grammar_held_it():
+    """Under "auto" a reply that began with the tag is held to a call by the grammar, so a
+    stop string's cut there is the call begun; without a grammar (a tensor-parallel server)
+    the model was free and its text stays text, unless max_tokens cut it."""
+    from types import SimpleNamespace
+
+    from tinygpt.server.responses import calls_of
+
+    begun = CALL[:CALL.index('"city"')]
+    held = SimpleNamespace(reads="tools", grammar=object(), call_name=None)
+    free = SimpleNamespace(reads="tools", grammar=None, call_name=None)
+    calls, finish = calls_of(held, begun, "stop")
+    assert finish == "stop" and [c["function"]["name"] for c in calls] == ["get_weather"]
+    assert calls_of(free, begun, "stop") == (None, "stop")
+    assert calls_of(free, begun, "length")[0][0]["function"]["name"] == "get_weather"
+    assert calls_of(held, "It is sunny.", "stop") == (None, "stop")
+    assert calls_of(held, CALL, "stop")[1] == "tool_calls"
 
 
 def test_a_required_reply_cut_before_any_name_has_no_calls(real):

@@ -8,6 +8,12 @@ template (tinygpt.gguf_tokenizer.GGUFTokenizer.encode_chat for a GGUF model) and
 streams as it is generated, up to the model's end-of-turn token. `/reset` forgets the
 conversation, `/quit` (or end of input, Ctrl-D) leaves. When the conversation outgrows the
 context, the oldest turns are dropped, with a note.
+
+Ctrl-C during a reply stops it and returns to the prompt: the part written stays in the
+conversation, as it stays on the screen, so the next turn follows what was read (a reply
+stopped before its first token is dropped with its question). Ctrl-C anywhere else leaves
+at once, without a traceback, with the exit status 130 of a program that SIGINT ended (128
++ 2), so a script can tell it from /quit's 0.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ import argparse
 import sys
 import time
 
-COMMANDS_HELP = "/reset clears the conversation, /quit or Ctrl-D leaves"
+COMMANDS_HELP = ("/reset clears the conversation, /quit or Ctrl-D leaves, Ctrl-C stops a "
+                 "reply")
+INTERRUPTED = 130          # the exit status of a program that SIGINT ended: 128 + 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,9 +79,18 @@ def fit_history(tokenizer, messages: list[dict], budget: int) -> tuple[list[int]
 
 def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
     """Run the chat loop over stdin / stdout. Returns 0 at /quit or end of input, 2 for bad
-    arguments or a model that cannot be loaded."""
-    stdin = sys.stdin if stdin is None else stdin
+    arguments or a model that cannot be loaded, INTERRUPTED (130) for Ctrl-C outside a reply
+    (one during a reply stops that reply only)."""
     stdout = sys.stdout if stdout is None else stdout
+    try:
+        return _chat(argv, stdin, stdout)
+    except KeyboardInterrupt:
+        print(file=stdout, flush=True)       # end the line the prompt or a reply left open
+        return INTERRUPTED
+
+
+def _chat(argv: list[str] | None, stdin, stdout) -> int:
+    stdin = sys.stdin if stdin is None else stdin
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:
@@ -155,16 +172,29 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
         print(f"{info.model_id}> ", end="", file=stdout, flush=True)
         reply, stamps = [], [time.perf_counter()]
         eos = info.end_of_turn_ids[0] if info.end_of_turn_ids else None
-        for event in stream(model, prompt, params, eos_id=eos, tokenizer=tokenizer):
-            stamps.append(time.perf_counter())
-            if event.token_id in stops:        # another end-of-turn id than the first
-                break
-            reply.append(event.text)
-            print(event.text, end="", file=stdout, flush=True)
+        events = stream(model, prompt, params, eos_id=eos, tokenizer=tokenizer)
+        stopped = False
+        try:
+            for event in events:
+                stamps.append(time.perf_counter())
+                if event.token_id in stops:        # another end-of-turn id than the first
+                    break
+                reply.append(event.text)
+                print(event.text, end="", file=stdout, flush=True)
+        except KeyboardInterrupt:                  # Ctrl-C: this reply ends here
+            stopped = True
+        finally:
+            events.close()
         print(file=stdout, flush=True)
+        if stopped:
+            kept = "the part written is kept" if reply else "the question is dropped"
+            print(f"(reply stopped; {kept})", file=stdout, flush=True)
         if args.stats:
             print(reply_stats(stamps), file=stdout, flush=True)
-        messages.append({"role": "assistant", "content": "".join(reply)})
+        if stopped and not reply:
+            messages.pop()
+        else:
+            messages.append({"role": "assistant", "content": "".join(reply)})
 
 
 if __name__ == "__main__":

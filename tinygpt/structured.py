@@ -77,19 +77,25 @@ class _Vocabulary:
 class Grammar:
     """A compiled grammar: hands out a fresh constraint per request."""
 
-    def __init__(self, key: str, matcher, vocab_size: int) -> None:
+    def __init__(self, key: str, matcher, vocab_size: int, engine_eos: int) -> None:
         self.key, self._matcher, self.vocab_size = key, matcher, vocab_size
+        self.engine_eos = engine_eos      # the end-of-text id the grammar engine was given
 
     def constraint(self, eos_ids: Sequence[int]) -> GrammarConstraint:
         """A constraint for one request that ends with any of eos_ids."""
-        return GrammarConstraint(self._matcher.deep_copy(), self.vocab_size, eos_ids)
+        return GrammarConstraint(self._matcher.deep_copy(), self.vocab_size, eos_ids,
+                                 self.engine_eos)
 
 
 class GrammarConstraint:
     """One request's grammar state: mask(logits) and advance(token), as
-    tinygpt.generate.stream takes a constraint."""
+    tinygpt.generate.stream takes a constraint. The grammar engine allows its own end-of-text
+    id (engine_eos: the one Grammars gave it) once the text is complete; a request that ends
+    on other ids (a chat's end-of-turn) must not get it, or the model could write it as text,
+    so only eos_ids are ever allowed to end."""
 
-    def __init__(self, matcher, vocab_size: int, eos_ids: Sequence[int]) -> None:
+    def __init__(self, matcher, vocab_size: int, eos_ids: Sequence[int],
+                 engine_eos: int | None = None) -> None:
         # llguidance.numpy, not llguidance.torch: the same fill, and importing the latter
         # compiles a helper with torch.compile, which loads torch's compiler stack (6-8 s on
         # the 2-core AVX2 EPYC, 2026-11-28) in every server start for nothing we use
@@ -105,6 +111,7 @@ class GrammarConstraint:
         self._words = llguidance.numpy.allocate_token_bitmask(1, vocab_size)
         self._bits = torch.from_numpy(self._words)     # the same memory, read as a tensor
         self._shifts = torch.arange(32, dtype=torch.int32)
+        self._not_ends = [] if engine_eos is None or engine_eos in self.eos_ids else [engine_eos]
         self.finished = False
 
     def allowed(self) -> torch.Tensor:
@@ -115,6 +122,8 @@ class GrammarConstraint:
         bits = (self._bits[0, :, None] >> self._shifts) & 1
         allowed = bits.reshape(-1)[:self.vocab_size].bool()
         ends = self.matcher.is_accepting()
+        if self._not_ends:                      # the engine's end, when not this request's
+            allowed[self._not_ends] = False
         allowed[list(self.eos_ids)] = ends      # only this request's ends, and only when done
         return allowed
 
@@ -241,7 +250,7 @@ class Grammars:
         matcher = self._llg.LLMatcher(self.tokenizer, text, log_level=0, limits=self._limits)
         if matcher.is_error():           # the constructor never raises: it sets an error
             raise GrammarError(engine_error(matcher.get_error()))
-        grammar = Grammar(key, matcher, self.vocab_size)
+        grammar = Grammar(key, matcher, self.vocab_size, self.tokenizer.eos_token)
         self._first_step(grammar)
         return grammar
 
@@ -256,7 +265,8 @@ class Grammars:
         copies share and leave the next copy's first mask to fail (a{1000000}'s did)."""
         eos = (self.tokenizer.eos_token,)
         try:
-            allowed = GrammarConstraint(grammar._matcher, self.vocab_size, eos).allowed()
+            allowed = GrammarConstraint(grammar._matcher, self.vocab_size, eos,
+                                        grammar.engine_eos).allowed()
             allowed[list(eos)] = False
             tokens = allowed.nonzero()
             if len(tokens):

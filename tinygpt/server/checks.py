@@ -3,7 +3,7 @@ body as JSON (parse_json), against its pydantic model (validate, with first_erro
 pydantic's errors back to the request's own paths), lists too long for any valid request
 (too_long), the model's name (check_model), the fields that must be in range or are not
 implemented (check_common), each chat message against OpenAI's rules (check_message), the
-prompt and max_tokens against the context (fit_context), what echo may return
+prompt and max_tokens against the context or the KV pool (fit_context), what echo may return
 (bound_echo), and the sampling settings (sampling_params). Each failure is an APIError naming
 the field: a 400; a 422 for a body that is not a JSON object, a required field missing or a
 field of the wrong type; a 404 (model_not_found) for another model."""
@@ -321,25 +321,34 @@ def check_message(i: int, message) -> None:
 
 
 def fit_context(prompt_len: int, max_tokens: int | None, context: int,
-                param: str = "max_tokens", default: int | None = COMPLETION_MAX_TOKENS) -> int:
+                param: str = "max_tokens", default: int | None = COMPLETION_MAX_TOKENS, *,
+                pool: int | None = None, prompt_param: str = "prompt") -> int:
     """The tokens to generate for a prompt of prompt_len: max_tokens, refused when the prompt
     and it do not fit; when it is not given, `default` tokens (/v1/completions' 16) or, with
-    default None (chat's), the rest of the context, and never more than the rest."""
+    default None (chat's), the rest, and never more than the rest. What must fit is the
+    model's context, or, when it is smaller, `pool`: the positions the engine's KV pool holds
+    for one request (the errors then say so, and that --kv-blocks raises it). prompt_param
+    names the field the prompt came from ("messages" for a chat)."""
     if prompt_len == 0:
-        raise APIError(400, "the prompt is empty: give at least one token", param="prompt")
-    if prompt_len >= context:
-        raise APIError(400, f"the prompt has {prompt_len} tokens; the model's context is "
-                            f"{context}, so a prompt may have at most {context - 1}",
-                       param="prompt", code="context_length_exceeded")
+        raise APIError(400, "the prompt is empty: give at least one token", param=prompt_param)
+    limit, holds = context, f"the model's context is {context}"
+    if pool is not None and pool < context:
+        limit = pool
+        holds = (f"the server's KV pool holds {pool} positions for one request (the model's "
+                 f"context is {context}; --kv-blocks raises the pool)")
+    if prompt_len >= limit:
+        raise APIError(400, f"{prompt_param}: the prompt has {prompt_len} tokens; {holds}, so a "
+                            f"prompt may have at most {limit - 1}",
+                       param=prompt_param, code="context_length_exceeded")
     if max_tokens is None:
-        rest = context - prompt_len
+        rest = limit - prompt_len
         return rest if default is None else min(default, rest)
     if max_tokens < 1:
         raise APIError(400, f"{param} must be >= 1, got {max_tokens}", param=param)
-    if prompt_len + max_tokens > context:
+    if prompt_len + max_tokens > limit:
         raise APIError(400, f"{param} too large: the prompt's {prompt_len} tokens plus "
-                            f"{param} {max_tokens} exceed the model's context of {context} "
-                            f"(at most {context - prompt_len})", param=param,
+                            f"{param} {max_tokens} exceed {limit} (at most "
+                            f"{limit - prompt_len}): {holds}", param=param,
                        code="context_length_exceeded")
     return max_tokens
 

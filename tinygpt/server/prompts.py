@@ -82,8 +82,9 @@ class Prompts:
     it; see tinygpt.loading.ModelInfo). grammars: the tinygpt.structured.Grammars replies are
     held to, or why there are none (structured outputs, tool_choice "required" and a named
     tool_choice are then a 400 saying so). max_positions: the most positions one request may
-    take in the engine's KV pool, when that is fewer than the context (a chat reply without
-    max_tokens stops there, where it would otherwise be refused; default: the context)."""
+    take in the engine's KV pool (default: the context). max_model_len, the smaller of the
+    two, is what a request's prompt and max_tokens must fit (a chat reply without max_tokens
+    stops there), and what /v1/models and /tokenize report."""
 
     def __init__(self, tokenizer, context: int, vocab: int, model_id: str, eos_ids=None,
                  end_of_turn_ids=None, grammars="not set up",
@@ -103,6 +104,7 @@ class Prompts:
         self.chars_per_token = max_token_chars(tokenizer, vocab)
         self.grammars = grammars     # tinygpt.structured.Grammars, or why there are none
         self.max_positions = context if max_positions is None else max_positions
+        self.max_model_len = min(context, self.max_positions)
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
@@ -205,6 +207,11 @@ class Prompts:
         body = validate(ChatCompletionRequest if chat else CompletionRequest, data)
         check_common(body, chat, self.model_id)
         shape = reply_shape(self.grammars, body, chat)
+        if body.ignore_eos and shape.grammar is not None:
+            raise APIError(400, f"ignore_eos: a reply held to a grammar ({shape.param}) ends on "
+                                f"the end-of-text token once the grammar is complete, which "
+                                f"ignore_eos takes away; give one of ignore_eos and "
+                                f"{shape.param}", param="ignore_eos")
         score_only = False
         if chat:
             ids, _ = self.chat_ids(body.messages, shape.tools)
@@ -214,7 +221,7 @@ class Prompts:
                     bounded(name, getattr(body, name), 1, context)
             name = "max_completion_tokens" if body.max_completion_tokens is not None else \
                 "max_tokens"
-            asked, param, default = getattr(body, name), name, self.chat_default(len(ids))
+            asked, param, default = getattr(body, name), name, None
             logprobs = (body.top_logprobs or 0) if body.logprobs else None
             echo = False
             stop_ids = self.end_of_turn
@@ -237,7 +244,9 @@ class Prompts:
         bound_echo([len(ids) for ids in prompts], body.n or 1, logprobs, echo)
         params, prompt_of = [], []
         for p, ids in enumerate(prompts):
-            max_tokens = fit_context(len(ids), asked, context, param, default)
+            max_tokens = fit_context(len(ids), asked, context, param, default,
+                                     pool=self.max_positions,
+                                     prompt_param="messages" if chat else "prompt")
             for i in range(body.n or 1):
                 seed = None if body.seed is None else body.seed + i
                 params.append(sampling_params(body, max_tokens, seed))
@@ -247,15 +256,6 @@ class Prompts:
                    logprobs, echo, bool(body.stream), bool(options.get("include_usage")),
                    bool(options.get("include_usage") and options.get("continuous_usage_stats")),
                    score_only, shape.grammar, shape.reads, shape.call_name, shape.param)
-
-    def chat_default(self, prompt_len: int) -> int | None:
-        """A chat reply's max_tokens when the request gives none: the rest of the context
-        (None, as OpenAI's chat and vLLM's), or, where the KV pool holds fewer positions than
-        the context, the rest of the pool (the engine refuses a request that could outgrow
-        it: prompt + max_tokens - 1 positions)."""
-        if self.max_positions >= self.context:
-            return None
-        return max(1, self.max_positions + 1 - prompt_len)
 
     # -- the tokenizer endpoints (vLLM's shapes) -----------------------------------------------
 
@@ -284,7 +284,7 @@ class Prompts:
             ids = self.text_ids(body.prompt, specials=True)
             if body.add_special_tokens is not False:   # vLLM's default for a prompt: true
                 ids = bos_prefix + ids
-        return {"count": len(ids), "max_model_len": self.context, "tokens": ids,
+        return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
                 "token_strs": ([self.token_text(i) for i in ids] if body.return_token_strs
                                else None)}
 
@@ -303,7 +303,7 @@ class Prompts:
         pad_id = getattr(tokenizer, "pad_id", None)
         template = getattr(tokenizer, "chat_template", None)
         return {"tokenizer_class": type(tokenizer).__name__, "vocab_size": self.vocab,
-                "model_max_length": self.context, "max_model_len": self.context,
+                "model_max_length": self.context, "max_model_len": self.max_model_len,
                 "eos_token": self.token_text(eos[0]) if eos else None,
                 "eos_token_id": eos[0] if eos else None,
                 "bos_token": None if bos_id is None else self.token_text(bos_id),

@@ -21,7 +21,9 @@ still become calls, then sent as each call's id and name and then its arguments.
 max_tokens cut while it was writing calls (always, for a reply held to calls; for "auto",
 once it began with the tag) is a message with content null, the calls begun in tool_calls
 (the last with its arguments so far, tools.cut_tool_calls) and finish_reason "length", whole
-or streamed alike, as OpenAI's."""
+or streamed alike, as OpenAI's. One that a stop string cut while the grammar held it to calls
+is read the same way and keeps finish_reason "stop" (not "tool_calls": the last call's
+arguments may be cut), never as the format's markup in content."""
 
 from __future__ import annotations
 
@@ -151,16 +153,22 @@ class Choice:
         self.finish = event.finish_reason
 
 
-def calls_of(job: Job, text: str, finish: str | None) -> list[dict] | None:
-    """The calls a chat reply read for calls holds, or None when it is text: the calls in the
-    format; or, cut by max_tokens while writing calls, the calls begun."""
+def calls_of(job: Job, text: str, finish: str | None) -> tuple[list[dict] | None, str | None]:
+    """The calls an ended chat reply read for calls holds (None when it is text) and the
+    finish reason to report: the calls in the format, with "tool_calls" for a reply that
+    ended on its own; or, for a reply cut while writing calls, the calls begun, with the
+    finish reason kept ("length" for max_tokens; "stop" for a stop string, which can cut a
+    reply only where the grammar held it to calls: "required", a named function, or "auto"
+    once it began with the tag)."""
     if job.reads == "text":
-        return None
+        return None, finish
     calls = parse_tool_calls(text)
-    if calls is None and finish == "length" and (
-            job.reads == "calls" or text.lstrip().startswith(CALL_OPEN)):
-        calls = cut_tool_calls(text, job.call_name)
-    return calls
+    if calls is not None:
+        return calls, "tool_calls" if finish == "stop" else finish
+    began = text.lstrip().startswith(CALL_OPEN)
+    if job.reads == "calls" or (began and (finish == "length" or job.grammar is not None)):
+        return cut_tool_calls(text, job.call_name), finish
+    return None, finish
 
 
 def failure(event, job: Job | None = None) -> APIError | None:
@@ -221,11 +229,10 @@ def answer(job: Job, choices: list[Choice], texts: list[str], ident: str, stamp:
 def choice_item(job: Job, choice: Choice, text: str) -> dict:
     """One ended choice of a whole response."""
     if job.chat:
-        message, finish = {"role": "assistant", "content": text}, choice.finish
-        calls = calls_of(job, text, finish)
+        message = {"role": "assistant", "content": text}
+        calls, finish = calls_of(job, text, choice.finish)
         if calls is not None:
             message = {"role": "assistant", "content": None, "tool_calls": calls}
-            finish = "tool_calls" if finish == "stop" else finish
         return {"index": choice.index, "message": message, "logprobs": choice.take(),
                 "finish_reason": finish}
     logprobs = None
@@ -333,11 +340,11 @@ async def events(job: Job, requests: list, ident: str, stamp: int, prompts: Prom
                 elif finish is None:
                     continue
                 else:
-                    calls = calls_of(job, choice.held, finish)
+                    calls, finish = calls_of(job, choice.held, finish)
                     if calls is not None:
                         for body in call_deltas(choice, calls):
                             yield frame(body)
-                        text, finish = "", "tool_calls" if finish == "stop" else finish
+                        text = ""
                     else:
                         text = choice.held
             if text or finish or choice.tokens:

@@ -59,8 +59,11 @@ class Served:
         return await read_body(request, self.max_body_bytes, self.body_timeout_s)
 
     def model_card(self) -> dict:
+        """The model as /v1/models lists it; max_model_len is what a request's prompt and
+        max_tokens may take: the context, or the KV pool's positions for one request when
+        those are fewer (prompts.Prompts.max_model_len)."""
         return {"id": self.prompts.model_id, "object": "model", "created": 0,
-                "owned_by": "tinygpt", "max_model_len": self.prompts.context}
+                "owned_by": "tinygpt", "max_model_len": self.prompts.max_model_len}
 
 
 def served(request: Request) -> Served:

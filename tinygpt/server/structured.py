@@ -30,7 +30,7 @@ tensor-parallel server) "auto" stays free, read for calls afterwards.
 A reply held to calls ("required", a named function, or "auto" once it began with the tag)
 that max_tokens cuts comes back as OpenAI's does: finish_reason "length" and the calls begun,
 the last with the arguments written so far (tinygpt.server.tools.cut_tool_calls), never as
-text."""
+text; one that a stop string cuts, the same with finish_reason "stop"."""
 
 from __future__ import annotations
 
