@@ -73,8 +73,9 @@ def test_tensor_parallel_server_matches_one_process():
 
 
 def test_a_dead_rank_takes_the_server_down_with_a_message(tmp_path):
+    """(--threads 2: every rank runs that many torch threads, the workers too.)"""
     log = tmp_path / "server.log"
-    with running_server("--threads", "1", "--tensor-parallel-size", "2", env=ENV,
+    with running_server("--threads", "2", "--tensor-parallel-size", "2", env=ENV,
                         log=log) as (url, proc):
         ranks = [p for p in _descendants(proc.pid) if _is_rank(p)]
         assert ranks, "no rank process found below the server"
@@ -85,6 +86,8 @@ def test_a_dead_rank_takes_the_server_down_with_a_message(tmp_path):
         assert proc.poll() == 1, "the server kept running (or hung) after a rank died"
         out = log.read_text(errors="replace")
         assert "tensor-parallel rank 1 exited" in out
+        for rank in (0, 1):
+            assert f"tensor-parallel rank {rank} of 2 ready (2 torch threads)" in out, out
 
 
 def test_a_degree_that_does_not_divide_the_heads_is_refused():
@@ -95,3 +98,65 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused():
                            "3"], capture_output=True, text=True, timeout=120, env=ENV)
     assert done.returncode == 2
     assert "must divide n_heads (4)" in done.stderr
+
+
+STALL_SERVER = """
+import sys
+import tinygpt.parallel.serving as serving
+from tinygpt.server.cli import main
+serving.STEP_TIMEOUT_S = 5.0         # the bound, shortened for the test (120 s when served)
+sys.exit(main(["--threads", "1", "--tensor-parallel-size", "2", "--port", "0"]))
+"""
+
+
+def test_a_stalled_rank_takes_the_server_down_with_a_message(tmp_path):
+    """A stopped rank (SIGSTOP) makes every rank wait in the step's collectives: rank 0's
+    watchdog stops the server once the step outlasts the bound, instead of hanging."""
+    import re
+    import subprocess
+    import sys
+    import threading
+    import urllib.request
+
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", STALL_SERVER], stdout=out,
+                                stderr=subprocess.STDOUT, env=ENV)
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while "serving" not in log.read_text() and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        port = re.search(r"http://127\.0\.0\.1:(\d+)/v1", log.read_text())
+        assert port, log.read_text()
+        ranks = [p for p in _descendants(proc.pid) if _is_rank(p)]
+        assert ranks, "no rank process found below the server"
+        os.kill(ranks[0], signal.SIGSTOP)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port.group(1)}/v1/completions", method="POST",
+            data=b'{"model": "tinygpt", "prompt": "Once upon", "max_tokens": 5}',
+            headers={"content-type": "application/json"})
+
+        def ask() -> None:
+            try:
+                urllib.request.urlopen(request, timeout=60).read()
+            except OSError:
+                pass                    # the server goes down under it: expected
+
+        threading.Thread(target=ask, daemon=True).start()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the server kept waiting for the stopped rank")
+        assert proc.returncode == 1
+        assert "a tensor-parallel step has not finished after" in log.read_text()
+    finally:
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

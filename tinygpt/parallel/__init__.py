@@ -15,14 +15,16 @@ The package, one room per concern (each imports only rooms above it in this list
     comm            CommStats, COMM: this process's collectives, timed and counted
     layers          ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
                     VocabParallelHead (Megatron-LM's layout), distributed_argmax
-    source          load_source: the full model a rank loads, from a picklable description
+    source          load_source: the full model a rank loads, from a picklable description;
+                    source_config: its config, for checks before any rank starts
     model           TensorParallelGPT (a TinyGPT whose layers are the above: generate(), the
                     KV cache and the day-17 engine run on it unchanged), shard_model, tp_check
     pipeline        stage_layers, bubble_fraction, pipeline_run: stages of whole layers,
                     send/recv, micro-batches, the measured idle share against GPipe's
-    cost            LINKS, ring_allreduce_seconds, allreduce_bytes, tp_decode_estimate,
-                    measure_allreduce, fit_link, measure_tp_decode: what tensor parallelism
-                    sends and what that costs on a link, predicted and measured on gloo;
+    cost            LINKS, ring_allreduce_seconds, allreduce_bytes, activation_dtype,
+                    tp_decode_estimate, measure_allreduce, fit_link, measure_tp_decode: what
+                    tensor parallelism sends and what that costs on a link, predicted and
+                    measured on gloo;
                     alltoall_bytes, alltoall_seconds, ep_comm_estimate, measure_alltoall,
                     fit_alltoall_link: the same for expert parallelism's all-to-alls
     experts         ExpertParallelMoE, expert_parallel_model, expert_range, token_range,
@@ -47,6 +49,7 @@ from tinygpt.parallel.cost import (
     Link,
     TPDecodeMeasurement,
     TPEstimate,
+    activation_dtype,
     allgather_seconds,
     allreduce_bytes,
     alltoall_bytes,
@@ -90,12 +93,13 @@ from tinygpt.parallel.pipeline import PipelineRun, bubble_fraction, pipeline_run
 from tinygpt.parallel.ranks import default_backend, free_port, init_rank, run_ranks
 from tinygpt.parallel.serving import (
     SERVE_TIMEOUT_S,
+    STEP_TIMEOUT_S,
     follow_leader,
     start_tensor_parallel,
 )
 from tinygpt.parallel.serving import _mirror_rank as _mirror_rank  # the tests run it on ranks
 from tinygpt.parallel.sharding import HeadPlan, plan_heads, shard_state_dict, vocab_range
-from tinygpt.parallel.source import load_source
+from tinygpt.parallel.source import load_source, source_config
 
 __all__ = [
     "free_port", "default_backend", "init_rank", "run_ranks",
@@ -103,16 +107,17 @@ __all__ = [
     "CommStats", "COMM",
     "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "VocabParallelHead",
     "distributed_argmax",
-    "load_source",
+    "load_source", "source_config",
     "TensorParallelGPT", "shard_model", "tp_check",
     "stage_layers", "bubble_fraction", "PipelineRun", "pipeline_run",
     "SMOLLM2_135M", "Link", "LINKS", "ring_allreduce_seconds", "allgather_seconds",
-    "allreduce_bytes", "TPEstimate", "tp_decode_estimate", "measure_allreduce", "fit_link",
+    "allreduce_bytes", "activation_dtype", "TPEstimate", "tp_decode_estimate",
+    "measure_allreduce", "fit_link",
     "TPDecodeMeasurement", "measure_tp_decode",
     "alltoall_bytes", "alltoall_seconds", "EPCommEstimate", "ep_comm_estimate",
     "measure_alltoall", "fit_alltoall_link",
     "expert_range", "token_range", "dispatch_rows", "EPStats", "EP_COMM", "ExpertParallelMoE",
     "expert_parallel_model", "ep_check", "EPDecodeMeasurement", "measure_ep_decode",
     "Workload", "mixed_workload", "DisaggregationReport", "compare_disaggregation",
-    "SERVE_TIMEOUT_S", "start_tensor_parallel", "follow_leader",
+    "SERVE_TIMEOUT_S", "STEP_TIMEOUT_S", "start_tensor_parallel", "follow_leader",
 ]

@@ -6,6 +6,8 @@ Predicted:
     ring_allreduce_seconds   latency + 2 (p - 1) / p x bytes / bandwidth
     allgather_seconds        the same for a ring all-gather
     allreduce_bytes          the bytes of one all-reduce: the (tokens, d_model) activations
+    activation_dtype         the dtype those activations have for a weight dtype (int8 / int4
+                             weights: bf16)
     tp_decode_estimate       the roofline's decode step over p devices, plus the messages
 
 Measured on local ranks (gloo on a CPU, NCCL on GPUs):
@@ -28,6 +30,7 @@ SMOLLM2_135M is the course's real model's shape, for the estimates.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,7 +43,7 @@ from tinygpt.parallel.comm import COMM
 from tinygpt.parallel.model import shard_model
 from tinygpt.parallel.ranks import run_ranks
 from tinygpt.parallel.sharding import _check_d_ff, plan_heads
-from tinygpt.parallel.source import load_source
+from tinygpt.parallel.source import load_source, source_config
 
 # SmolLM2-135M-Instruct's shape (the course's real model: its GGUF's metadata): 30 layers,
 # d_model 576, 9 heads over 3 KV heads, d_ff 1536, vocabulary 49,152, tied embeddings.
@@ -58,6 +61,14 @@ class Link:
     bandwidth: float
     latency: float
     source: str
+
+    def __post_init__(self) -> None:
+        for field, value, low in (("bandwidth", self.bandwidth, "> 0"),
+                                  ("latency", self.latency, ">= 0")):
+            ok = not isinstance(value, bool) and isinstance(value, (int, float)) \
+                and math.isfinite(value) and (value > 0 if low == "> 0" else value >= 0)
+            if not ok:
+                raise ValueError(f"Link {field} must be a finite number {low}, got {value!r}")
 
 
 # Bandwidth: the vendors' figures, per direction. Latency: NOT a vendor figure (datasheets give
@@ -132,13 +143,32 @@ def allgather_seconds(nbytes: float, world_size: int, link) -> float:
 
 def allreduce_bytes(cfg: ModelConfig, tokens: int = 1, dtype: str = "fp32") -> int:
     """Bytes of ONE all-reduce of tensor parallelism: the (tokens, d_model) activations after
-    wo or w2. A layer does two, so a decode step at batch B sends 2 x L of B x D x bytes,
-    whatever the degree (plus one for the embedding and the logits' gather)."""
+    wo or w2, `dtype` being the activations' (a float one: weight-only quantization leaves
+    them full width, see activation_dtype). A layer does two, so a decode step at batch B
+    sends 2 x L of B x D x bytes, whatever the degree (plus one for the embedding and the
+    logits' gather)."""
+    from tinygpt.flops import DTYPE_BITS
+
+    if dtype not in ACTIVATION_DTYPES:
+        raise ValueError(f"dtype must be one of the activations' dtypes "
+                         f"{sorted(ACTIVATION_DTYPES)}, got {dtype!r} (weight-only quantized "
+                         f"models keep float activations: see activation_dtype)")
+    _check_count("tokens", tokens)
+    return tokens * cfg.d_model * DTYPE_BITS[dtype] // 8
+
+
+ACTIVATION_DTYPES = ("fp32", "bf16", "fp16")  # what an all-reduce carries: activations
+
+
+def activation_dtype(dtype: str) -> str:
+    """The dtype of the activations a model of weight dtype `dtype` all-reduces: the same for
+    a float dtype; bf16 for int8 / int4 weights (weight-only quantization dequantizes them
+    inside the product: the activations, and so the all-reduces, stay 16-bit floats)."""
     from tinygpt.flops import DTYPE_BITS
 
     if dtype not in DTYPE_BITS:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BITS)}, got {dtype!r}")
-    return tokens * cfg.d_model * DTYPE_BITS[dtype] // 8
+    return dtype if dtype in ACTIVATION_DTYPES else "bf16"
 
 
 @dataclass(frozen=True)
@@ -167,7 +197,9 @@ def tp_decode_estimate(cfg: ModelConfig, hw, link, world_size: int, batch: int =
     device read 1/p of the weights and of the KV cache. Past p = n_kv_heads a device holds a
     replica of one KV head, more than 1/p of the cache: compute_seconds does not count that
     (kv_bytes_per_device does). Communication: 2 L + 1 ring all-reduces of batch x D values
-    and one all-gather of the batch's V logits, at `link`'s bandwidth and latency. Tensor
+    of the activations' dtype (activation_dtype(dtype): int8 / int4 weights still all-reduce
+    16-bit activations) and one all-gather of the batch's V float32 logits, at `link`'s
+    bandwidth and latency. Tensor
     parallelism lowers the latency when the compute saved, t1 (1 - 1/p), exceeds what the
     messages add. ValueError for a degree the sharding refuses (plan_heads, d_ff).
     """
@@ -180,7 +212,8 @@ def tp_decode_estimate(cfg: ModelConfig, hw, link, world_size: int, batch: int =
     one = decode_estimate(cfg, hw, batch, context_len, dtype)
     compute = one.seconds / world_size
     n_ar = 2 * cfg.n_layers + (1 if world_size > 1 else 0)
-    comm = n_ar * ring_allreduce_seconds(allreduce_bytes(cfg, batch, dtype), world_size, link)
+    nbytes = allreduce_bytes(cfg, batch, activation_dtype(dtype))
+    comm = n_ar * ring_allreduce_seconds(nbytes, world_size, link)
     comm += allgather_seconds(batch * cfg.vocab_size * 4, world_size, link)
     kv_heads = plan.n_kv_heads
     kv = F.kv_cache_bytes(cfg, context_len, batch, dtype) * kv_heads / cfg.n_kv_heads
@@ -217,13 +250,19 @@ def measure_allreduce(world_size: int = 2, sizes: tuple[int, ...] = (576, 49152,
     """Measured seconds of one all-reduce of n float32 values on local ranks (gloo on a CPU,
     NCCL on GPUs), for each n in sizes: `repeats` back-to-back all-reduces, the slowest
     rank's mean."""
+    _check_count("world_size", world_size)
+    _check_count("repeats", repeats)
+    _check_sizes(sizes)
     per_rank = run_ranks(_allreduce_rank, world_size, list(sizes), repeats, backend=backend)
     return {n: max(r[n] for r in per_rank) for n in sizes}
 
 
 def fit_link(measured: Mapping[int, float], world_size: int, name: str = "measured") -> Link:
     """A Link fitted to measure_allreduce's figures by least squares on
-    t = latency + 2 (p - 1) / p x bytes / bandwidth (bytes = 4 n)."""
+    t = latency + 2 (p - 1) / p x bytes / bandwidth (bytes = 4 n). world_size >= 2: one rank
+    sends nothing, so its times say nothing of a link."""
+    _check_count("world_size", world_size, low=2)
+    _check_measured(measured)
     xs = [2 * (world_size - 1) / world_size * 4 * n for n in measured]
     return _fit_line(name, xs, list(measured.values()), "all-reduce")
 
@@ -300,7 +339,14 @@ def measure_tp_decode(source, world_size: int, prompt_len: int = 16, new_tokens:
                       link: Link | None = None, timeout_s: float = 300.0) -> TPDecodeMeasurement:
     """Time greedy decode of the model from `source` in one process, then over `world_size`
     tensor-parallel ranks; predict the parallel step with the cost model on `link` (default:
-    fitted to all-reduces measured now on the same ranks)."""
+    fitted to all-reduces measured now on the same ranks). world_size >= 2: one process is
+    the baseline measured beside it."""
+    source_cfg = source_config(source)
+    _check_decode_run(source_cfg, world_size, prompt_len, new_tokens)
+    plan_heads(source_cfg, 0, world_size)
+    _check_d_ff(source_cfg, world_size)
+    if link is not None:
+        _check_link(link)
     if link is None:
         link = fit_link(measure_allreduce(world_size, backend="gloo"), world_size,
                         "this machine (fitted)")
@@ -309,7 +355,6 @@ def measure_tp_decode(source, world_size: int, prompt_len: int = 16, new_tokens:
     many = run_ranks(_tp_decode_rank, world_size, source, prompt_len, new_tokens,
                      timeout_s=timeout_s, backend="gloo")       # both on the CPU
     worst = max(many, key=lambda r: r["step_seconds"])
-    source_cfg = load_source(source).cfg if not isinstance(source, tuple) else source[0]
     per_ar = ring_allreduce_seconds(allreduce_bytes(source_cfg, 1, "fp32"), world_size, link)
     n_ar = worst["comm_calls"] - 1                     # all-reduces; the last is the gather
     predicted_comm = n_ar * per_ar + allgather_seconds(source_cfg.vocab_size * 4, world_size,
@@ -329,6 +374,44 @@ def _check_count(name: str, value, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     return value
+
+
+def _check_sizes(sizes, multiple_of: int = 1, name: str = "sizes") -> None:
+    """ValueError naming `name` unless sizes is a non-empty sequence of positive ints
+    (multiples of multiple_of)."""
+    if not isinstance(sizes, (tuple, list)) or not sizes:
+        raise ValueError(f"{name} must be a non-empty tuple of positive ints, got {sizes!r}")
+    bad = [n for n in sizes if isinstance(n, bool) or not isinstance(n, int) or n < 1
+           or n % multiple_of]
+    if bad:
+        what = "positive ints" if multiple_of == 1 else \
+            f"positive multiples of world_size={multiple_of}"
+        raise ValueError(f"{name} must be {what}, got {bad[0]!r}")
+
+
+def _check_measured(measured) -> None:
+    """ValueError unless measured maps at least 2 positive int sizes to positive seconds."""
+    if not isinstance(measured, Mapping) or len(measured) < 2:
+        raise ValueError(f"measured must map at least 2 sizes to their seconds (as "
+                         f"measure_allreduce / measure_alltoall return), got {measured!r}")
+    _check_sizes(tuple(measured), name="measured sizes")
+    bad = [t for t in measured.values() if isinstance(t, bool)
+           or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0]
+    if bad:
+        raise ValueError(f"measured seconds must be finite numbers > 0, got {bad[0]!r}")
+
+
+def _check_decode_run(cfg: ModelConfig, world_size: int, prompt_len: int,
+                      new_tokens: int) -> None:
+    """The arguments of a measured decode (measure_tp_decode, measure_ep_decode): ValueError
+    before any rank starts. The cache holds the prompt, 2 warm-up steps and new_tokens."""
+    _check_count("world_size", world_size, low=2)
+    _check_count("prompt_len", prompt_len)
+    _check_count("new_tokens", new_tokens)
+    if prompt_len + new_tokens + 3 > cfg.max_seq_len:
+        raise ValueError(f"prompt_len + new_tokens + 3 (2 warm-up steps and one position "
+                         f"spare) = {prompt_len + new_tokens + 3} exceeds the model's "
+                         f"max_seq_len={cfg.max_seq_len}")
 
 
 def alltoall_bytes(tokens: float, top_k: int, d_model: int, world_size: int,
@@ -403,8 +486,14 @@ def ep_comm_estimate(batch: int, top_k: int, d_model: int, n_experts: int, world
     from tinygpt.flops import DTYPE_BITS
 
     for name, value in (("batch", batch), ("n_experts", n_experts),
-                        ("world_size", world_size)):
+                        ("world_size", world_size), ("top_k", top_k)):
         _check_count(name, value)
+    if top_k > n_experts:
+        raise ValueError(f"top_k ({top_k}) must be at most n_experts ({n_experts})")
+    if n_experts % world_size:
+        raise ValueError(f"n_experts (E={n_experts}) must be divisible by the expert-parallel "
+                         f"degree world_size={world_size}: each rank holds E / world_size whole "
+                         f"experts")
     _check_count("n_moe_layers", n_moe_layers, low=0)
     link = _check_link(link)
     chunk = -(-batch // world_size)
@@ -443,11 +532,8 @@ def measure_alltoall(world_size: int = 2, sizes: tuple[int, ...] = (1024, 65536,
     values in all, n / p to every rank (itself included), for each n in sizes (multiples of
     world_size): `repeats` back-to-back all-to-alls, the slowest rank's mean."""
     _check_count("world_size", world_size, low=2)
-    bad = [n for n in sizes if isinstance(n, bool) or not isinstance(n, int) or n < 1
-           or n % world_size]
-    if bad:
-        raise ValueError(f"sizes must be positive multiples of world_size={world_size}, got "
-                         f"{bad[0]!r}")
+    _check_count("repeats", repeats)
+    _check_sizes(sizes, world_size)
     per_rank = run_ranks(_alltoall_rank, world_size, list(sizes), repeats, backend=backend)
     return {n: max(r[n] for r in per_rank) for n in sizes}
 
@@ -457,5 +543,6 @@ def fit_alltoall_link(measured: Mapping[int, float], world_size: int,
     """A Link fitted to measure_alltoall's figures by least squares on
     t = latency + (p - 1) / p x 4 n / bandwidth (the bytes that leave each rank)."""
     _check_count("world_size", world_size, low=2)
+    _check_measured(measured)
     xs = [(world_size - 1) / world_size * 4 * n for n in measured]
     return _fit_line(name, xs, list(measured.values()), "all-to-all")

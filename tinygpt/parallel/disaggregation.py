@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -17,23 +18,64 @@ import torch
 import torch.distributed as dist
 
 from tinygpt.parallel.ranks import run_ranks
-from tinygpt.parallel.source import load_source
+from tinygpt.parallel.source import load_source, source_config
 
 
 @dataclass(frozen=True)
 class Workload:
-    """Requests arriving over time: arrival seconds (from the start), prompts, new tokens."""
+    """Requests arriving over time: arrival seconds (from the start, never decreasing),
+    prompts (non-empty, token ids >= 0), new tokens (>= 1 each); one entry per request in
+    each, at least one request. ValueError otherwise."""
 
     arrivals: tuple[float, ...]
     prompts: tuple[tuple[int, ...], ...]
     max_new_tokens: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        sizes = {name: len(getattr(self, name))
+                 for name in ("arrivals", "prompts", "max_new_tokens")}
+        if len(set(sizes.values())) != 1:
+            raise ValueError(f"arrivals, prompts and max_new_tokens must have one entry per "
+                             f"request each, got lengths {sizes}")
+        if not self.prompts:
+            raise ValueError("a Workload needs at least one request, got none")
+        for i, t in enumerate(self.arrivals):
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) \
+                    or t < 0:
+                raise ValueError(f"arrivals[{i}] must be a finite number of seconds >= 0, got "
+                                 f"{t!r}")
+            if i and t < self.arrivals[i - 1]:
+                raise ValueError(f"arrivals must be in increasing order, ties allowed "
+                                 f"(requests are added in that order), got arrivals[{i - 1}]="
+                                 f"{self.arrivals[i - 1]!r} then arrivals[{i}]={t!r}")
+        for i, prompt in enumerate(self.prompts):
+            if len(prompt) == 0 or any(isinstance(t, bool) or not isinstance(t, int) or t < 0
+                                       for t in prompt):
+                raise ValueError(f"prompts[{i}] must be a non-empty sequence of token ids "
+                                 f"(ints >= 0), got {prompt!r}")
+        for i, n in enumerate(self.max_new_tokens):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"max_new_tokens[{i}] must be an int >= 1, got {n!r}")
 
 
 def mixed_workload(vocab_size: int, n_short: int = 6, n_long: int = 3, short_len: int = 8,
                    long_len: int = 384, new_tokens: int = 32, long_new_tokens: int = 4,
                    spacing_s: float = 0.15, seed: int = 0) -> Workload:
     """Short prompts that decode for a while, and long prompts arriving while they decode
-    (DistServe's interference case: a long prefill stalls every running decode)."""
+    (DistServe's interference case: a long prefill stalls every running decode). Short
+    prompt i is short_len + i tokens long; long prompt j arrives at spacing_s x (j + 1)."""
+    for name, value, low in (("vocab_size", vocab_size, 1), ("n_short", n_short, 0),
+                             ("n_long", n_long, 0), ("short_len", short_len, 1),
+                             ("long_len", long_len, 1), ("new_tokens", new_tokens, 1),
+                             ("long_new_tokens", long_new_tokens, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if n_short + n_long < 1:
+        raise ValueError("n_short + n_long must be at least 1: a workload needs a request")
+    if isinstance(spacing_s, bool) or not isinstance(spacing_s, (int, float)) \
+            or not math.isfinite(spacing_s) or spacing_s < 0:
+        raise ValueError(f"spacing_s must be a finite number of seconds >= 0, got "
+                         f"{spacing_s!r}")
     gen = torch.Generator().manual_seed(seed)
     arrivals, prompts, new = [], [], []
     for i in range(n_short):
@@ -196,7 +238,37 @@ def compare_disaggregation(source, workload: Workload, chunk_tokens: int = 64,
     """Run `workload` three ways and measure the decode ITL of the short requests (those
     that arrive first and generate the most tokens): the colocated engine with a token budget
     that takes a whole long prompt at once, the same with chunked prefill (`chunk_tokens`
-    tokens per step), and a prefill rank + a decode rank."""
+    tokens per step), and a prefill rank + a decode rank.
+
+    Checked before any rank starts: the workload's token ids within the model's vocabulary
+    and every prompt plus its new tokens within max_seq_len; some request generating at
+    least 2 tokens (an inter-token latency needs 2); chunk_tokens at least the number of
+    requests (the engine's token budget must cover a decode step of them all); block_size
+    an int in [1, max_seq_len]. ValueError otherwise.
+    """
+    if not isinstance(workload, Workload):
+        raise TypeError(f"workload must be a Workload, got {type(workload).__name__}")
+    cfg = source_config(source)
+    n = len(workload.prompts)
+    for i, (prompt, new) in enumerate(zip(workload.prompts, workload.max_new_tokens,
+                                          strict=True)):
+        if max(prompt) >= cfg.vocab_size:
+            raise ValueError(f"workload.prompts[{i}] holds token id {max(prompt)}, outside "
+                             f"the model's vocabulary [0, {cfg.vocab_size})")
+        if len(prompt) + new > cfg.max_seq_len:
+            raise ValueError(f"workload request {i}: {len(prompt)} prompt tokens + "
+                             f"{new} new tokens exceed the model's max_seq_len="
+                             f"{cfg.max_seq_len}")
+    if max(workload.max_new_tokens) < 2:
+        raise ValueError("every request of the workload generates 1 token: the decode "
+                         "inter-token latency needs a request with max_new_tokens >= 2")
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < n:
+        raise ValueError(f"chunk_tokens must be an int >= the workload's {n} requests (a step "
+                         f"decodes them all at once), got {chunk_tokens!r}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) \
+            or not 1 <= block_size <= cfg.max_seq_len:
+        raise ValueError(f"block_size must be an int in [1, {cfg.max_seq_len}] (the model's "
+                         f"max_seq_len), got {block_size!r}")
     longest = max(len(p) for p in workload.prompts)
     whole = run_ranks(_colocated_rank, 1, source, workload, longest + len(workload.prompts),
                       timeout_s=timeout_s)[0]

@@ -72,9 +72,16 @@ from torch import nn
 
 from tinygpt.model import TinyGPT
 from tinygpt.moe import MoE, dispatch, sort_by_expert
-from tinygpt.parallel.cost import Link, ep_comm_estimate, fit_alltoall_link, measure_alltoall
-from tinygpt.parallel.ranks import _check_rank, run_ranks
-from tinygpt.parallel.source import load_source
+from tinygpt.parallel.cost import (
+    Link,
+    _check_decode_run,
+    _check_link,
+    ep_comm_estimate,
+    fit_alltoall_link,
+    measure_alltoall,
+)
+from tinygpt.parallel.ranks import _check_rank, _group_rank, run_ranks
+from tinygpt.parallel.source import load_source, source_config
 
 # --------------------------------------------------------------------------------------------
 # the plan: which tokens and experts a rank owns
@@ -191,7 +198,7 @@ class ExpertParallelMoE(nn.Module):
         super().__init__()
         if not isinstance(moe, MoE):
             raise TypeError(f"moe must be a tinygpt.moe.MoE, got {type(moe).__name__}")
-        rank, world_size = _rank_and_size(rank, world_size, group)
+        rank, world_size = _group_rank(rank, world_size, group)
         start, end = expert_range(moe.n_experts, rank, world_size)
         with torch.no_grad():                  # the shard: everything but the other experts
             memo = {id(getattr(moe, name)): nn.Parameter(
@@ -272,16 +279,6 @@ class ExpertParallelMoE(nn.Module):
                 f"{self.expert_start + self.n_local}) of {self.n_experts}")
 
 
-def _rank_and_size(rank, world_size, group) -> tuple[int, int]:
-    if rank is None or world_size is None:
-        if not dist.is_initialized():
-            raise ValueError("pass rank and world_size, or call this inside a process group "
-                             "(run_ranks / init_rank)")
-        rank, world_size = dist.get_rank(group), dist.get_world_size(group)
-    _check_rank(rank, world_size)
-    return rank, world_size
-
-
 def expert_parallel_model(model: TinyGPT, rank: int | None = None,
                           world_size: int | None = None, group=None,
                           stats: EPStats | None = None) -> TinyGPT:
@@ -295,7 +292,7 @@ def expert_parallel_model(model: TinyGPT, rank: int | None = None,
     SwiGLU)."""
     if not isinstance(model, TinyGPT):
         raise TypeError(f"model must be a TinyGPT, got {type(model).__name__}")
-    rank, world_size = _rank_and_size(rank, world_size, group)
+    rank, world_size = _group_rank(rank, world_size, group)
     moe_layers = [i for i, block in enumerate(model.layers)
                   if isinstance(block.feed_forward, MoE)]
     if not moe_layers:
@@ -429,9 +426,19 @@ def measure_ep_decode(source, world_size: int = 2, batch: int = 1, prompt_len: i
                       timeout_s: float = 300.0) -> EPDecodeMeasurement:
     """Greedy decode of `batch` sequences of the MoE model from `source` in one process, then
     over `world_size` expert-parallel gloo ranks (one thread each); the all-to-all time
-    predicted on `link` (default: fitted to all-to-alls measured now on the same ranks)."""
+    predicted on `link` (default: fitted to all-to-alls measured now on the same ranks).
+    world_size >= 2, prompt_len + new_tokens + 3 <= max_seq_len: ValueError before any rank
+    starts."""
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    cfg = source_config(source)
+    _check_decode_run(cfg, world_size, prompt_len, new_tokens)
+    if not cfg.is_moe:
+        raise ValueError("the model from source has no MoE layer (n_experts is not set): there "
+                         "are no experts to split; measure a dense model with measure_tp_decode")
+    expert_range(cfg.n_experts, 0, world_size)                  # p must divide E
+    if link is not None:
+        _check_link(link)
     if link is None:
         link = fit_alltoall_link(measure_alltoall(world_size, backend="gloo"), world_size,
                                  "this machine's all-to-all (fitted)")

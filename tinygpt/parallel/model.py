@@ -26,7 +26,7 @@ from tinygpt.parallel.layers import (
     VocabParallelHead,
     distributed_argmax,
 )
-from tinygpt.parallel.ranks import run_ranks
+from tinygpt.parallel.ranks import _group_rank, run_ranks
 from tinygpt.parallel.sharding import plan_heads, shard_state_dict, vocab_range
 from tinygpt.parallel.source import load_source
 from tinygpt.positions import scaled_rope_cos_sin
@@ -95,8 +95,9 @@ class TensorParallelGPT(TinyGPT):
 def check_tensor_parallel(cfg: ModelConfig) -> None:
     """A ValueError for a model tensor parallelism does not split: a mixture-of-experts one
     (its experts are stacked (E, d_expert, D) tensors, not one SwiGLU to cut by d_ff; expert
-    parallelism, tinygpt.parallel.experts, splits them by expert instead). q/k norm is fine:
-    it normalizes each head, and a rank holds whole heads."""
+    parallelism, tinygpt.parallel.experts, splits them by expert instead), a latent-attention
+    one, and (not implemented here) sliding windows and dynamic RoPE. q/k norm is fine: it
+    normalizes each head, and a rank holds whole heads."""
     if cfg.is_moe:
         raise ValueError(f"tensor parallelism splits dense SwiGLU layers by d_ff; "
                          f"{cfg.fast_path_refusal()}: split its experts with expert "
@@ -104,25 +105,25 @@ def check_tensor_parallel(cfg: ModelConfig) -> None:
     if cfg.attention == "mla":                            # day 21
         raise ValueError(f"tensor parallelism splits wq, wk, wv and wo by heads; "
                          f"{cfg.fast_path_refusal()}")
-    if cfg.positions_refusal() is not None:               # day 21
-        raise ValueError(f"the tensor-parallel shard attends over whole caches with fixed "
-                         f"RoPE tables; {cfg.positions_refusal()}")
+    if cfg.sliding_window or cfg.rope_type == "dynamic":  # day 21
+        what = (f"sliding-window attention (sliding_window={cfg.sliding_window})"
+                if cfg.sliding_window else "'dynamic' (NTK) RoPE scaling")
+        raise ValueError(f"tensor parallelism is not implemented for {what}: its shards are "
+                         f"built and checked against the one-process model for full causal "
+                         f"attention with fixed RoPE tables only")
 
 
 def shard_model(model: TinyGPT, rank: int | None = None, world_size: int | None = None,
                 group=None) -> TensorParallelGPT:
     """This rank's TensorParallelGPT from an ordinary TinyGPT (the shipped checkpoint, a
     Hugging Face or GGUF load: anything that returns a TinyGPT). rank and world_size default
-    to the process group's. The shard copies only its slices; drop `model` afterwards to free
+    to the process group's; inside a group, a given one that is not the group's is a
+    ValueError. The shard copies only its slices; drop `model` afterwards to free
     the full weights."""
     if not isinstance(model, TinyGPT):
         raise TypeError(f"model must be a TinyGPT, got {type(model).__name__}")
     check_tensor_parallel(model.cfg)
-    if rank is None or world_size is None:
-        if not dist.is_initialized():
-            raise ValueError("pass rank and world_size, or call this inside a process group "
-                             "(run_ranks / init_rank)")
-        rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    rank, world_size = _group_rank(rank, world_size, group)
     with torch.no_grad():
         shard = shard_state_dict(model.state_dict(), model.cfg, rank, world_size)
     device = next(model.parameters()).device

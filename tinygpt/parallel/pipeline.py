@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from tinygpt.parallel.ranks import _check_rank, run_ranks
-from tinygpt.parallel.source import load_source
+from tinygpt.parallel.source import load_source, source_config
 
 
 def stage_layers(n_layers: int, rank: int, world_size: int) -> range:
@@ -51,6 +51,8 @@ def _pipeline_rank(rank: int, world_size: int, source, ids: torch.Tensor,
     chunks = ids.tensor_split(micro_batches)            # exactly m pieces (chunk may give fewer)
     T = ids.shape[1]
     cos, sin = model.rope_cos[:T], model.rope_sin[:T]
+    if cfg.rope_type == "dynamic":      # its base grows with T, as TinyGPT.forward computes it
+        cos, sin = model._dynamic_tables(cos, sin, 0, T, None)
     busy: list[tuple[float, float]] = []
     logits, sends = [], []
     last = rank == world_size - 1
@@ -80,6 +82,21 @@ def _pipeline_rank(rank: int, world_size: int, source, ids: torch.Tensor,
                 logits=torch.cat(logits) if last else None)
 
 
+def _check_ids(cfg, ids: torch.Tensor) -> None:
+    """TinyGPT.forward's checks of its token ids, made here before any rank starts."""
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"ids must hold integer token ids (torch.long), got dtype {ids.dtype}")
+    T = ids.shape[1]
+    if T < 1:
+        raise ValueError(f"ids must have B >= 1 and T >= 1, got shape {tuple(ids.shape)}")
+    if T > cfg.max_seq_len:
+        raise ValueError(f"sequence length T={T} exceeds max_seq_len={cfg.max_seq_len}")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= cfg.vocab_size:
+        raise ValueError(f"token ids must lie in [0, vocab_size={cfg.vocab_size}), got values "
+                         f"in [{low}, {high}]")
+
+
 @dataclass(frozen=True)
 class PipelineRun:
     """A measured pipeline: per-stage busy seconds, the makespan, the measured idle share
@@ -102,15 +119,22 @@ def pipeline_run(source, world_size: int, ids: torch.Tensor, micro_batches: int,
     The B rows split into exactly `micro_batches` micro-batches (torch.tensor_split: B = 5
     in 4 gives 2, 1, 1, 1 rows). Clocks: time.perf_counter is the system's monotonic clock,
     shared by local processes, so the stages' intervals are comparable. Sending counts as idle
-    time.
+    time. ids and the degree are checked as the one-process model checks them (dtype, token
+    range, 1 <= T <= max_seq_len; at least one layer per stage) before any rank starts.
     """
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, int):
         raise TypeError(f"micro_batches must be an int >= 1, got {micro_batches!r}")
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be an int >= 1, got {micro_batches!r}")
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"ids must be a torch.LongTensor of shape (B, T), got "
+                        f"{type(ids).__name__}")
     if ids.ndim != 2 or ids.shape[0] < micro_batches:
         raise ValueError(f"ids must be (B, T) with B >= micro_batches ({micro_batches}), got "
                          f"{tuple(ids.shape)}")
+    cfg = source_config(source)
+    stage_layers(cfg.n_layers, 0, world_size)           # a valid degree, with enough layers
+    _check_ids(cfg, ids)
     out = run_ranks(_pipeline_rank, world_size, source, ids, micro_batches,
                     timeout_s=timeout_s, backend="gloo")            # CPU tensors
     start = min(o["start"] for o in out)

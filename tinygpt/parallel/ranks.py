@@ -18,10 +18,12 @@ return value must be picklable.
 from __future__ import annotations
 
 import datetime
-import os
+import functools
+import math
 import pickle
 import queue as queue_module
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -29,6 +31,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from tinygpt import thread_count, usable_cores
 
 
 def free_port() -> int:
@@ -50,11 +54,14 @@ def init_rank(rank: int, world_size: int, port: int, backend: str = "gloo",
     """Join the process group of `world_size` local ranks rendezvousing on 127.0.0.1:port.
 
     timeout_s bounds every collective: a rank whose peer died raises instead of waiting
-    forever. threads: torch threads for this rank (default: the cores shared out evenly).
+    forever. threads: torch threads for this rank (default: the cores this process may run
+    on, tinygpt.usable_cores(), shared out evenly, at least 1).
     """
+    _check_rank(rank, world_size)
+    _check_timeout(timeout_s)
     if threads is None:
-        threads = max(1, (os.cpu_count() or 1) // world_size)
-    torch.set_num_threads(threads)
+        threads = max(1, usable_cores() // world_size)
+    torch.set_num_threads(thread_count(threads, "threads"))
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -121,8 +128,8 @@ def run_ranks(fn: Callable, world_size: int, *args, timeout_s: float = 60.0,
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    _check_importable(fn)
+    _check_timeout(timeout_s)
     backend = default_backend(world_size) if backend is None else backend
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
@@ -190,3 +197,59 @@ def _check_rank(rank: int, world_size: int) -> None:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
+
+
+def _group_rank(rank, world_size, group=None) -> tuple[int, int]:
+    """rank and world_size for a shard, defaulting to the process group's. Inside a process
+    group a given one must be the group's (a shard built for another rank or degree would
+    compute wrong values, or wait in a collective that never completes): ValueError naming
+    the argument otherwise. Outside one both must be given."""
+    if dist.is_initialized():
+        actual = {"rank": dist.get_rank(group), "world_size": dist.get_world_size(group)}
+        for name, given in (("rank", rank), ("world_size", world_size)):
+            if given is not None and (isinstance(given, bool) or given != actual[name]):
+                raise ValueError(f"{name}={given!r} contradicts the process group, whose "
+                                 f"{name} is {actual[name]}: pass {actual[name]} or None")
+        rank, world_size = actual["rank"], actual["world_size"]
+    elif rank is None or world_size is None:
+        raise ValueError("pass rank and world_size, or call this inside a process group "
+                         "(run_ranks / init_rank)")
+    _check_rank(rank, world_size)
+    return rank, world_size
+
+
+def _check_timeout(timeout_s) -> None:
+    """ValueError unless timeout_s is a number of seconds a process group can wait: > 0 and
+    finite (torch.distributed holds it as a datetime.timedelta)."""
+    ok = not isinstance(timeout_s, bool) and isinstance(timeout_s, (int, float)) \
+        and math.isfinite(timeout_s) and timeout_s > 0
+    if ok:
+        try:
+            datetime.timedelta(seconds=timeout_s)
+        except OverflowError:
+            ok = False
+    if not ok:
+        raise ValueError(f"timeout_s must be a finite number of seconds > 0, got "
+                         f"{timeout_s!r}")
+
+
+def _check_importable(fn) -> None:
+    """TypeError unless fn is callable; ValueError when a launched rank could not find it by
+    module and name: a lambda, a function defined inside another, or one defined in a
+    __main__ that has no file (python -c, a notebook cell, the interactive prompt)."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable, got {type(fn).__name__}")
+    target = fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    qualname = getattr(target, "__qualname__", "")
+    module = getattr(target, "__module__", None)
+    if "<" in qualname:                             # <lambda>, <locals>
+        where = "a lambda" if "<lambda>" in qualname else "a function defined inside another"
+    elif module == "__main__" and not getattr(sys.modules["__main__"], "__file__", None):
+        where = "defined in a __main__ without a file (python -c, a notebook cell)"
+    else:
+        return
+    raise ValueError(f"fn ({qualname or fn!r}) is {where}: the ranks import the function they "
+                     f"run by its module and name; define it at the top level of a module the "
+                     f"ranks can import (a .py file) and pass that function")

@@ -7,14 +7,17 @@
                             engine, check the tokens against rank 0's
 
 Watchdogs keep the processes together: a worker whose server is gone exits, and the server
-stops with a message when a worker dies. _mirror_rank runs the same protocol without HTTP
-(tests).
+stops with a message when a worker dies or when a step has not finished after STEP_TIMEOUT_S
+(a rank stopped or starved: every rank waits in the step's collectives for it). The rendezvous
+is retried on a fresh port when the one chosen was taken meanwhile. _mirror_rank runs the same
+protocol without HTTP (tests).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 
 import torch
@@ -22,15 +25,50 @@ import torch.distributed as dist
 
 from tinygpt.model import TinyGPT
 from tinygpt.parallel.model import check_tensor_parallel, shard_model
-from tinygpt.parallel.ranks import _context, free_port, init_rank
+from tinygpt.parallel.ranks import RENDEZVOUS_ATTEMPTS, _context, free_port, init_rank
 from tinygpt.parallel.sharding import plan_heads
 from tinygpt.parallel.source import load_source
 
 SERVE_TIMEOUT_S = 7 * 24 * 3600.0   # an idle server's workers wait in a collective; a rank
-                                    # that dies is caught by the watchdogs, not by this timeout
+                                    # that dies or stalls is caught by rank 0's watchdog, not
+                                    # by this timeout
+STEP_TIMEOUT_S = 120.0              # a mirrored step (broadcast, forward, collectives) longer
+                                    # than this means a rank is stopped or starved: the
+                                    # server stops (an engine step takes milliseconds to
+                                    # seconds; the workers load their model before serving)
 
 
-def _leader_engine_class():
+class _StepClock:
+    """When rank 0's current step started (time.monotonic(), None between steps), and the
+    worker processes: what rank 0's watchdog reads (procs under `lock`, which the launcher
+    holds while it replaces them)."""
+
+    def __init__(self, procs: list | None = None) -> None:
+        import threading
+
+        self.started: float | None = None
+        self.procs: list = [] if procs is None else procs
+        self.lock = threading.Lock()
+
+
+def _rank_problem(procs: list, clock: _StepClock | None, step_timeout_s: float,
+                  now: float) -> str | None:
+    """Why the tensor-parallel server cannot go on, or None: a worker rank that exited (rank
+    r is procs[r - 1]), or a step running for more than step_timeout_s seconds."""
+    for rank, proc in enumerate(procs, start=1):
+        if proc.exitcode is not None:
+            return (f"tensor-parallel rank {rank} exited with code {proc.exitcode}; the "
+                    f"server cannot run without it and stops now")
+    started = None if clock is None else clock.started
+    if started is not None and now - started > step_timeout_s:
+        return (f"a tensor-parallel step has not finished after {now - started:.0f} s "
+                f"(the bound is {step_timeout_s:.0f} s): a rank is stopped or starved of CPU, "
+                f"and every rank waits for it; the server stops now")
+    return None
+
+
+def _leader_engine_class(clock: _StepClock | None = None):
+    """The LeaderEngine class; `clock` (the server's) records when each step starts."""
     from tinygpt.engine import Engine
 
     class LeaderEngine(Engine):
@@ -68,8 +106,20 @@ def _leader_engine_class():
         def step(self):
             message = [("step", self._pending, self._last)]
             self._pending = []
-            dist.broadcast_object_list(message, src=0)
-            out = super().step()
+            if clock is not None:
+                clock.started = time.monotonic()
+            try:
+                dist.broadcast_object_list(message, src=0)
+                out = super().step()
+            except RuntimeError as err:      # gloo's own words name no rank: say which died
+                dead = _dead_ranks(clock)
+                if not dead:
+                    raise
+                raise RuntimeError(f"tensor-parallel {dead} died during the step; the server "
+                                   f"stops") from err
+            finally:
+                if clock is not None:
+                    clock.started = None
             self._last = [(request_id, event.token_id) for request_id, event in out]
             return out
 
@@ -78,6 +128,16 @@ def _leader_engine_class():
             dist.broadcast_object_list([("stop", [], self._last)], src=0)
 
     return LeaderEngine
+
+
+def _dead_ranks(clock: _StepClock | None) -> str:
+    """'rank 1, rank 3' for the worker ranks that have exited (after a moment for the
+    operating system to report them), or ''."""
+    if clock is None:
+        return ""
+    time.sleep(0.2)
+    return ", ".join(f"rank {rank}" for rank, proc in enumerate(clock.procs, start=1)
+                     if proc.exitcode is not None)
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -96,7 +156,7 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def _serve_worker(rank: int, world_size: int, port: int, source, engine_options: dict,
-                  parent_pid: int) -> None:
+                  parent_pid: int, threads: int) -> None:
     """Rank r > 0 of a served model: its shard and its engine, stepping when rank 0 says."""
     from tinygpt.engine import Engine
 
@@ -106,11 +166,14 @@ def _serve_worker(rank: int, world_size: int, port: int, source, engine_options:
             comm.write(f"tinygpt-rank-{rank}")
     except OSError:
         pass
-    init_rank(rank, world_size, port, timeout_s=SERVE_TIMEOUT_S)
+    init_rank(rank, world_size, port, timeout_s=SERVE_TIMEOUT_S, threads=threads)
     loaded = source()
     model, tokenizer = (loaded[0], loaded[1]) if isinstance(loaded, tuple) else (loaded, None)
     engine = Engine(shard_model(model, rank, world_size), tokenizer, **engine_options)
     del model, loaded
+    print(f"tensor-parallel rank {rank} of {world_size} ready ({torch.get_num_threads()} torch "
+          f"threads)", file=sys.stderr, flush=True)
+    dist.barrier()                              # every rank loaded: rank 0 starts serving
     follow_leader(engine, rank)
     dist.destroy_process_group()
 
@@ -169,38 +232,43 @@ def _mirror_rank(rank: int, world_size: int, source, prompts: list[list[int]],
     return {i: engine.result(i).token_ids for i in ids}
 
 
-def _watch_workers(procs: list) -> None:
-    """Rank 0's watchdog: when a worker rank dies, say which and take the server down now
-    (its collectives would otherwise fail every request, or wait)."""
-    import sys
+def _watch_workers(clock: _StepClock) -> None:
+    """Rank 0's watchdog: when a worker rank dies, or a step runs past STEP_TIMEOUT_S, say
+    why and take the server down now (its collectives would otherwise fail every request, or
+    wait for ever). It watches clock.procs, whatever list that holds at the time."""
     import threading
 
     def watch() -> None:
         while True:
-            for rank, proc in enumerate(procs, start=1):
-                if proc.exitcode is not None:
-                    print(f"error: tensor-parallel rank {rank} exited with code {proc.exitcode}; "
-                          f"the server cannot run without it and stops now",
-                          file=sys.stderr, flush=True)
-                    for other in procs:
-                        if other.is_alive():
-                            other.kill()
-                    os._exit(1)
+            with clock.lock:
+                procs = list(clock.procs)
+                problem = _rank_problem(procs, clock, STEP_TIMEOUT_S, time.monotonic())
+            if problem is not None:
+                print(f"error: {problem}", file=sys.stderr, flush=True)
+                for other in procs:
+                    if other.is_alive():
+                        other.kill()
+                os._exit(1)
             time.sleep(0.2)
 
     threading.Thread(target=watch, daemon=True, name="tinygpt-rank-watch").start()
 
 
 def start_tensor_parallel(model: TinyGPT, tokenizer, source, world_size: int, *,
-                          max_waiting: int = 64, **engine_options):
+                          max_waiting: int = 64, threads: int | None = None,
+                          **engine_options):
     """The server's engine for `serve --tensor-parallel-size N`: an AsyncEngine on rank 0.
 
     model, tokenizer: rank 0's loaded model (it is sharded here); source: a picklable
     zero-argument callable returning (model, tokenizer), which each other rank calls to load
     its copy (the server passes functools.partial(load_model, path); any loader, the GGUF
     one included, fits). Ranks 1 .. N-1 start as local processes; a watchdog takes the
-    server down with a message when one dies. engine_options: Engine's keyword arguments.
+    server down with a message when one dies or a step outlasts STEP_TIMEOUT_S. threads:
+    torch threads of every rank (default: tinygpt.usable_cores() // N, at least 1).
+    engine_options: Engine's keyword arguments. RuntimeError when the ranks cannot form their
+    group (after RENDEZVOUS_ATTEMPTS ports, each taken by another process meanwhile).
     """
+    from tinygpt import thread_count, usable_cores
     from tinygpt.engine import AsyncEngine
 
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
@@ -210,19 +278,41 @@ def start_tensor_parallel(model: TinyGPT, tokenizer, source, world_size: int, *,
     if model.cfg.d_ff % world_size:
         raise ValueError(f"the tensor-parallel degree ({world_size}) must divide d_ff "
                          f"({model.cfg.d_ff})")
+    threads = max(1, usable_cores() // world_size) if threads is None \
+        else thread_count(threads, "threads")
     ctx = _context()
-    port = free_port()
-    procs = [ctx.Process(target=_serve_worker, args=(rank, world_size, port, source,
-                                                     engine_options, os.getpid()),
-                         daemon=True, name=f"tinygpt-rank-{rank}")
-             for rank in range(1, world_size)]
-    for proc in procs:
-        proc.start()
-    _watch_workers(procs)
-    init_rank(0, world_size, port, timeout_s=SERVE_TIMEOUT_S)
+    clock = _StepClock()
+    _watch_workers(clock)
+    for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):
+        port = free_port()
+        procs = [ctx.Process(target=_serve_worker, args=(rank, world_size, port, source,
+                                                         engine_options, os.getpid(), threads),
+                             daemon=True, name=f"tinygpt-rank-{rank}")
+                 for rank in range(1, world_size)]
+        for proc in procs:
+            proc.start()
+        clock.procs = procs
+        try:
+            init_rank(0, world_size, port, timeout_s=SERVE_TIMEOUT_S, threads=threads)
+            break
+        except RuntimeError as err:     # DistNetworkError: the port was taken meanwhile
+            with clock.lock:            # not the watchdog's to report: they are stopped here
+                clock.procs = []
+            for proc in procs:
+                proc.kill()
+                proc.join(timeout=2.0)
+            if attempt == RENDEZVOUS_ATTEMPTS:
+                reason = str(err).strip().splitlines()[-1] if str(err).strip() \
+                    else type(err).__name__
+                raise RuntimeError(f"the {world_size} tensor-parallel ranks could not form "
+                                   f"their process group on 127.0.0.1 ({attempt} ports "
+                                   f"tried): {reason}") from None
     shard = shard_model(model, 0, world_size)
+    dist.barrier()                      # the workers have loaded their shards
+    print(f"tensor-parallel rank 0 of {world_size} ready ({torch.get_num_threads()} torch "
+          f"threads)", file=sys.stderr, flush=True)
 
     class ParallelAsyncEngine(AsyncEngine):
-        engine_class = _leader_engine_class()
+        engine_class = _leader_engine_class(clock)
 
     return ParallelAsyncEngine(shard, tokenizer, max_waiting=max_waiting, **engine_options)

@@ -3,6 +3,7 @@
     load_source   "shipped", (cfg, state_dict) or a zero-argument callable -> the full TinyGPT
                   that the rank then shards (tinygpt.parallel.model.shard_model) or splits
                   into stages (tinygpt.parallel.pipeline)
+    source_config the source's ModelConfig, for the launcher's checks before any rank starts
 """
 
 from __future__ import annotations
@@ -40,3 +41,11 @@ def load_source(source) -> TinyGPT:
         return model.eval()
     raise TypeError(f"source must be 'shipped', (cfg, state_dict) or a callable, got "
                     f"{type(source).__name__}")
+
+
+def source_config(source) -> ModelConfig:
+    """The ModelConfig of the model `source` describes (see load_source), for checks made
+    before launching ranks: read from a (cfg, state_dict) pair, else loaded once here."""
+    if isinstance(source, tuple) and len(source) == 2 and isinstance(source[0], ModelConfig):
+        return source[0]
+    return load_source(source).cfg

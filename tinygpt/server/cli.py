@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grace", type=float, default=5.0,
                         help="seconds running requests get to finish on shutdown (default 5)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads: 1 to 4 per usable core (default: torch's)")
+                        help="torch threads: 1 to 4 per usable core (default: torch's); with "
+                             "--tensor-parallel-size N, per rank (default: usable cores / N)")
     parser.add_argument("--engine", choices=("batch", "serial"), default="batch",
                         help="batch: continuous batching on a paged KV cache (default); serial: "
                              "one request at a time (the reference)")
@@ -292,11 +293,16 @@ def serve(args: argparse.Namespace, device, sock: socket.socket) -> int:
                 model.eval(), tokenizer, functools.partial(load_model, args.model),
                 args.tensor_parallel_size, max_waiting=args.max_queue,
                 max_running=args.max_running, token_budget=args.token_budget,
-                num_blocks=args.kv_blocks, prefix_caching=not args.no_prefix_caching)
+                num_blocks=args.kv_blocks, prefix_caching=not args.no_prefix_caching,
+                threads=args.threads)
         except ValueError as err:
             print(f"error: --tensor-parallel-size {args.tensor_parallel_size}: {err}",
                   file=sys.stderr)
             return 2
+        except RuntimeError as err:     # the ranks could not form their group
+            print(f"error: --tensor-parallel-size {args.tensor_parallel_size}: {err}",
+                  file=sys.stderr)
+            return 1
     elif args.engine == "serial":
         engine = SerialEngine(model.eval(), tokenizer, max_waiting=args.max_queue)
     else:
