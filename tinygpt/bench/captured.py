@@ -104,8 +104,7 @@ def captured_decode_rows(ctx: BenchContext) -> list[Comparison]:
     Batch 1 and 32, greedy and sampled generation, and new prompt lengths; see the module's
     docstring for the rows."""
     if ctx.device.type != "cuda":
-        ctx.log(f"captured_decode: skipped: CUDA graphs need a GPU, not {ctx.device}")
-        return []
+        return ctx.skip("captured_decode", f"CUDA graphs need a GPU, not {ctx.device}")
     return measured_rows(ctx)
 
 

@@ -230,7 +230,10 @@ def _concurrency_row(ctx, model, prompts, new_tokens, options, serial_s, engine_
     bound = decode_speedup_bound(model.cfg, 64)
     return Comparison("engine_concurrency", "engine at 64 concurrent requests over 1, "
                       "tokens/s (the roofline bound beside it)", many_tps / one_tps, bound,
-                      "<=", "x", True, None,
+                      "<=", "x", many_tps / one_tps <= bound,
+                      None if many_tps / one_tps <= bound else
+                      f"{many_tps / one_tps:.2f}x is above the roofline's bound {bound:.2f}x: the "
+                      f"bound's hardware ({hw.name}) is not this device",
                       {"batch1_tokens_per_s": one_tps, "batch64_tokens_per_s": many_tps,
                        "roofline_bound": bound, "roofline_hardware": hw.name,
                        "serial_seconds": serial_s}, targeted=False)
@@ -274,18 +277,19 @@ def serve_prefix_cache(ctx: BenchContext) -> list[Comparison]:
     if ctx.quick:       # two more server starts of a 135M model: the full plan only
         ctx.log("serve_prefix_cache: the SmolLM2 row runs in the full plan only")
         return rows
-    return rows + _on_smollm2(ctx, "serve_prefix_cache", _serve_prefix_cache)
+    return rows + _on_smollm2(ctx, "serve_prefix_cache", _serve_prefix_cache, targeted=True)
 
 
-def _on_smollm2(ctx: BenchContext, group: str, row) -> list[Comparison]:
-    """[row(ctx, "smollm2")] when SmolLM2's file is installed, else [] and a logged reason."""
+def _on_smollm2(ctx: BenchContext, group: str, row, *, targeted: bool = False
+                ) -> list[Comparison]:
+    """[row(ctx, "smollm2")] when SmolLM2's file is installed, else [] and the skip recorded
+    under `<group>_smollm2` (targeted: a course target, so the skip counts as a miss)."""
     from tinygpt.gguf import smollm2_path
 
     try:
         smollm2_path()
     except FileNotFoundError as err:
-        ctx.log(f"{group}: the SmolLM2 row is skipped: {err}")
-        return []
+        return ctx.skip(f"{group}_smollm2", f"the SmolLM2 row: {err}", targeted=targeted)
     return [row(ctx, "smollm2")]
 
 
@@ -342,8 +346,7 @@ def serve_overhead(ctx: BenchContext) -> list[Comparison]:
     The same requests on the engine in process, on the shipped model and on
     SmolLM2-135M-Instruct (when installed); information only, in the full plan only."""
     if ctx.quick:       # server starts for figures with no target: the full plan only
-        ctx.log("serve_overhead: skipped in the quick plan (information only)")
-        return []
+        return ctx.skip("serve_overhead", "the full plan only (information only)")
     return [_serve_overhead(ctx, "tinygpt")] + _on_smollm2(ctx, "serve_overhead",
                                                           _serve_overhead)
 

@@ -99,7 +99,9 @@ class Comparison:
     target: the threshold, read with `direction`: ">=" (value must reach it) or "<=".
     met: whether every condition held; reason: why not (None when met).
     details: everything measured along the way, for the JSON report.
-    targeted: False for an extra row shown for information (not a course target).
+    targeted: False for an extra row shown for information (not a course target), and for
+    every row of the quick plan (run_bench); the table prints such a row's figures with no
+    verdict (report.verdict), though met still says whether the condition held.
     """
 
     name: str
@@ -124,6 +126,42 @@ def median_round(rounds: Sequence[Comparison]) -> Comparison:
     chosen.details["round_values"] = [c.value for c in rounds]
     return chosen
 
+
+ROOF_UNRELIABLE = "the measured bandwidth roof is below the achieved rate: roof unreliable"
+
+
+def bandwidth_verdict(achieved: float, copy_bandwidth: float, read_bandwidth: float,
+                      target: float) -> tuple[float, str, str | None]:
+    """(share, judged_against, reason) of a decode's achieved bytes/s, judged against the
+    HIGHER of the copy and read-only roofs. reason is None when target <= share <= 1; a share
+    above 1 is a miss with ROOF_UNRELIABLE (a roof that the decode beats was measured too
+    low, so the share says nothing); below target, the figures."""
+    roof = max(copy_bandwidth, read_bandwidth)
+    share = achieved / roof
+    against = "read" if read_bandwidth >= copy_bandwidth else "copy"
+    if share > 1:
+        return share, against, (f"{ROOF_UNRELIABLE} ({achieved / 1e9:.2f} GB/s achieved, "
+                                f"{roof / 1e9:.2f} GB/s {against} roof)")
+    if share < target:
+        return share, against, (f"{achieved / 1e9:.2f} GB/s achieved is {share:.0%} of the "
+                                f"{roof / 1e9:.2f} GB/s measured ({against}), below "
+                                f"{target:.0%}")
+    return share, against, None
+
+
+def median_round_share(nbytes: float, seconds: Sequence[float], copy_bandwidth: Sequence[float],
+                       read_bandwidth: Sequence[float], target: float) -> dict:
+    """Rounds of a decode reading `nbytes` per token in seconds[i], beside the copy and read
+    roofs measured in that round: each round's share of its higher roof, and the median round
+    (the upper median) judged by bandwidth_verdict. Returns {"share", "judged_against",
+    "reason", "round" (its index), "round_shares"}; the share and the figures of "round" agree."""
+    shares = [nbytes / s / max(c, r)
+              for s, c, r in zip(seconds, copy_bandwidth, read_bandwidth, strict=True)]
+    i = sorted(range(len(shares)), key=shares.__getitem__)[len(shares) // 2]
+    share, against, reason = bandwidth_verdict(nbytes / seconds[i], copy_bandwidth[i],
+                                               read_bandwidth[i], target)
+    return {"share": share, "judged_against": against, "reason": reason, "round": i,
+            "round_shares": shares}
 
 
 def run_requests(model: TinyGPT, n_requests: int, new_tokens: int,
@@ -151,16 +189,44 @@ def run_requests(model: TinyGPT, n_requests: int, new_tokens: int,
     return [trace_request(model, prompt, params)[0] for prompt in prompts]
 
 
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "asimd",
+             "sve")      # the instruction sets the CPU kernels' paths depend on
+
+
+def cpu_model(cpuinfo: str | None = None) -> dict:
+    """The CPU by name: {"name", "family", "model", "isa"} from /proc/cpuinfo's first processor
+    (Linux; `cpuinfo` is that file's text, read here when None). isa lists the ISA_FLAGS the
+    CPU reports. Elsewhere name is platform.processor() and the rest None / empty."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+                cpuinfo = handle.read()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break                   # the first processor's block is enough
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    return {"name": fields.get("model name") or fields.get("Hardware") or platform.processor(),
+            "family": fields.get("cpu family"), "model": fields.get("model"),
+            "isa": [f for f in ISA_FLAGS if f in flags]}
+
+
 def machine_info(threads: int) -> dict:
-    """Where the numbers come from: CPU, cores, threads, load, versions."""
+    """Where the numbers come from: CPU (by name, family / model and ISA flags, cpu_model),
+    cores, threads, load, versions."""
     try:
         load = os.getloadavg()
     except (OSError, AttributeError):
         load = None
     return {"platform": platform.platform(), "processor": platform.processor(),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "cpu_count": os.cpu_count(), "torch_threads": threads,
+            "cpu": cpu_model(), "python": platform.python_version(),
+            "torch": torch.__version__, "cpu_count": os.cpu_count(), "torch_threads": threads,
             "load_average_1_5_15": load,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
-

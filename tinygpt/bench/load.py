@@ -41,6 +41,8 @@ from pathlib import Path
 
 from tinygpt.metrics import RequestTrace, request_metrics
 
+MAX_SEED = 2**32 - 1           # --seed's range, as `python -m tinygpt bench --seed`
+
 # (prompt tokens, output tokens, weight): mostly short exchanges, some long prompts, a few
 # long answers
 DEFAULT_MIX = ((16, 32, 5), (64, 64, 3), (256, 32, 1), (32, 192, 1))
@@ -274,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests", type=int, default=32, help="requests per rate (32)")
     parser.add_argument("--ttft-slo", type=float, default=1.0, help="TTFT SLO in s (1.0)")
     parser.add_argument("--tpot-slo", type=float, default=0.1, help="TPOT SLO in s (0.1)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help=f"0 .. {MAX_SEED} (0)")
     parser.add_argument("--json", metavar="PATH", default=None, help="write the reports as JSON")
     parser.add_argument("--plot", metavar="PATH", default=None,
                         help="save goodput vs rate (.png, .pdf, .svg, ...)")
@@ -290,6 +292,8 @@ def check_args(args: argparse.Namespace) -> list[float]:
     rates = parse_rates(args.rates)
     if args.requests < 1:
         raise ValueError(f"--requests must be an int >= 1, got {args.requests}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ValueError(f"--seed must be an int in 0 .. {MAX_SEED}, got {args.seed}")
     for name, value in (("--ttft-slo", args.ttft_slo), ("--tpot-slo", args.tpot_slo)):
         if not (value > 0 and math.isfinite(value)):
             raise ValueError(f"{name} must be a finite number of seconds > 0, got {value}")

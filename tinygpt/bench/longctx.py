@@ -356,8 +356,7 @@ def sink_rows(ctx: BenchContext, model: TinyGPT, tokenizer, *, window: int, toke
 def mla_decode_rows(ctx: BenchContext) -> list[Comparison]:
     """MLA decode at a 4,096-token context: absorbed against naive, KV bytes per token."""
     if not ctx.on_cpu:
-        ctx.log(f"mla_decode: skipped: these rows are for the CPU, not {ctx.device}")
-        return []
+        return ctx.skip("mla_decode", f"these rows are for the CPU, not {ctx.device}")
     cfg, context = (MLA_QUICK_CONFIG, MLA_QUICK_CONTEXT) if ctx.quick else \
         (MLA_DECODE_CONFIG, MLA_CONTEXT)
     model = ctx.build(cfg)
@@ -372,8 +371,7 @@ def mla_decode_rows(ctx: BenchContext) -> list[Comparison]:
 def window_kv_rows(ctx: BenchContext) -> list[Comparison]:
     """A sliding-window model's blocks held per engine step: flat after the window."""
     if not ctx.on_cpu:
-        ctx.log(f"window_kv: skipped: these rows are for the CPU, not {ctx.device}")
-        return []
+        return ctx.skip("window_kv", f"these rows are for the CPU, not {ctx.device}")
     if ctx.quick:
         q = WINDOW_QUICK
         cfg = dataclasses.replace(WINDOW_CONFIG, sliding_window=q["window"],
@@ -392,16 +390,14 @@ def window_kv_rows(ctx: BenchContext) -> list[Comparison]:
 def sinks_rows(ctx: BenchContext) -> list[Comparison]:
     """SmolLM2 past its window: perplexity with 4 sinks + the window and with the window only."""
     if not ctx.on_cpu:
-        ctx.log(f"sinks: skipped: these rows are for the CPU, not {ctx.device}")
-        return []
+        return ctx.skip("sinks", f"these rows are for the CPU, not {ctx.device}")
     from tinygpt.gguf import smollm2_path
     from tinygpt.loading import load_model
 
     try:
         smollm2_path()
     except FileNotFoundError as err:
-        ctx.log(f"sinks: skipped: {err}")
-        return []
+        return ctx.skip("sinks", str(err), targeted=not ctx.quick)
     model, tokenizer, _ = load_model("smollm2")
     if ctx.quick:
         q = SINK_QUICK

@@ -17,8 +17,9 @@
     moe_decode_bandwidth   batch-1 greedy decode through generate() of a 340M-parameter MoE
                            model (MOE_DECODE_CONFIG), counting only the bytes a token reads:
                            the dense parts (attention, norms, routers, head; the embedding row
-                           aside), its k experts per layer and the KV cache, over the copy
-                           bandwidth measured in the same rounds; >= 60%
+                           aside), its k experts per layer and the KV cache, over the higher
+                           of the copy and read-only bandwidths measured in the same rounds:
+                           >= 60%, and above 100% NOT MET (the roof measured too low)
     moe_decode_bytes       bytes per decode step at batch 1, 4, 16, 64 measured from what the
                            step ran (the distinct experts each MoE layer read, MoE.last_ran,
                            times an expert's bytes, plus the dense bytes) against the uniform-
@@ -51,7 +52,12 @@ import torch
 
 from tinygpt import moe as M
 from tinygpt import roofline as R
-from tinygpt.bench.harness import Comparison, random_prompt
+from tinygpt.bench.harness import (
+    Comparison,
+    measure_read_bandwidth,
+    median_round_share,
+    random_prompt,
+)
 from tinygpt.bench.registry import BenchContext, register
 from tinygpt.generate import stream
 from tinygpt.kv_cache import DecodeStep, KVCache, prefill
@@ -266,8 +272,9 @@ def products_row(model: TinyGPT, tokens: int, rounds: int, seed: int) -> Compari
     return Comparison(
         "moe_expert_products", f"one MoE layer at batch 1 (top-{layer.top_k} of "
         f"{layer.n_experts}, d_expert {layer.d_expert}): tiled products over F.linear on the "
-        f"expert slices, GB/s of the chosen experts' bytes", ratio, 1.0, ">=", "x", True,
-        None, {"gb_per_s": {n: r / 1e9 for n, r in rates.items()}, "copy_bandwidth": bw,
+        f"expert slices, GB/s of the chosen experts' bytes", ratio, 1.0, ">=", "x", ratio >= 1.0,
+        None if ratio >= 1.0 else f"{ratio:.2f}x: the tiled products were slower than F.linear",
+        {"gb_per_s": {n: r / 1e9 for n, r in rates.items()}, "copy_bandwidth": bw,
                "bytes_per_token": nbytes, "best": best, "tokens": tokens, "rounds": rounds,
                "summary": f"{text} of {bw / 1e9:.1f} GB/s copy; fastest: {best}"},
         targeted=False)
@@ -291,49 +298,54 @@ def seconds_per_token(model: TinyGPT, prompt: list[int], new_tokens: int) -> flo
 
 
 def decode_bandwidth_row(ctx: BenchContext, model: TinyGPT, *, targeted: bool) -> Comparison:
-    """Batch-1 greedy decode through generate(): active bytes per token over copy bandwidth."""
+    """Batch-1 greedy decode through generate(): active bytes per token over the higher of the
+    copy and read-only bandwidths (the median round's share; above 100% is NOT MET, the roof
+    unreliable)."""
     new, rounds, prompt_len = (8, 1, 8) if ctx.quick else (48, 5, 8)
     info = model_bytes(model)
     prompt = random_prompt(prompt_len, model.cfg.vocab_size, ctx.seed)
     seconds_per_token(model, prompt, 3)                                   # tiles, warm-up
     moe = [b.feed_forward for b in model.layers if isinstance(b.feed_forward, M.MoE)]
     ran = [len(ff.last_ran) for ff in moe]
-    seconds, copy_bw = [], []
+    seconds, copy_bw, read_bw = [], [], []
     for _ in range(rounds):
         seconds.append(seconds_per_token(model, prompt, new))
         copy_bw.append(measure_copy_bandwidth(repeats=3))
+        read_bw.append(measure_read_bandwidth(repeats=3))
     context = prompt_len + new // 2
     nbytes = info["dense"] + info["moe_layers"] * info["top_k"] * info["expert"] \
         + context * info["kv_per_position"]
-    utilization = [nbytes / s / bw for s, bw in zip(seconds, copy_bw, strict=True)]
-    value = statistics.median(utilization)
-    s, bw = statistics.median(seconds), statistics.median(copy_bw)
+    judged = median_round_share(nbytes, seconds, copy_bw, read_bw, BANDWIDTH_TARGET)
+    value, pick = judged["share"], judged["round"]
+    s, c_bw, r_bw = seconds[pick], copy_bw[pick], read_bw[pick]
     path = _decode_path(model)
     one_token = all(r == info["top_k"] for r in ran)
-    met = value >= BANDWIDTH_TARGET and one_token
-    reason = None
+    figures = (f"round {pick + 1} of {rounds} (the median share): {nbytes / s / 1e9:.1f} GB/s "
+               f"({1 / s:.1f} tokens/s) of {max(c_bw, r_bw) / 1e9:.1f} GB/s, the higher of "
+               f"copy {c_bw / 1e9:.1f} and read {r_bw / 1e9:.1f} GB/s")
+    reason = judged["reason"]
     if not one_token:
         reason = f"a batch-1 step ran {ran} experts per layer, not top_k={info['top_k']}"
-    elif not met:
-        reason = (f"the median of {rounds} rounds' shares; the medians: {nbytes / s / 1e9:.1f}"
-                  f" GB/s of a measured {bw / 1e9:.1f} GB/s copy bandwidth ({1 / s:.1f} "
-                  f"tokens/s) on {path}")
+    elif reason is not None and value <= 1:
+        reason = f"{figures} on {path}"
     total = sum(p.numel() for p in model.parameters())
     return Comparison(
         "moe_decode_bandwidth", f"batch-1 greedy decode through generate(), a "
         f"{total / 1e6:.0f}M-parameter MoE model (top-{info['top_k']} of "
-        f"{info['n_experts']}), active bytes per token / s over copy bandwidth", value,
-        BANDWIDTH_TARGET, ">=", "fraction", met, reason,
+        f"{info['n_experts']}), active bytes per token / s over the higher of the copy and "
+        f"read-only bandwidths", value, BANDWIDTH_TARGET, ">=", "fraction", reason is None,
+        reason,
         {"seconds_per_token": s, "tokens_per_s": 1 / s, "bytes_per_token": nbytes,
-         "gb_per_s": nbytes / s / 1e9, "copy_bandwidth": bw, "round_seconds": seconds,
-         "round_copy_bandwidth": copy_bw, "round_utilization": utilization,
+         "gb_per_s": nbytes / s / 1e9, "copy_bandwidth": c_bw, "read_bandwidth": r_bw,
+         "judged_against": judged["judged_against"], "round_seconds": seconds,
+         "round_copy_bandwidth": copy_bw, "round_read_bandwidth": read_bw,
+         "round_utilization": judged["round_shares"],
          "experts_run_per_layer": ran, "parameters": total, "decode_path": path,
          **{f"{k}_bytes": v for k, v in info.items() if k in ("dense", "expert")},
-         "summary": f"the median of {rounds} rounds' shares; the medians: {1 / s:.1f} "
-                    f"tokens/s, {nbytes / 1e6:.0f} MB active per token "
+         "summary": f"{figures}; {nbytes / 1e6:.0f} MB active per token "
                     f"({info['dense'] / 1e6:.0f} MB dense + {info['moe_layers']} x "
-                    f"{info['top_k']} experts of {info['expert'] / 1e6:.1f} MB + cache), "
-                    f"{nbytes / s / 1e9:.1f} GB/s of {bw / 1e9:.1f} GB/s copy; {path}"},
+                    f"{info['top_k']} experts of {info['expert'] / 1e6:.1f} MB + cache); "
+                    f"{path}"},
         targeted=targeted)
 
 
@@ -446,7 +458,9 @@ def routing_widget_row() -> Comparison:
     return Comparison(
         "moe_routing_widget", f"DeepSeek-V3 weight bytes per decode step at batch "
         f"{batches[-1]} over batch 1 (uniform routing; also Qwen3-30B-A3B, Mixtral-8x7B)",
-        ratio, 1.0, ">=", "x", True, None, {"models": models, "summary": " | ".join(lines)},
+        ratio, 1.0, ">=", "x", ratio >= 1.0,
+        None if ratio >= 1.0 else f"{ratio:.2f}x: fewer bytes at batch {batches[-1]} than at 1",
+        {"models": models, "summary": " | ".join(lines)},
         targeted=False)
 
 
@@ -474,8 +488,7 @@ def moe_decode_rows(ctx: BenchContext) -> list[Comparison]:
     The bytes per step are checked against the uniform-routing formula; expert parallelism
     runs over 2 gloo ranks."""
     if not ctx.on_cpu:
-        ctx.log(f"moe_decode: skipped: these rows are for the CPU, not {ctx.device}")
-        return []
+        return ctx.skip("moe_decode", f"these rows are for the CPU, not {ctx.device}")
     cfg = MOE_QUICK_CONFIG if ctx.quick else MOE_DECODE_CONFIG
     ctx.log(f"moe_decode: building the {cfg.n_layers}-layer MoE model ...")
     model = ctx.build(cfg)

@@ -43,13 +43,32 @@ ROW_MODULES: tuple[str, ...] = (
 @dataclass
 class BenchContext:
     """What a row group gets: the plan (plan.name is "quick" or "full"), the device, the seed,
-    the torch threads and a log function for progress lines (stderr in the CLI)."""
+    the torch threads and a log function for progress lines (stderr in the CLI).
+    skipped: {group or row name: why it did not run}, filled by skip(); the report lists it.
+    missed: the names in skipped that are targets this run should have judged."""
 
     plan: BenchPlan = field(default_factory=bench_plan)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     seed: int = 0
     threads: int = 1
     log: Callable[[str], None] = print
+    skipped: dict[str, str] = field(default_factory=dict)
+    missed: set[str] = field(default_factory=set)
+
+    def skip(self, name: str, reason: str, *, targeted: bool = False) -> list[Comparison]:
+        """Record that the group or row `name` did not run, and why; log it; return [] (a
+        group can `return ctx.skip(...)`). targeted: a course target that should run here
+        (an optional package is missing): a skip is not a pass, so run_bench's
+        all_targets_met is then False. Leave it False for rows meant for another device."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty str, got {name!r}")
+        if not isinstance(reason, str) or not reason:
+            raise ValueError(f"reason must be a non-empty str, got {reason!r}")
+        self.skipped[name] = reason
+        if targeted:
+            self.missed.add(name)
+        self.log(f"{name}: skipped: {reason}")
+        return []
 
     @property
     def quick(self) -> bool:

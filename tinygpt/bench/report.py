@@ -20,46 +20,101 @@ def _format_value(value: float, unit: str) -> str:
     return f"{value:.4g} {unit}"
 
 
+def _met_by_value(c: dict) -> bool:
+    """Whether a row's value satisfies its target as the table prints them."""
+    if c["direction"] == ">=":
+        return c["value"] >= c["target"]
+    return c["value"] <= c["target"]
+
+
+def verdict(c: dict) -> str:
+    """The result column of one row: "met" or "NOT MET: <reason>" for a targeted row; for
+    the others no verdict, their label ("info", or "quick: not judged" from
+    details["not_judged"]) with the reason, when there is one, as information."""
+    if c["targeted"]:
+        return "met" if c["met"] else f"NOT MET: {c['reason']}"
+    label = c["details"].get("not_judged") or "info"
+    return label if c["reason"] is None else f"{label}: {c['reason']}"
+
+
+def _machine_line(report: dict) -> str:
+    machine = report["machine"]
+    cpu = machine.get("cpu") or {}
+    name = cpu.get("name") or machine.get("processor") or "unknown CPU"
+    if cpu.get("family") is not None:
+        name += f" (family {cpu['family']}, model {cpu.get('model')})"
+    isa = ", ".join(cpu.get("isa") or []) or "none of the ISA flags the kernels use"
+    gpu = f"; GPU {machine['cuda']}" if machine.get("cuda") else ""
+    return (f"machine: {name}; ISA: {isa}; {machine['cpu_count']} CPUs; "
+            f"{machine['platform']}{gpu}")
+
+
+def _request_lines(req: dict) -> list[str]:
+    """The streamed-request percentiles. Each column's tail is the slow side: p90 / p99 for a
+    time, p10 / p1 for tokens/s (fewer tokens per second is slower)."""
+    lines = [f"\nrequests: {req['requests']} streamed greedy requests, "
+             f"{req['model']['parameters']:,}-parameter model",
+             f"  {'metric':<10}{'p50':>11}{'slow 90%':>11}{'slow 99%':>11}{'mean':>11}"
+             f"{'n':>6}"]
+    rows = (("ttft_s", "TTFT", 1e3, "ms", ("p90", "p99")),
+            ("tpot_s", "TPOT", 1e3, "ms", ("p90", "p99")),
+            ("itl_s", "ITL", 1e3, "ms", ("p90", "p99")),
+            ("e2e_s", "e2e", 1e3, "ms", ("p90", "p99")),
+            ("tokens_per_s", "tokens/s", 1, "", ("p10", "p1")))
+    for key, label, scale, unit, tail in rows:
+        summary = req[key]
+        if summary is None:
+            continue
+        keys = ("p50", *tail, "mean") if all(k in summary for k in tail) else \
+            ("p50", "p90", "p99", "mean")        # a report written before p10 / p1
+        cells = "".join(f"{summary[k] * scale:>9.2f}{unit:>2}" for k in keys)
+        lines.append(f"  {label:<10}{cells}{summary['n']:>6}")
+    lines.append("  (slow 90% / 99%: p90 / p99 of the times, p10 / p1 of tokens/s)")
+    slo = req["slo"]
+    lines.append(f"  goodput {req['goodput_rps']:.2f} requests/s meeting TTFT <= "
+                 f"{slo['ttft_s'] * 1e3:g} ms and TPOT <= {slo['tpot_s'] * 1e3:g} ms "
+                 f"({req['slo_met']}/{req['requests']} requests)")
+    return lines
+
+
+def _summary_line(report: dict) -> str:
+    met = report["all_targets_met"]
+    seconds = f"({report['seconds']:.0f} s)"
+    if report["plan"] == "quick":
+        return (f"all targets met: {met} {seconds}: the quick plan judges no target (too few "
+                f"samples); it only checks that every row runs")
+    if met is None:
+        return f"all targets met: None {seconds}: no targeted row ran, nothing was judged"
+    return f"all targets met: {met} {seconds}"
+
+
 def format_table(report: dict) -> str:
-    """The report as readable text: request percentiles, then one row per comparison."""
+    """The report as readable text: the machine, request percentiles, one row per comparison
+    (columns sized to their contents), the rows' notes, the skipped groups and rows."""
     lines = []
     machine = report["machine"]
     lines.append(f"tinygpt bench ({report['plan']}) on "
                  f"{report['settings']['device']}, {machine['torch_threads']} threads, "
                  f"{machine['cpu_count']} CPUs, load average {machine['load_average_1_5_15']}")
+    lines.append(_machine_line(report))
     load = machine["load_average_1_5_15"]
     if load and load[0] > (machine["cpu_count"] or 1):
         lines.append(f"WARNING: the machine was loaded (1-minute load average {load[0]:.1f} on "
                      f"{machine['cpu_count']} CPUs): timings are noisy and ratios unreliable")
-    req = report["requests"]
-    if req is not None:
-        lines.append(f"\nrequests: {req['requests']} streamed greedy requests, "
-                     f"{req['model']['parameters']:,}-parameter model")
-        lines.append(f"  {'metric':<14}{'p50':>11}{'p90':>11}{'p99':>11}{'mean':>11}")
-        rows = (("ttft_s", "TTFT", 1e3, "ms"), ("tpot_s", "TPOT", 1e3, "ms"),
-                ("itl_s", "ITL", 1e3, "ms"), ("e2e_s", "e2e", 1e3, "ms"),
-                ("tokens_per_s", "tokens/s", 1, ""))
-        for key, label, scale, unit in rows:
-            summary = req[key]
-            if summary is None:
-                continue
-            cells = "".join(f"{summary[k] * scale:>9.2f}{unit:>2}" for k in ("p50", "p90", "p99",
-                                                                              "mean"))
-            lines.append(f"  {label:<14}{cells}")
-        slo = req["slo"]
-        lines.append(f"  goodput {req['goodput_rps']:.2f} requests/s meeting TTFT <= "
-                     f"{slo['ttft_s'] * 1e3:g} ms and TPOT <= {slo['tpot_s'] * 1e3:g} ms "
-                     f"({req['slo_met']}/{req['requests']} requests)")
+    if report["requests"] is not None:
+        lines.extend(_request_lines(report["requests"]))
     lines.append("")
-    header = f"{'comparison':<30}{'measured':>12}{'target':>12}  result"
+    cells = [(c["name"], _format_value(c["value"], c["unit"]),
+              f"{c['direction']} {_format_value(c['target'], c['unit'])}", verdict(c))
+             for c in report["comparisons"]]
+    widths = [max([len(title), *(len(row[i]) for row in cells)])
+              for i, title in enumerate(("comparison", "measured", "target"))]
+    header = (f"{'comparison':<{widths[0]}}  {'measured':>{widths[1]}}  "
+              f"{'target':>{widths[2]}}  result")
     lines.append(header)
     lines.append("-" * len(header))
-    for c in report["comparisons"]:
-        target = f"{c['direction']} {_format_value(c['target'], c['unit'])}"
-        result = "met" if c["met"] else f"NOT MET: {c['reason']}"
-        if not c["targeted"]:
-            result = f"(information only) {result}"
-        lines.append(f"{c['name']:<30}{_format_value(c['value'], c['unit']):>12}{target:>12}  "
+    for name, value, target, result in cells:
+        lines.append(f"{name:<{widths[0]}}  {value:>{widths[1]}}  {target:>{widths[2]}}  "
                      f"{result}")
     for c in report["comparisons"]:
         d = c["details"]
@@ -72,7 +127,7 @@ def format_table(report: dict) -> str:
                          f"{d['utilization_vs_read']:.0%} of read-only bandwidth "
                          f"{d['read_bandwidth'] / 1e9:.2f} GB/s; judged against the "
                          f"{d['judged_against']} figure, the higher one")
-            for note in ("compile_note", "pack_note"):
+            for note in ("compile_note", "pack_note", "tiled_note"):
                 if d.get(note):
                     lines.append(f"  note: {d[note]}")
         if c["name"].startswith("hf_generate") or c["name"] == "kv_cache_speedup":
@@ -83,8 +138,11 @@ def format_table(report: dict) -> str:
                          f"identical tokens: {d['identical_tokens']}")
         if d.get("summary"):       # a row's own one-line account of what it measured
             lines.append(f"{c['name']}: {d['summary']}")
-    lines.append(f"\nall targets met: {report['all_targets_met']} "
-                 f"({report['seconds']:.0f} s)")
+    skipped = report.get("skipped") or {}
+    if skipped:
+        lines.append("\nskipped (did not run):")
+        lines.extend(f"  {name}: {reason}" for name, reason in skipped.items())
+    lines.append("\n" + _summary_line(report))
     return "\n".join(lines)
 
 

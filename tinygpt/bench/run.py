@@ -1,9 +1,16 @@
 """run_bench: the streamed-request metrics, then every registered row group, into one report.
 
 The report: {"schema_version", "tool", "created_utc", "plan", "machine", "settings",
-"requests" (request_metrics + "model", or None when not selected), "comparisons" (Comparison
-dicts, in day order), "groups" (the row groups that ran), "all_targets_met" (over the targeted
-comparisons), "seconds"}.
+"requests" (request_metrics + "model", its tokens_per_s with the slow tail p10 and p1 too, or
+None when not selected), "comparisons" (Comparison
+dicts, in day order), "groups" (the row groups that ran), "skipped" ({group or row: why it did
+not run}, BenchContext.skip), "all_targets_met", "seconds"}.
+
+all_targets_met: True when every targeted row met its target and no targeted row was skipped
+(a skip is not a pass); False when one missed or was skipped; None when nothing was judged.
+The quick plan judges no speed: its rows are information ("quick: not judged"), a 1-round run
+on small workloads being too few samples to claim a target; only a group that raised (its
+`<group>_failed` row) stays targeted there, so a smoke run still fails on a crash.
 """
 
 from __future__ import annotations
@@ -22,9 +29,18 @@ from tinygpt.bench.harness import Comparison, machine_info, run_requests
 from tinygpt.bench.models import model_info
 from tinygpt.bench.plan import BenchPlan, bench_plan
 from tinygpt.bench.registry import REQUESTS, BenchContext, row_groups
-from tinygpt.metrics import RequestTrace, request_metrics
+from tinygpt.metrics import RequestTrace, percentile, request_metrics, tokens_per_second
 
 SCHEMA_VERSION = 1
+QUICK_NOT_JUDGED = "quick: not judged"
+
+
+def _all_targets_met(comparisons: list[Comparison], missed: list[str]) -> bool | None:
+    """all_targets_met of a report (see the module's docstring)."""
+    targeted = [c for c in comparisons if c.targeted]
+    if not targeted and not missed:
+        return None
+    return all(c.met for c in targeted) and not missed
 
 
 def run_group(group, ctx: BenchContext) -> list[Comparison]:
@@ -70,13 +86,26 @@ def run_bench(plan: BenchPlan | None = None, *, device: str = "cpu",
         traces = run_requests(request_model, plan.requests, plan.request_new_tokens,
                               plan.request_prompt_lengths, seed=seed)
         requests = request_metrics(traces, ttft_slo, tpot_slo)
+        # higher is better: the slow tail of tokens/s is its low percentiles
+        rates = [tokens_per_second(t) for t in traces]
+        requests["tokens_per_s"].update(p10=percentile(rates, 10), p1=percentile(rates, 1))
         requests["model"] = model_info(request_model)
         trace = traces[0]
         del request_model
 
     comparisons: list[Comparison] = []
+    failed = set()
     for group in groups:
-        comparisons.extend(run_group(group, ctx))
+        rows = run_group(group, ctx)
+        failed.update(c.name for c in rows if c.name == f"{group.name}_failed")
+        comparisons.extend(rows)
+    missed = sorted(ctx.missed)
+    if ctx.quick:                   # too few samples to judge a speed: information only
+        missed = []
+        for c in comparisons:
+            if c.name not in failed:
+                c.targeted = False
+                c.details["not_judged"] = QUICK_NOT_JUDGED
 
     report = {
         "schema_version": SCHEMA_VERSION,
@@ -89,7 +118,10 @@ def run_bench(plan: BenchPlan | None = None, *, device: str = "cpu",
         "requests": requests,
         "comparisons": [dataclasses.asdict(c) for c in comparisons],
         "groups": [g.name for g in groups],
-        "all_targets_met": all(c.met for c in comparisons if c.targeted),
+        "skipped": {name: reason + (" (a targeted row: counted as not met)"
+                                    if name in missed else "")
+                    for name, reason in ctx.skipped.items()},
+        "all_targets_met": _all_targets_met(comparisons, missed),
         "seconds": time.perf_counter() - began,
     }
     return report, trace

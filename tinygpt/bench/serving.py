@@ -145,17 +145,13 @@ def serve_speed(ctx: BenchContext) -> list[Comparison]:
     from tinygpt.gguf import smollm2_path
 
     if not ctx.on_cpu:
-        ctx.log(f"serve_speed: skipped: these rows are for the CPU, not {ctx.device}")
-        return []
+        return ctx.skip("serve_speed", f"these rows are for the CPU, not {ctx.device}")
     if ctx.quick:
-        ctx.log("serve_speed: skipped in the quick plan (a server start and llama.cpp: the "
-                "full plan only)")
-        return []
+        return ctx.skip("serve_speed", "a server start and llama.cpp: the full plan only")
     try:
         smollm2_path()
     except FileNotFoundError as err:
-        ctx.log(f"serve_speed: skipped: {err}")
-        return []
+        return ctx.skip("serve_speed", str(err), targeted=True)
     return serve_speed_rows(ctx, "smollm2", tokens=128, rounds=STREAMS_ROUNDS, streams=STREAMS,
                             long_prompt=LONG_PROMPT, stream_rounds=STREAM_ROUNDS)
 
@@ -191,9 +187,9 @@ def serve_speed_rows(ctx: BenchContext, name: str, *, tokens: int, rounds: int,
     blocks = max(whole_pool(prompts, tokens), whole_pool(longs, LONG_TOKENS))
     with tempfile.TemporaryDirectory() as tmp:
         llama, missing = _llama(model, Path(tmp) / "model-F32.gguf", ctx.threads, tokens)
-        if missing:
-            ctx.log(f"serve_speed: llama.cpp not measured ({missing}: the optional "
-                    f"llama-cpp-python extra, see the README)")
+        if missing:       # a targeted row that cannot run here: recorded, counted as a miss
+            ctx.skip("serve_stream_1_llamacpp", f"llama.cpp not measured ({missing}: the "
+                     f"optional llama-cpp-python extra, see the README)", targeted=True)
         try:
             with running_server("--model", name, "--threads", str(ctx.threads),
                                 "--no-prefix-caching", "--kv-blocks", str(blocks),

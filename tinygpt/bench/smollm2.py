@@ -2,8 +2,10 @@
 default `generate()`, in float32, bfloat16, 8-bit and 4-bit, and the engine at 16 requests.
 
     smollm2_fp32_bandwidth  float32 greedy decode through generate(): bytes a token reads
-                            (weights + the KV cache) / seconds per token, over the copy
-                            bandwidth measured in the same rounds: >= 75%
+                            (weights + the KV cache) / seconds per token, over the higher
+                            of the copy and read-only bandwidths measured in the same
+                            rounds: >= 75%, and not above 100% (a roof the decode beats
+                            was measured too low: NOT MET, the roof unreliable)
     smollm2_bf16_speedup    the model in bfloat16 (half the bytes) over float32, tokens/s:
                             >= 1.6x; the row names the bfloat16 products it measured
                             (tinygpt.cpu_kernels.bf16_path(): avx512_bf16 dot products where
@@ -40,9 +42,10 @@ Speed does not depend on what the weights say, so the model has SmolLM2's exact 
 (30 layers, d_model 576, 9 query and 3 KV heads, d_ff 1536, 49,152 tokens, tied embeddings,
 RoPE theta 1e5; 538 MB in float32) and seeded random weights. The quick plan runs the same
 rows on a 2-layer model of the same widths with a 4,096-token vocabulary. Every variant runs in
-turn within a round (float32, bfloat16, Q8_0, Q4_1, int4, int8, then the copy bandwidth), and
-each ratio is the median over rounds of the per-round ratios, so a load that comes and goes
-hits all alike; the tokens/s printed beside a ratio are each variant's median.
+turn within a round (float32, bfloat16, Q8_0, Q4_1, int4, int8, then the copy and read
+bandwidths), and each speedup is the median over rounds of the per-round ratios, so a load
+that comes and goes hits all alike; the tokens/s printed beside a ratio are each variant's
+median. The bandwidth share is the median round's, printed with that round's own figures.
 """
 
 from __future__ import annotations
@@ -59,7 +62,12 @@ import torch
 
 from tinygpt import cpu_kernels
 from tinygpt import quant as Q
-from tinygpt.bench.harness import Comparison, random_prompt
+from tinygpt.bench.harness import (
+    Comparison,
+    measure_read_bandwidth,
+    median_round_share,
+    random_prompt,
+)
 from tinygpt.bench.llamacpp import engine_vs_llama, write_gguf
 from tinygpt.bench.llamacpp import unavailable as llama_unavailable
 from tinygpt.bench.models import model_info, smollm2_config
@@ -174,8 +182,7 @@ def _fast_path(model: TinyGPT) -> str:
 def smollm2_cpu(ctx: BenchContext) -> list[Comparison]:
     """SmolLM2-135M's shape on the CPU: fp32 at the bandwidth roof, bf16 / 8-bit / 4-bit."""
     if not ctx.on_cpu:
-        ctx.log(f"smollm2_cpu: skipped: these rows are for the CPU, not {ctx.device}")
-        return []
+        return ctx.skip("smollm2_cpu", f"these rows are for the CPU, not {ctx.device}")
     cfg = smollm2_config()
     if ctx.quick:
         cfg = dataclasses.replace(cfg, n_layers=2, vocab_size=4096)
@@ -190,10 +197,12 @@ def smollm2_cpu(ctx: BenchContext) -> list[Comparison]:
     ctx.log(f"smollm2_cpu: {rounds} round(s) of {new} tokens per variant, interleaved ...")
     seconds: dict[str, list[float]] = {name: [] for name in variants}
     copy_bw: list[float] = []
+    read_bw: list[float] = []
     for _ in range(rounds):
         for name, model in variants.items():
             seconds[name].append(seconds_per_token(model, prompt, new))
         copy_bw.append(measure_copy_bandwidth(repeats=3))
+        read_bw.append(measure_read_bandwidth(repeats=3))
     context = PROMPT_LEN + new // 2
     nbytes = {name: bytes_per_token(model, context) for name, model in variants.items()}
     paths = {name: _fast_path(model) for name, model in variants.items()}
@@ -206,25 +215,32 @@ def smollm2_cpu(ctx: BenchContext) -> list[Comparison]:
                 "round_seconds": seconds[name]}
 
     rows = []
-    utilization = [nbytes["fp32"] / s / bw for s, bw in zip(seconds["fp32"], copy_bw,
-                                                            strict=True)]
-    value = statistics.median(utilization)
+    judged = median_round_share(nbytes["fp32"], seconds["fp32"], copy_bw, read_bw,
+                                BANDWIDTH_TARGET)
+    value, pick = judged["share"], judged["round"]
     fp = summary("fp32")
-    bw = statistics.median(copy_bw)
-    met = value >= BANDWIDTH_TARGET
+    picked_s = seconds["fp32"][pick]
+    roof = max(copy_bw[pick], read_bw[pick])
+    figures = (f"round {pick + 1} of {rounds} (the median share): "
+               f"{nbytes['fp32'] / picked_s / 1e9:.1f} GB/s ({1 / picked_s:.1f} tokens/s) of "
+               f"{roof / 1e9:.1f} GB/s, the higher of copy {copy_bw[pick] / 1e9:.1f} and read "
+               f"{read_bw[pick] / 1e9:.1f} GB/s")
+    reason = judged["reason"]
+    if reason is not None and value <= 1:
+        reason = (f"{figures}; on a shared or loaded machine a product's share of the second "
+                  f"core comes late")
     rows.append(Comparison(
         "smollm2_fp32_bandwidth",
         f"float32 batch-1 greedy decode through generate(), SmolLM2-135M shape "
-        f"({cfg.n_layers} layers), bytes per token / s over copy bandwidth",
-        value, BANDWIDTH_TARGET, ">=", "fraction", met,
-        None if met else (f"{fp['gb_per_s']:.1f} GB/s of a measured {bw / 1e9:.1f} GB/s copy "
-                          f"bandwidth ({fp['tokens_per_s']:.1f} tokens/s); on a shared or "
-                          f"loaded machine a product's share of the second core comes late"),
-        {**fp, "copy_bandwidth": bw, "round_copy_bandwidth": copy_bw,
-         "round_utilization": utilization, "new_tokens": new, "rounds": rounds, "model": info,
-         "summary": f"the median of {rounds} rounds' shares; the medians: "
-                    f"{fp['tokens_per_s']:.1f} tokens/s, {fp['gb_per_s']:.1f} GB/s of "
-                    f"{bw / 1e9:.1f} GB/s copy; {fp['decode_path']}"}))
+        f"({cfg.n_layers} layers), bytes per token / s over the higher of the copy and "
+        f"read-only bandwidths",
+        value, BANDWIDTH_TARGET, ">=", "fraction", reason is None, reason,
+        {**fp, "copy_bandwidth": copy_bw[pick], "read_bandwidth": read_bw[pick],
+         "judged_against": judged["judged_against"], "round_copy_bandwidth": copy_bw,
+         "round_read_bandwidth": read_bw, "round_utilization": judged["round_shares"],
+         "new_tokens": new, "rounds": rounds, "model": info,
+         "summary": f"{figures}; the medians over rounds: {fp['tokens_per_s']:.1f} tokens/s, "
+                    f"{fp['gb_per_s']:.1f} GB/s; {fp['decode_path']}"}))
     bf16_path, int_path = cpu_kernels.bf16_path(), cpu_kernels.int_path()
     labels = {"bf16": f"the model in bfloat16 (products: {bf16_path})",
               "q8_0": f"Q8_0 weights, every linear and the head (integer sums: {int_path})",
@@ -319,11 +335,11 @@ def _engine_row(ctx: BenchContext, model: TinyGPT, *, quick: bool) -> Comparison
     reasons = []
     if same < n_requests:
         reasons.append(f"{same} of {n_requests} outputs identical to batch-1 generate()")
-    if missing is not None:
-        ctx.log(f"smollm2_engine_16: llama.cpp not measured ({missing}: the optional "
-                f"llama-cpp-python extra, see the README); the row prints the engine over "
-                f"batch-1 generate(), as information, and `make bench-llamacpp` gives the "
-                f"ratio")
+    if missing is not None:      # the target cannot be judged here: a skip, not a pass
+        ctx.skip("smollm2_engine_16_vs_llamacpp", f"llama.cpp not measured ({missing}: the "
+                 f"optional llama-cpp-python extra, see the README); smollm2_engine_16 prints "
+                 f"the engine over batch-1 generate(), as information, and `make "
+                 f"bench-llamacpp` gives the ratio", targeted=True)
     elif ratio < ENGINE_TARGET:
         reasons.append(f"{ratio:.2f}x: the median of {rounds} rounds' ratios; the medians: "
                        f"engine {engine_tps:.1f} vs llama.cpp "
