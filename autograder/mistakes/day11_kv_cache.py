@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 _CACHE_INIT = """
 class LayerCache:
@@ -332,6 +332,39 @@ answer_q2 = 80 * 8 * 128 * 2 * 4096 / 1e9
     Mistake("q3", "top-left mask: only key 0", """
 answer_q3 = "C"
 """),
+    # the markdown asks for both checks before any cache is built, each message naming its limit
+    Mistake('generate_cached', 'caches built before the checks', """
+@torch.no_grad()
+def generate_greedy_cached(model, prompt_ids, n_new):
+    p = len(prompt_ids)
+    caches = make_caches(model.cfg, 1, max(p + n_new - 1, 1))
+    if n_new < 1:
+        raise ValueError(f"n_new must be >= 1, got {n_new}")
+    if p + n_new - 1 > model.cfg.max_seq_len:
+        raise ValueError(f"exceeds max_seq_len ({model.cfg.max_seq_len})")
+    logits = forward_with_cache(model, torch.tensor([prompt_ids]), caches, 0)
+    out = [int(logits[0, -1].argmax())]
+    while len(out) < n_new:
+        logits = forward_with_cache(model, torch.tensor([[out[-1]]]), caches, p + len(out) - 1)
+        out.append(int(logits[0, -1].argmax()))
+    return out
+""", says="before calling make_caches"),
+    Mistake('generate_cached', 'ValueError messages that name neither n_new nor max_seq_len', """
+@torch.no_grad()
+def generate_greedy_cached(model, prompt_ids, n_new):
+    p = len(prompt_ids)
+    if n_new < 1:
+        raise ValueError('need at least one new token')
+    if p + n_new - 1 > model.cfg.max_seq_len:
+        raise ValueError("the prompt plus the new tokens do not fit in the model's context window")
+    caches = make_caches(model.cfg, 1, p + n_new - 1)
+    logits = forward_with_cache(model, torch.tensor([prompt_ids]), caches, 0)
+    out = [logits[0, -1].argmax().item()]
+    for i in range(n_new - 1):
+        logits = forward_with_cache(model, torch.tensor([out[-1]]).unsqueeze(0), caches, p + i)
+        out.append(logits[0, -1].argmax().item())
+    return out
+""", says="the word n_new"),
 ]
 
 # One mistake, one charge: forward_with_cache is tested with the package's attention and layer
@@ -375,3 +408,118 @@ EQUIVALENT_MUTANTS = {
     "q2: answer_q2 = 2 * 80 * 8 * 128 * 2 * 4096 / 1e9 => "
     "answer_q2 = 2 * 80 * 8 * 128 * 2 * 4095 / 1e9": "within the question's tolerance",
 }
+
+# Right answers written another way: each must keep full marks.
+ALTERNATIVES = [
+    Alternative('forward_with_cache', "calls update with the contract's keyword names", """
+@torch.no_grad()
+def forward_with_cache(model, idx, caches, pos):
+    T = idx.shape[1]
+    cos, sin = model.rope_cos[pos:pos + T], model.rope_sin[pos:pos + T]
+    x = model.tok_embeddings(idx)
+    for block, cache in zip(model.layers, caches):
+        q, k, v = block.attention.qkv(block.attention_norm(x), cos, sin)
+        k_all, v_all = cache.update(k_new=k, v_new=v, pos=pos)
+        x = x + block.attention.wo(merge_heads(cached_attention(q, k_all, v_all)))
+        x = x + block.feed_forward(block.ffn_norm(x))
+    return model.output(model.norm(x))
+"""),
+    Alternative('forward_with_cache', 'update(k, v, pos=pos)', """
+@torch.no_grad()
+def forward_with_cache(model, idx, caches, pos):
+    T = idx.shape[1]
+    cos, sin = model.rope_cos[pos:pos + T], model.rope_sin[pos:pos + T]
+    x = model.tok_embeddings(idx)
+    for i, block in enumerate(model.layers):
+        h = block.attention_norm(x)
+        q, k, v = block.attention.qkv(h, cos, sin)
+        keys, values = caches[i].update(k, v, pos=pos)
+        y = cached_attention(q, keys, values)
+        h = x + block.attention.wo(merge_heads(y))
+        x = h + block.feed_forward(block.ffn_norm(h))
+    return model.output(model.norm(x))
+"""),
+    Alternative('generate_cached', 'keyword caches= / pos=', """
+@torch.no_grad()
+def generate_greedy_cached(model, prompt_ids, n_new):
+    p = len(prompt_ids)
+    if n_new < 1:
+        raise ValueError('n_new must be >= 1')
+    if p + n_new - 1 > model.cfg.max_seq_len:
+        raise ValueError('too long for max_seq_len')
+    caches = make_caches(model.cfg, 1, p + n_new - 1)
+    logits = forward_with_cache(model, torch.tensor(prompt_ids)[None], caches=caches, pos=0)
+    out = [logits[0, -1].argmax().item()]
+    for i in range(n_new - 1):
+        logits = forward_with_cache(model, torch.tensor([out[-1]]).unsqueeze(0), caches, p + i)
+        out.append(logits[0, -1].argmax().item())
+    return out
+"""),
+    Alternative('token_layer_units', 'sum of range, validation via min', """
+def token_layer_units(prompt_len, n_new, n_layers, cached):
+    if min(prompt_len, n_new, n_layers) < 1:
+        raise ValueError("prompt_len, n_new and n_layers must all be >= 1")
+    if cached:
+        return n_layers * (prompt_len + n_new - 1)
+    return n_layers * sum(range(prompt_len, prompt_len + n_new))
+print("scratch", token_layer_units(4, 3, 2, cached=False))
+import matplotlib.pyplot as plt
+plt.plot([1,2]); plt.show()
+"""),
+    Alternative('layer_cache', 'copy_ , list return, shape-derived max_len, extra kwarg device', """
+class LayerCache:
+    def __init__(self, batch, n_kv_heads, max_len, head_dim, dtype=torch.float32, device="cpu"):
+        self.max_len = max_len
+        shape = (batch, n_kv_heads, max_len, head_dim)
+        self.k, self.v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+    def update(self, k_new, v_new, pos):
+        T = k_new.size(2)
+        if not 0 <= pos <= self.k.shape[2] - T:
+            raise ValueError(f"pos={pos} with {T} new positions does not fit max_len={self.k.shape[2]}")
+        self.k[:, :, pos:pos + T].copy_(k_new)
+        self.v[:, :, pos:pos + T].copy_(v_new)
+        return [self.k.narrow(2, 0, pos + T), self.v.narrow(2, 0, pos + T)]
+"""),
+    Alternative('cached_attention', 'repeat_interleave, scale q first, -1e9 additive mask, log-sum-exp', """
+def cached_attention(q, k, v):
+    T, S = q.shape[-2], k.shape[-2]
+    g = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(g, dim=1); v = v.repeat_interleave(g, dim=1)
+    scores = (q / math.sqrt(q.shape[-1])) @ k.transpose(2, 3)
+    i = torch.arange(T)[:, None] + (S - T); j = torch.arange(S)[None, :]
+    scores = scores + torch.where(j <= i, 0.0, -1e9)
+    p = torch.exp(scores - torch.logsumexp(scores, dim=-1, keepdim=True))
+    return p @ v
+"""),
+    Alternative('forward_with_cache', 'positional, helper function', """
+def _block_step(block, x, cache, pos, cos, sin):
+    q, k, v = block.attention.qkv(block.attention_norm(x), cos, sin)
+    keys, values = cache.update(k, v, pos)
+    x = x + block.attention.wo(merge_heads(cached_attention(q, keys, values)))
+    return x + block.feed_forward(block.ffn_norm(x))
+
+@torch.no_grad()
+def forward_with_cache(model, idx, caches, pos):
+    T = idx.size(1)
+    cos = model.rope_cos[pos:pos + T]; sin = model.rope_sin[pos:pos + T]
+    x = model.tok_embeddings(idx)
+    for block, cache in zip(model.layers, caches):
+        x = _block_step(block, x, cache, pos, cos, sin)
+    return model.output(model.norm(x))
+"""),
+    Alternative('sequences_that_fit', 'math.floor of true division', """
+def sequences_that_fit(cfg, free_bytes, context_len, bytes_per_element):
+    if context_len < 1 or bytes_per_element <= 0:
+        raise ValueError("context_len must be >= 1 and bytes_per_element > 0")
+    if free_bytes <= 0:
+        return 0
+    per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * bytes_per_element
+    return math.floor(free_bytes / (per_token * context_len))
+"""),
+    Alternative('q2', 'numpy float', """
+answer_q2 = np.float64(2 * 80 * 8 * 128 * 2 * 4096) / 1e9
+"""),
+    Alternative('q1', 'lowercase with space', """
+answer_q1 = " c "
+"""),
+]

@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 _CHECKS = """
     times = [float(t) for t in token_times]
@@ -223,6 +223,11 @@ def output_throughput(requests):
         raise ValueError("requests must not be empty")
     return sum(len(t) for _, t in requests) / (requests[-1][1][-1] - requests[0][0])
 """),
+    Mistake("throughput", "no check for an empty list: max() raises its own ValueError", """
+def output_throughput(requests):
+    tokens = sum(len(t) for _, t in requests)
+    return tokens / (max(t[-1] for _, t in requests) - min(s for s, _ in requests))
+""", says="max() or min() over nothing"),
     # ---------------------------------------------------------------- self-check
     Mistake("q1", "looks at the streaming speed", """
 answer_q1 = "A"
@@ -253,3 +258,83 @@ _KEEPS = {
 }
 MISTAKES = [replace(m, keeps=next((v for k, v in _KEEPS.items() if m.name.startswith(k)), ()))
             for m in MISTAKES]
+
+# Right answers written another way: each must keep full marks.
+ALTERNATIVES = [
+    Alternative('throughput', 'message without the word requests', """
+def output_throughput(requests):
+    if len(requests) == 0:
+        raise ValueError("output_throughput needs at least one request")
+    first = min(s for s, _ in requests)
+    last = max(max(t) for _, t in requests)
+    return sum(map(len, (t for _, t in requests))) / (last - first)
+"""),
+    Alternative('percentile', 'manual interpolation on a (float32) torch tensor', """
+def percentile(values, q):
+    if len(values) == 0:
+        raise ValueError("values must not be empty")
+    if not 0 <= q <= 100:
+        raise ValueError("q must be in [0, 100]")
+    v = torch.sort(torch.tensor([float(x) for x in values])).values
+    r = q / 100 * (len(v) - 1)
+    lo = int(r)
+    hi = min(lo + 1, len(v) - 1)
+    return float(v[lo] + (r - lo) * (v[hi] - v[lo]))
+"""),
+    Alternative('percentile', 'torch.quantile float32', """
+def percentile(values, q):
+    if len(values) == 0 or not 0 <= q <= 100:
+        raise ValueError("values must be non-empty and q in [0, 100]")
+    return float(torch.quantile(torch.tensor(values, dtype=torch.float32), q / 100))
+"""),
+    Alternative('ttft_itls', 'np.diff, sorted check', """
+def ttft_and_itls(start, token_times):
+    if len(token_times) == 0:
+        raise ValueError("token_times is empty")
+    if list(token_times) != sorted(token_times):
+        raise ValueError("token_times must not decrease")
+    if token_times[0] < start:
+        raise ValueError("first token before start")
+    return float(token_times[0] - start), np.diff(np.asarray(token_times, dtype=float)).tolist()
+"""),
+    Alternative('tpot_e2e', 'statistics.mean, e2e = ttft + sum', """
+import statistics
+def tpot_and_e2e(start, token_times):
+    ttft, itls = ttft_and_itls(start, token_times)
+    return (statistics.fmean(itls) if itls else None), ttft + math.fsum(itls)
+"""),
+    Alternative('percentile', 'divmod on r', """
+def percentile(values, q):
+    if not values:
+        raise ValueError("empty values")
+    if not (0 <= q <= 100):
+        raise ValueError("q out of range")
+    s = sorted(values)
+    r = q * (len(s) - 1) / 100.0
+    i, frac = divmod(r, 1)
+    i = int(i)
+    if i + 1 >= len(s):
+        return float(s[-1])
+    return s[i] + frac * (s[i + 1] - s[i])
+"""),
+    Alternative('goodput', 'float() of a count, generator', """
+def goodput(requests, ttft_slo, tpot_slo, duration):
+    for n, v in dict(duration=duration, ttft_slo=ttft_slo, tpot_slo=tpot_slo).items():
+        if v <= 0: raise ValueError(f"{n} must be positive")
+    def meets(req):
+        s, t = req
+        tpot, _ = tpot_and_e2e(s, t)
+        return ttft_and_itls(s, t)[0] <= ttft_slo and (tpot is None or tpot <= tpot_slo)
+    return float(sum(1 for r in requests if meets(r))) / duration
+"""),
+    Alternative('throughput', 'numpy', """
+def output_throughput(requests):
+    if not requests:
+        raise ValueError("requests is empty")
+    starts = np.array([s for s, _ in requests]); ends = np.array([t[-1] for _, t in requests])
+    return float(np.sum([len(t) for _, t in requests]) / (ends.max() - starts.min()))
+"""),
+    Alternative('q2', 'float', """
+answer_q2 = 300.0 + 49 * 20.0
+"""),
+]

@@ -1,6 +1,6 @@
 """Day 13 mistakes: each must lose its exercise's points."""
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 _PAD_CHECKS = """
 def left_pad_batch(prompts, pad_id=0):
@@ -302,3 +302,50 @@ EQUIVALENT_MUTANTS = {
     "left_pad_batch: ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long) => "
     "ids[row, width - len(p):] = torch.tensor(p)": _INT_FILL,
 }
+
+# Right answers written another way: each must keep full marks.
+ALTERNATIVES = [
+    Alternative('left_pad_batch', 'pad_sequence flip', """
+from torch.nn.utils.rnn import pad_sequence
+def left_pad_batch(prompts, pad_id=0):
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("empty prompt list or empty prompt")
+    rev = [torch.tensor(p[::-1], dtype=torch.long) for p in prompts]
+    ids = pad_sequence(rev, batch_first=True, padding_value=pad_id).flip(1)
+    m = pad_sequence([torch.ones(len(p), dtype=torch.bool) for p in prompts], batch_first=True, padding_value=False).flip(1)
+    return ids, m
+"""),
+    Alternative('positions_from_mask', 'masked_fill', """
+def positions_from_mask(mask):
+    return (mask.cumsum(-1) - 1).masked_fill(~mask, 0)
+"""),
+    Alternative('padded_causal_mask', 'tril difference, expand', """
+def padded_causal_mask(key_mask, n_queries):
+    B, S = key_mask.shape
+    causal = torch.ones(n_queries, S, dtype=torch.bool).tril(S - n_queries)
+    own = causal & ~torch.ones(n_queries, S, dtype=torch.bool).tril(S - n_queries - 1)
+    return causal.expand(B, -1, -1) & (key_mask.unsqueeze(1).expand(B, n_queries, S) | own)
+"""),
+    Alternative('next_tokens', 'masked_fill, max indices', """
+def next_tokens(logits, finished, eos_id, pad_id):
+    tokens = torch.max(logits, dim=1).indices.masked_fill(finished, pad_id)
+    return tokens, torch.logical_or(finished, tokens.eq(eos_id))
+"""),
+    Alternative('beam_step', 'unravel_index', """
+def beam_step(log_probs, beam_scores, num_beams):
+    cand = log_probs + beam_scores.view(-1, 1)
+    scores, flat = cand.view(-1).topk(num_beams)
+    parents, tokens = torch.unravel_index(flat, cand.shape)
+    return parents, tokens, scores
+"""),
+    Alternative('reorder_cache', 'stack loop', """
+def reorder_cache(layers, parents):
+    out = []
+    for k, v in layers:
+        out.append((torch.stack([k[int(i)] for i in parents]), torch.stack([v[int(i)] for i in parents])))
+    return out
+"""),
+    Alternative('q2', 'int', """
+answer_q2 = 8
+"""),
+]

@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 _ACCEPT_CHECK = """
 def acceptance_probability(p_token, q_token):
@@ -277,6 +277,10 @@ def tokens_per_pass(a, gamma):
     Mistake("q1", "thinks a poor draft changes the greedy output", 'answer_q1 = "B"'),
     Mistake("q2", "forgets the bonus token: 1 + a + a^2 + a^3", "answer_q2 = (1 - 0.8 ** 4) / (1 - 0.8)"),
     Mistake("q3", "forgets the draft cost", "answer_q3 = (1 - 0.8 ** 5) / (1 - 0.8)"),
+    Mistake("q2", "one decimal where the question asks for two", "answer_q2 = 3.4",
+            says="round your result to two decimals"),
+    Mistake("q3", "truncates instead of rounding (1.6808 -> 1.67)", "answer_q3 = 1.67",
+            says="round your result to two decimals"),
     Mistake("q4", "thinks the mask hides the rejected entries", 'answer_q4 = "A"'),
 ]
 
@@ -304,3 +308,54 @@ EQUIVALENT_MUTANTS = {
     "lookup_drafts: for start in range(len(context) - n - 1, -1, -1): => "
     "for start in range(len(context) - n - 1, -2, -1):": _START_MINUS_ONE,
 }
+
+# Right answers written another way: each must keep full marks.
+ALTERNATIVES = [
+    Alternative('acceptance_probability', 'float min, message', """
+def acceptance_probability(p_token, q_token):
+    if not q_token > 0:
+        raise ValueError(f"q_token must be positive, got {q_token}")
+    return float(min(1, p_token / q_token))
+"""),
+    Alternative('residual', 'where any positive float64', """
+def residual(p, q):
+    d = (p - q).double()
+    if not (d > 0).any():
+        return p
+    r = torch.where(d > 0, d, torch.zeros_like(d))
+    return (r / r.sum()).to(p.dtype)
+"""),
+    Alternative('verify_step', 'tensor probabilities, while loop', """
+def verify_step(p, q, drafts, generator=None):
+    tokens, i, k = [], 0, len(drafts)
+    while i < k:
+        a = acceptance_probability(p[i][drafts[i]], q[i][drafts[i]])
+        if a == 1 or (generator is not None and torch.rand((), generator=generator).item() < a):
+            tokens.append(drafts[i]); i += 1
+        else:
+            return tokens + [draw(residual(p[i], q[i]), generator)]
+    return tokens + [draw(p[k], generator)]
+"""),
+    Alternative('tokens_per_pass', 'sum of powers', """
+def tokens_per_pass(a, gamma):
+    if a < 0 or a > 1:
+        raise ValueError("a must be in [0, 1]")
+    return float(sum(a ** i for i in range(gamma + 1)))
+"""),
+    Alternative('lookup_drafts', 'numpy windows', """
+def lookup_drafts(context, gamma, max_ngram=3):
+    arr = np.asarray(context)
+    for n in range(min(max_ngram, len(arr) - 1), 0, -1):
+        tail = arr[-n:]
+        for s in reversed(range(len(arr) - n)):
+            if np.array_equal(arr[s:s + n], tail):
+                return [int(x) for x in arr[s + n:s + n + gamma]]
+    return []
+"""),
+    Alternative('q2', 'two decimals, as asked', """
+answer_q2 = 3.36
+"""),
+    Alternative('q3', 'two decimals, as asked', """
+answer_q3 = 1.68
+"""),
+]

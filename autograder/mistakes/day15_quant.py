@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 MISTAKES = [
     # ------------------------------------------------------------ int8 per channel
@@ -440,6 +440,10 @@ def quantize_q8_0(x):
     Mistake("q3", "thinks weight-only int8 saves FLOPs", 'answer_q3 = "A"\n'),
     Mistake("q4", "forgets the per-token scale", "answer_q4 = 2\n"),
     Mistake("q4", "compares with float32", "answer_q4 = 4 * 128 / 132\n"),
+    Mistake("q1", "two decimals where the question asks for three", "answer_q1 = 0.54\n",
+            says="round your result to three decimals"),
+    Mistake("q4", "one decimal where the question asks for two", "answer_q4 = 1.9\n",
+            says="round your result to two decimals"),
     Mistake("q5", "counts the codes only", "answer_q5 = 4\n"),
     Mistake("q5", "forgets the offset m (Q4_0's size)", "answer_q5 = 18 * 8 / 32\n"),
 ]
@@ -471,3 +475,90 @@ EQUIVALENT_MUTANTS: dict[str, str] = {
     "inv = np.float32(1) / np.where(d > 0, d, np.float32(2))":
         "the stand-in for d = 0 only multiplies a block of zeros: any nonzero one gives codes 0",
 }
+
+# Right answers written another way: each must keep full marks.
+ALTERNATIVES = [
+    Alternative('quantize_int8', 'float64 with multiply by 127/amax', """
+def quantize_int8(w):
+    w64 = w.double()
+    amax = w64.abs().max(dim=1).values
+    amax = torch.where(amax == 0, torch.full_like(amax, 127.0), amax)
+    q = torch.round(w64 * (127.0 / amax)[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, (amax / 127).float()
+"""),
+    Alternative('quantize_int4', 'unflatten float32', """
+def quantize_int4(w, group_size):
+    g = w.unflatten(-1, (-1, group_size))
+    lo = g.amin(-1).clamp(max=0.0)
+    hi = g.amax(-1).clamp(min=0.0)
+    zero_range = hi == lo
+    scale = torch.where(zero_range, 1.0, (hi - lo) / 15)
+    zero = torch.where(zero_range, 0.0, torch.round(-lo / scale))
+    q = torch.clamp(torch.round(g / scale[..., None]) + zero[..., None], 0, 15)
+    return q.flatten(-2).to(torch.uint8), scale, zero.to(torch.uint8)
+"""),
+    Alternative('pack_int4', 'reshape pairs, multiply by 16, divmod unpack', """
+def pack_int4(q):
+    pairs = q.reshape(*q.shape[:-1], q.shape[-1] // 2, 2)
+    return (pairs[..., 0] + pairs[..., 1] * 16).to(torch.uint8)
+
+def unpack_int4(packed):
+    lo = packed % 16
+    hi = packed // 16
+    out = torch.empty(*packed.shape[:-1], packed.shape[-1] * 2, dtype=torch.uint8)
+    out[..., 0::2] = lo
+    out[..., 1::2] = hi
+    return out
+"""),
+    Alternative('int4_linear', 'group view, einsum, no W materialised', """
+def int4_linear(x, packed, scale, zero, group_size):
+    q = unpack_int4(packed).float()
+    N, K = q.shape
+    G = K // group_size
+    w = (q.view(N, G, group_size) - zero.float()[..., None]) * scale.float()[..., None]
+    return torch.einsum('...k,nk->...n', x.float(), w.reshape(N, K))
+"""),
+    Alternative('quantize_kv', 'multiply by reciprocal', """
+def quantize_kv(x):
+    a = x.abs().max(dim=-1, keepdim=True).values
+    scale = torch.where(a == 0, torch.ones_like(a), a / 127)
+    return torch.round(x * (1 / scale)).to(torch.int8), scale
+"""),
+    Alternative('dequantize_q8_0', 'loop struct', """
+import struct
+def dequantize_q8_0(blocks):
+    out = np.empty((blocks.shape[0], 32), dtype=np.float32)
+    for i, row in enumerate(blocks):
+        d = np.float32(struct.unpack('<e', bytes(row[:2]))[0])
+        out[i] = d * row[2:].view(np.int8).astype(np.float32)
+    return out
+"""),
+    Alternative('dequantize_q4_1', 'hstack, m + q*d', """
+def dequantize_q4_1(blocks):
+    dm = np.ascontiguousarray(blocks[:, :4]).view(np.float16).astype(np.float32)
+    d, m = dm[:, :1], dm[:, 1:2]
+    codes = blocks[:, 4:20]
+    q = np.hstack([codes & 15, codes >> 4]).astype(np.float32)
+    return m + q * d
+"""),
+    Alternative('quantize_q8_0', 'loop per block with python round-half-away', """
+import math as _math
+def quantize_q8_0(x):
+    x = np.asarray(x, dtype=np.float32)
+    out = np.zeros((x.shape[0], 34), dtype=np.uint8)
+    for b in range(x.shape[0]):
+        d = np.float32(np.abs(x[b]).max()) / np.float32(127)
+        inv = np.float32(1) / d if d != 0 else np.float32(0)
+        v = (x[b] * inv).astype(np.float64)
+        q = np.array([int(_math.copysign(_math.floor(abs(t) + 0.5), t)) for t in v], dtype=np.int8)
+        out[b, :2] = np.array([d], dtype=np.float16).view(np.uint8)
+        out[b, 2:] = q.view(np.uint8)
+    return out
+"""),
+    Alternative('q1', 'three decimals, as asked', """
+answer_q1 = 0.539
+"""),
+    Alternative('q4', 'two decimals, as asked', """
+answer_q4 = 1.94
+"""),
+]

@@ -1,6 +1,6 @@
 """Day 16 mistakes: each must lose its exercise's points."""
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 MISTAKES = [
     # ------------------------------------------------------------ online softmax update
@@ -201,6 +201,66 @@ def release_block(refcount, free, block):
     Mistake("q1", "thinks the rescale is only for stability", 'answer_q1 = "D"\n'),
     Mistake("q2", "counts used positions instead of empty ones", "answer_q2 = 100\n"),
     Mistake("q3", "writes into the shared block", 'answer_q3 = "A"\n'),
+]
+
+# Right answers written another way: each must keep full marks.
+ALTERNATIVES = [
+    Alternative('tile_step', 'FlashAttention-2 style: tile-local max, then combine', """
+def tile_step(m, l, acc, s, v_blk):
+    m_t = s.max(dim=-1).values
+    p = torch.exp(s - m_t[:, None])
+    l_t = p.sum(-1)
+    acc_t = p @ v_blk
+    m_new = torch.maximum(m, m_t)
+    a, b = torch.exp(m - m_new), torch.exp(m_t - m_new)
+    return m_new, l * a + l_t * b, acc * a[:, None] + acc_t * b[:, None]
+"""),
+    Alternative('online_softmax_update', 'logaddexp', """
+def online_softmax_update(m, l, chunk):
+    m_new = torch.maximum(m, chunk.max(-1).values)
+    log_l = torch.logaddexp(torch.log(l) + m, torch.logsumexp(chunk, -1))
+    return m_new, torch.exp(log_l - m_new)
+"""),
+    Alternative('tile_step', 'einsum, float64', """
+def tile_step(m, l, acc, s, v_blk):
+    m_new = torch.maximum(m, s.amax(-1))
+    scale = (m - m_new).exp()
+    p = (s.double() - m_new.double()[:, None]).exp()
+    acc = acc * scale[:, None] + torch.einsum('qk,kd->qd', p, v_blk.double()).float()
+    return m_new, l * scale + p.sum(-1).float(), acc
+"""),
+    Alternative('tiled_traffic', 'loop over query blocks', """
+def tiled_traffic(tq, tk, d, block_q, bytes_per_element):
+    total = 0
+    for q0 in range(0, tq, block_q):
+        rows = min(block_q, tq - q0)
+        total += 2 * rows * d + 2 * tk * d
+    return total * bytes_per_element
+"""),
+    Alternative('slot_of', 'divmod', """
+def slot_of(table, position, block_size):
+    if not 0 <= position < block_size * len(table):
+        raise ValueError(f"position {position} is outside the table's {len(table)} blocks")
+    b, off = divmod(position, block_size)
+    return table[b], off
+"""),
+    Alternative('new_blocks', 'integer ceil', """
+def new_blocks(length, n_new, block_size, last_block_shared=False):
+    if min(length, n_new) < 0 or block_size < 1:
+        raise ValueError("negative length/n_new or block_size < 1")
+    held = (length + block_size - 1) // block_size
+    need = (length + n_new + block_size - 1) // block_size
+    extra = 1 if (last_block_shared and n_new and length % block_size) else 0
+    return need - held + extra
+"""),
+    Alternative('release_block', 'extend free, <= 0 check', """
+def release_block(refcount, free, block):
+    if refcount[block] <= 0:
+        raise ValueError(f"double free of block {block}")
+    refcount[block] = refcount[block] - 1
+    if not refcount[block]:
+        free.extend([block])
+"""),
 ]
 
 EQUIVALENT_MUTANTS: dict[str, str] = {}

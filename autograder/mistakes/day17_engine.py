@@ -1,6 +1,6 @@
 """Day 17 mistakes: each must lose its exercise's points."""
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 MISTAKES = [
     # ------------------------------------------------------------ admission
@@ -430,3 +430,76 @@ def cached_prefix(scheduler, seq):
 ]
 
 EQUIVALENT_MUTANTS: dict[str, str] = {}
+
+# Right answers written another way: each must keep full marks.
+ALTERNATIVES = [
+    Alternative('can_admit', 'manual ceil, early returns', """
+import math
+def can_admit(scheduler, seq, budget_left):
+    if budget_left < 1:
+        return False
+    if len(scheduler.running) == scheduler.max_running:
+        return False
+    need = math.ceil(seq.num_pending / scheduler.cache.block_size)
+    return need <= scheduler.cache.allocator.num_free
+"""),
+    Alternative('step_shares', 'one pass, two lists', """
+def step_shares(running, budget):
+    decodes = [s for s in running if s.num_pending == 1]
+    prefills = [s for s in running if s.num_pending > 1]
+    out = []
+    for s in decodes[:budget]:
+        out.append((s, s.num_computed, 1))
+    left = budget - len(out)
+    for s in prefills:
+        if left == 0:
+            break
+        n = min(s.num_pending, left)
+        out.append((s, s.num_computed, n))
+        left -= n
+    return out
+"""),
+    Alternative('choose_victim', 'max over reversed', """
+def choose_victim(scheduler):
+    return max(reversed(scheduler.running), key=lambda s: s.arrival)
+"""),
+    Alternative('preempt', 'index pop, rotate', """
+def preempt(scheduler, seq):
+    scheduler.running.pop(scheduler.running.index(seq))
+    scheduler.cache.free(seq.id)
+    seq.num_computed, seq.status = 0, "waiting"
+    seq.preemptions = seq.preemptions + 1
+    scheduler.num_preemptions = scheduler.num_preemptions + 1
+    scheduler.waiting.append(seq)
+    scheduler.waiting.rotate(1)
+"""),
+    Alternative('step_mask', 'logical ops', """
+def step_mask(starts, counts, n_keys):
+    st = torch.as_tensor(starts).view(-1, 1, 1)
+    ct = torch.as_tensor(counts).view(-1, 1, 1)
+    j = torch.arange(max(counts)).view(1, -1, 1)
+    k = torch.arange(n_keys).view(1, 1, -1)
+    real = j < ct
+    return (real & (k <= st + j)) | (~real & (k == 0))
+"""),
+    Alternative('block_keys', 'range with step, tuple slices', """
+def block_keys(tokens, block_size):
+    out, prev = [], b""
+    for s in range(0, len(tokens) - block_size + 1, block_size):
+        prev = block_key(prev, tuple(tokens[s:s + block_size]))
+        out.append(prev)
+    return out
+"""),
+    Alternative('q2', 'float', """
+answer_q2 = 6.0
+"""),
+    Alternative('finish', 'by status', """
+def finish(scheduler, seq):
+    if seq.status == "running":
+        scheduler.running.remove(seq)
+        scheduler.cache.free(seq.id)
+    elif seq.status == "waiting":
+        scheduler.waiting.remove(seq)
+    seq.status = "finished"
+"""),
+]

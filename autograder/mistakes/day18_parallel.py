@@ -1,6 +1,6 @@
 """Day 18 mistakes: each must lose its exercise's points."""
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 MISTAKES = [
     # ------------------------------------------------------------ column-parallel shard
@@ -180,3 +180,58 @@ EQUIVALENT_MUTANTS = {
     "dim=0)":
         "logits has shape (V,): dims -1 and 0 are the same dimension",
 }
+
+# Right answers written another way: each must keep full marks.
+ALTERNATIVES = [
+    Alternative('column_shard', 'chunk', """
+def column_shard(weight, rank, world_size):
+    if weight.shape[0] % world_size != 0:
+        raise ValueError(f"world_size={world_size} does not divide {weight.shape[0]} rows")
+    return weight.chunk(world_size, dim=0)[rank]
+"""),
+    Alternative('heads_for_rank', 'derive kv from query heads (set)', """
+def heads_for_rank(n_heads, n_kv_heads, rank, world_size):
+    if n_heads % world_size or (n_kv_heads % world_size and world_size % n_kv_heads):
+        raise ValueError(f"world_size {world_size} does not fit {n_heads} heads / {n_kv_heads} KV heads")
+    per = n_heads // world_size
+    group = n_heads // n_kv_heads
+    qh = list(range(rank * per, rank * per + per))
+    kv = sorted({h // group for h in qh})
+    return qh, kv
+"""),
+    Alternative('gather_logits', 'sorted tuples, compute pad', """
+def gather_logits(pieces, vocab_size):
+    slices = [t for _, t in sorted(pieces, key=lambda rt: rt[0])]
+    full = torch.cat(slices, -1)
+    pad = full.shape[-1] - vocab_size
+    return full[..., :full.shape[-1] - pad]
+"""),
+    Alternative('sample_on_ranks', 'draw once then replicate (same seeded draw)', """
+def sample_on_ranks(logits, seed, world_size):
+    def one_rank():
+        g = torch.Generator().manual_seed(seed)
+        return int(torch.multinomial(F.softmax(logits, -1), num_samples=1, replacement=True, generator=g)[0])
+    return [one_rank() for _ in range(world_size)]
+"""),
+    Alternative('ring_allreduce_time', '<= 1 int zero', """
+def ring_allreduce_time(nbytes, world_size, bandwidth, latency):
+    if world_size <= 1:
+        return 0
+    sent = 2 * (world_size - 1) * nbytes / world_size
+    return latency + sent / bandwidth
+"""),
+    Alternative('bubble', 'slots', """
+def bubble(stages, micro_batches):
+    slots = micro_batches + stages - 1
+    return 1 - micro_batches / slots
+"""),
+    Alternative('q2', 'float', """
+answer_q2 = 576 * 2.0
+"""),
+    Alternative('tp_mlp', 'float64 partials cast back', """
+def tp_mlp(x, shards, all_reduce):
+    parts = [((F.silu(x.double() @ a.double().T) * (x.double() @ b.double().T)) @ c.double().T).to(x.dtype)
+             for a, b, c in shards]
+    return list(all_reduce(parts))
+"""),
+]

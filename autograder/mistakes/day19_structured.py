@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 _STEP = '''
 def step_dfa(dfa, state, ch):
@@ -220,6 +220,8 @@ def count_forced(dfa, vocab, eos_id, token_ids):
     # ------------------------------------------------------------ self-checks
     Mistake("q1", "thinks a list of any length needs a stack", 'answer_q1 = "B"\n'),
     Mistake("q2", "gives masking's answer, 0.6 / 0.7", "answer_q2 = 0.6 / 0.7\n"),
+    Mistake("q2", "two decimals where the question asks for three", "answer_q2 = 0.38\n",
+            says="round your result to three decimals"),
     Mistake("q3", "thinks an accepting state must end the text", 'answer_q3 = "C"\n'),
 ]
 
@@ -234,3 +236,68 @@ EQUIVALENT_MUTANTS = {
     "else None":
         "the branch runs only when ids has exactly one element: its first is its last",
 }
+
+# Right answers written another way: each must keep full marks.
+ALTERNATIVES = [
+    Alternative('walk', 'bisect over sorted ranges; recursive walk', """
+import bisect
+def step_dfa(dfa, state, ch):
+    row = dfa.transitions[state]
+    c = ord(ch)
+    i = bisect.bisect_right([lo for lo, _, _ in row], c) - 1
+    if i >= 0 and row[i][0] <= c <= row[i][1]:
+        return row[i][2]
+    return None
+
+def walk(dfa, state, text):
+    if state is None or not text:
+        return state
+    return walk(dfa, step_dfa(dfa, state, text[0]), text[1:])
+"""),
+    Alternative('mask_logits', 'where + sum check', """
+def mask_logits(logits, allowed):
+    if (allowed.sum(dim=-1) == 0).any():
+        raise ValueError("a row of allowed has no True entry")
+    return torch.where(allowed, logits, torch.full_like(logits, float("-inf")))
+"""),
+    Alternative('masked_greedy', 'python max', """
+def masked_greedy(logits, allowed):
+    masked = mask_logits(logits, allowed).tolist()
+    return max(range(len(masked)), key=masked.__getitem__)
+"""),
+    Alternative('forced_tokens', 'nonzero tuple, keyword calls', """
+def forced_token(mask):
+    (ids,) = torch.nonzero(mask, as_tuple=True)
+    return ids.item() if ids.numel() == 1 else None
+
+def count_forced(dfa, vocab, eos_id, token_ids):
+    state = dfa.start
+    total = 0
+    for tok in token_ids:
+        mask = allowed_tokens(dfa, state, vocab, eos_id=eos_id)
+        total += forced_token(mask) is not None
+        if tok == eos_id:
+            break
+        state = walk(dfa, state, text=vocab[tok])
+    return total
+"""),
+    Alternative('schema_to_regex', 'validate first, enum via set of alternatives', """
+def schema_to_regex(schema):
+    props = schema["properties"]
+    for name, prop in props.items():
+        if not ("enum" in prop or prop.get("type") in ("string", "integer", "boolean")):
+            raise ValueError(f"field {name!r} has an unsupported schema")
+    def value(prop):
+        if "enum" in prop:
+            return "(" + "|".join(regex_escape(json.dumps(v)) for v in prop["enum"]) + ")"
+        return {"string": JSON_STRING, "integer": "(-?(0|[1-9][0-9]*))", "boolean": "(true|false)"}[prop["type"]]
+    body = ",".join(f"{regex_escape(json.dumps(n))}:{value(p)}" for n, p in props.items())
+    return regex_escape("{") + body + regex_escape("}")
+"""),
+    Alternative('q2', 'fraction', """
+answer_q2 = 3 / 8
+"""),
+    Alternative('q2', 'three decimals, as asked', """
+answer_q2 = 0.375
+"""),
+]

@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 _TOPK = '''
 def route_topk(logits, k, renormalize):
@@ -376,3 +376,104 @@ EQUIVALENT_MUTANTS = {
     "ep_moe: per = shards[0][0].shape[0] => per = shards[0][-1].shape[0]": _EP_PER,
     "ep_moe: per = shards[0][0].shape[0] => per = shards[-1][0].shape[0]": _EP_PER,
 }
+
+# Right answers written another way: each must keep full marks.
+ALTERNATIVES = [
+    Alternative('route_topk', 'float64 softmax cast down, sort', """
+def route_topk(logits, k, renormalize):
+    probs = torch.softmax(logits.double(), -1)
+    vals, idx = probs.sort(dim=-1, descending=True)
+    w, e = vals[:, :k], idx[:, :k]
+    if renormalize:
+        w = w / w.sum(-1, keepdim=True)
+    return w.float(), e
+"""),
+    Alternative('route_deepseek', 'loop per token', """
+def route_deepseek(logits, bias, k, n_group, topk_group, scale):
+    scores = torch.sigmoid(logits.to(torch.float32))
+    N, E = scores.shape
+    size = E // n_group
+    W = torch.empty(N, k); X = torch.empty(N, k, dtype=torch.int64)
+    for n in range(N):
+        b = scores[n] + bias
+        gs = [float(b[g*size:(g+1)*size].topk(2).values.sum()) for g in range(n_group)]
+        keep = sorted(range(n_group), key=lambda g: -gs[g])[:topk_group]
+        cand = torch.full((E,), float('-inf'))
+        for g in keep:
+            cand[g*size:(g+1)*size] = b[g*size:(g+1)*size]
+        e = cand.topk(k).indices
+        w = scores[n, e]
+        W[n], X[n] = w / w.sum() * scale, e
+    return W, X
+"""),
+    Alternative('expected_distinct', 'complement form, math.pow', """
+def expected_distinct(n_experts, k, batch):
+    if k < 1 or k > n_experts:
+        raise ValueError(f"k={k} must be in [1, {n_experts}]")
+    miss = math.pow(1.0 - k / n_experts, batch)
+    return n_experts - n_experts * miss
+"""),
+    Alternative('decode_bytes', 'reordered', """
+def decode_bytes(dense_bytes, expert_bytes, n_moe_layers, n_experts, k, batch):
+    per_layer = expert_bytes * expected_distinct(n_experts, k, batch)
+    return per_layer * n_moe_layers + dense_bytes
+"""),
+    Alternative('kept_pairs', 'dict counter', """
+from collections import Counter
+def kept_pairs(experts, n_experts, capacity):
+    seen = Counter()
+    out = []
+    for row in experts.tolist():
+        r = []
+        for e in row:
+            seen[e] += 1
+            r.append(seen[e] <= capacity)
+        out.append(r)
+    return torch.tensor(out, dtype=torch.bool).reshape(experts.shape)
+"""),
+    Alternative('ep_moe', 'token-order sends, global ids, weights applied on the home rank', """
+def ep_moe(xs, routes, shards, all_to_all):
+    p = len(xs)
+    per = shards[0][0].shape[0]
+    send_rows, send_ids, keep = [], [], []
+    for r in range(p):
+        w, e = routes[r]
+        k = e.shape[1]
+        tok = torch.arange(e.shape[0]).repeat_interleave(k)
+        fe, fw = e.reshape(-1), w.reshape(-1)
+        dest = fe // per
+        send_rows.append([xs[r][tok[dest == q]] for q in range(p)])
+        send_ids.append([fe[dest == q] for q in range(p)])
+        keep.append([(tok[dest == q], fw[dest == q]) for q in range(p)])
+    got_rows, got_ids = all_to_all(send_rows), all_to_all(send_ids)
+    replies = []
+    for q in range(p):
+        w1, w3, w2 = shards[q]
+        row = []
+        for s in range(p):
+            x, ids = got_rows[q][s], got_ids[q][s] - q * per
+            y = torch.zeros_like(x)
+            for e in ids.unique().tolist():
+                m = ids == e
+                y[m] = (F.silu(x[m] @ w1[e].T) * (x[m] @ w3[e].T)) @ w2[e].T
+            row.append(y)
+        replies.append(row)
+    back = all_to_all(replies)
+    outs = []
+    for r in range(p):
+        out = torch.zeros_like(xs[r])
+        for q in range(p):
+            tok, fw = keep[r][q]
+            out.index_add_(0, tok, back[r][q] * fw[:, None])
+        outs.append(out)
+    return outs
+"""),
+    Alternative('q2', 'computed with math.ceil', """
+import math
+answer_q2 = math.ceil(math.log(0.5) / math.log(1 - 8 / 128))
+"""),
+    Alternative('q2', 'numpy integer from a search', """
+import numpy as np
+answer_q2 = np.argmax(128 * (1 - (1 - 8 / 128) ** np.arange(100)) >= 64)
+"""),
+]

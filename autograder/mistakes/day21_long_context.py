@@ -1,6 +1,6 @@
 """Day 21 mistakes: each must lose its exercise's points, and only its own."""
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 _KV = '''
 def kv_bytes(layout, context, dtype_bytes=2):
@@ -372,3 +372,56 @@ EQUIVALENT_MUTANTS = {
     "llama3_inv_freq: return torch.where(wavelen < high_wavelen, inv_freq, scaled) => "
     "return torch.where(wavelen <= high_wavelen, inv_freq, scaled)": _BOUNDARY,
 }
+
+# Right answers written another way: each must keep full marks.
+ALTERNATIVES = [
+    Alternative('kv_bytes', 'sum generator', """
+def kv_bytes(layout, context, dtype_bytes=2):
+    return sum(g["layers"] * (g.get("latent", 0) + g.get("rope_dim", 0) + 2 * g.get("kv_heads", 0) * g.get("head_dim", 0))
+               * min(context, g.get("window", context)) * dtype_bytes for g in layout)
+"""),
+    Alternative('absorbed_decode', 'float64 inside, cast back', """
+def absorbed_decode(q_nope, q_pe, c, k_pe, w_uk, w_uv, scale):
+    d = lambda t: t.double()
+    q_abs = torch.einsum("hn,hnr->hr", d(q_nope), d(w_uk))
+    s = (q_abs @ d(c).T + d(q_pe) @ d(k_pe).T) * scale
+    p = torch.softmax(s, -1)
+    return torch.einsum("hr,hvr->hv", p @ d(c), d(w_uv)).to(q_nope.dtype)
+"""),
+    Alternative('held_blocks', 'integer arithmetic', """
+def held_blocks(length, window, block_size):
+    if length == 0:
+        return []
+    first = max(0, (length - window + 1) // block_size) if length >= window else 0
+    last = (length - 1) // block_size
+    return list(range(first, last + 1))
+"""),
+    Alternative('streaming_view', 'simulate the cache', """
+def streaming_view(t, window, sinks):
+    cache = []
+    for p in range(t + 1):
+        if len(cache) == sinks + window:
+            cache.pop(sinks)
+        cache.append(p)
+    n = len(cache)
+    return cache, [n - 1 - i for i in range(n)]
+"""),
+    Alternative('fp8', 'clamp then cast, masked_fill', """
+def quantize_fp8(x):
+    xf = x.to(torch.float32)
+    scale = xf.abs().amax(dim=(2, 3), keepdim=True) / 448.0
+    scale = scale.masked_fill(scale == 0, 1.0)
+    q = (xf / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return q, scale
+
+def dequantize_fp8(q, scale):
+    return torch.mul(q.float(), scale)
+"""),
+    Alternative('q2', 'python int', """
+answer_q2 = -(-10014 // 16) - (10014 - 4096 + 1) // 16
+"""),
+    Alternative('q2', 'numpy int', """
+import numpy as np
+answer_q2 = np.int64(-(-10014 // 16) - (10014 - 4096 + 1) // 16)
+"""),
+]
