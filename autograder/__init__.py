@@ -2,7 +2,8 @@
 
     settings.py        the nbgrader configuration (solutions/ -> course/), used everywhere
     nbgrader_config.py the same settings for nbgrader's own commands run from this folder
-    preprocessors.py   our one change to nbgrader's autograding (stderr costs no points)
+    preprocessors.py   our changes to nbgrader's autograding (stderr and a test's value cost
+                       and give no points)
     notebooks.py       finding days, exercises (answer cell + test cell), metadata lint
     grading.py         nbgrader's generate -> autograde flow; `release` (make release)
     kernel.py          running a notebook's cells in a Jupyter kernel, with an answer swapped out
@@ -14,7 +15,8 @@
     warm.py            a fresh sandboxed kernel per student, started before their turn
     sandbox.py         the bubblewrap sandbox around a student's kernel
     execute.py         running a submission's cells under time and memory limits
-    integrity.py       the guard and scan against submissions that fake their grade
+    integrity.py       the static scan against submissions that fake their grade
+    guard.py           the in-kernel guard: restores the checks and signs its reports
     reports.py         the grades CSV, per-student feedback and item analysis
     mistakes/          one module per day: plausible wrong answers that must lose their points
     mutants.py         mutation testing: single-point mutants of the answer cells

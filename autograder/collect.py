@@ -10,7 +10,8 @@ Two layouts are accepted:
 The day may be written `day07` or in full (`day07_sampling`); it is matched to the course's
 day ids. Every file that cannot be placed is reported with the reason, nothing is dropped
 silently. Files are written to paths we build (never to paths taken from the archive), and
-oversized entries are refused. A source that does not exist, is empty or is neither a folder
+oversized entries are refused; an entry that cannot be read (damaged, encrypted) is reported
+and the others are imported. A source that does not exist, is empty or is neither a folder
 nor a zip file, and a pattern that does not compile or lacks a group, raise CollectError
 before anything is imported.
 """
@@ -21,6 +22,7 @@ import datetime as dt
 import re
 import shutil
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -194,5 +196,12 @@ def _collect_zip(source: Path, root: Path, pattern: re.Pattern, known: list[str]
                     chosen[key] = info
         for (student, day), info in sorted(chosen.items()):
             when = dt.datetime(*info.date_time, tzinfo=dt.UTC)
-            _store(root, student, day, {f"{day}.ipynb": archive.read(info)}, when)
+            try:
+                data = archive.read(info)
+            except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError,
+                    RuntimeError) as err:   # a damaged, encrypted or unsupported entry
+                report.unmatched.append((info.filename, f"cannot be read from the zip "
+                                                        f"({type(err).__name__}: {err})"))
+                continue
+            _store(root, student, day, {f"{day}.ipynb": data}, when)
             report.imported.append((student, day, info.filename))

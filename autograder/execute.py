@@ -18,13 +18,15 @@ from pathlib import Path
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Bool, Float, Integer, Unicode
 
-from autograder.integrity import (
-    GUARD_EXPRESSION,
-    Evidence,
+from autograder.guard import (
+    GUARD_FORGET,
     GuardSpec,
+    guard_challenge,
+    guard_expression,
     guard_install_code,
     read_guard_reply,
 )
+from autograder.integrity import Evidence
 from autograder.kernel import Kernel, _error, error_text, grading_env
 from autograder.notebooks import is_answer, is_test, nbgrader_meta
 from autograder.sandbox import DEFAULT_MEMORY_BYTES, SandboxKernelManager, SandboxPolicy
@@ -37,6 +39,13 @@ BLOCKED_HINTS = ("Network is unreachable", "Connection refused", "Read-only file
 
 def _label(cell, index: int) -> str:
     return nbgrader_meta(cell).get("grade_id") or f"cell {index}"
+
+
+def _add(evidence: list[Evidence], found: list[Evidence]) -> None:
+    """Append the findings of `found` that `evidence` does not hold yet."""
+    for item in found:
+        if (item.kind, item.detail) not in {(e.kind, e.detail) for e in evidence}:
+            evidence.append(item)
 
 
 def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: float,
@@ -53,9 +62,11 @@ def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: floa
     errors of later ungraded cells are folded into it as follow-on errors: they are the
     grader's limit, not the student's mistakes. "cell_seconds": [label, seconds, "graded" or
     "ungraded"] of every cell run (graded: answer and test cells), for the grading benchmark.
-    guard: when given, the integrity guard (autograder/integrity.py) is installed before the
-    first cell and, before every test cell, restores what student code changed; "evidence"
-    lists what it found (dicts of Evidence).
+    guard: when given, the integrity guard (autograder/guard.py) is installed before the
+    first cell and, before every test cell, restores what student code changed (and after it,
+    drops the test's source from the kernel's linecache); "evidence" lists what it found (dicts
+    of Evidence), and any kernel messages that broke the protocol (Kernel.anomalies: a forged
+    idle status, output for a cell already over) as "forged-messages".
     kernel: this student's kernel, already started in `scratch` (autograder/warm.py; the caller
     closes it); by default one is started here (sandboxed unless `sandbox` is False) and closed.
     """
@@ -83,10 +94,9 @@ def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: floa
         if cell.cell_type != "code":
             continue
         if guard is not None and is_test(cell) and not kernel.dead:
-            for found in read_guard_reply(guard, kernel.evaluate(GUARD_EXPRESSION),
-                                          _label(cell, index)):
-                if (found.kind, found.detail) not in {(e.kind, e.detail) for e in evidence}:
-                    evidence.append(found)
+            challenge = guard_challenge()
+            _add(evidence, read_guard_reply(guard, kernel.evaluate(guard_expression(challenge)),
+                                            _label(cell, index), challenge))
         remaining = total_timeout - (time.monotonic() - start)
         if remaining <= 0:
             cell.outputs = [_error("CellNotRun", f"not run: the total time limit of "
@@ -97,6 +107,11 @@ def execute_cells(nb, scratch: Path, *, cell_timeout: float, total_timeout: floa
         began = time.monotonic()
         cell.outputs = kernel.run(cell.source, timeout=min(cell_timeout, remaining))
         cell.execution_count = count
+        if guard is not None and is_test(cell) and not kernel.dead:
+            kernel.evaluate(GUARD_FORGET)   # the test's source leaves the kernel's linecache
+        _add(evidence, [Evidence("forged-messages", _label(cell, index), what)
+                        for what in kernel.anomalies])
+        kernel.anomalies.clear()
         timings.append([_label(cell, index), round(time.monotonic() - began, 3),
                         "graded" if is_test(cell) or is_answer(cell) else "ungraded"])
         for out in cell.outputs:

@@ -13,8 +13,12 @@ Three steps, so that untrusted code runs in parallel while the gradebook stays c
    submission costs about its own cells' time. A worker that overruns is killed, with its
    kernels, and replaced. `--cold`: one worker process per student instead, each starting its
    kernel on demand (the plain path the default is tested against);
-3. record (trusted, here, one student at a time): nbgrader's own SaveAutoGrades scores the
-   executed notebooks into the instructor's gradebook (SQLite by default, or --db).
+3. record (trusted, here, one student at a time, as soon as each one's execution ends):
+   nbgrader's own SaveAutoGrades scores the executed notebook into the instructor's gradebook
+   (SQLite by default, or --db).
+
+A submission that makes staging or the static scan fail (any exception) ends as `error` with
+the reason; the others are graded as usual.
 
 Every student ends with exactly one submission in the gradebook and one line in the summary:
 student, score, max, status (graded / repaired / flagged / timeout / crashed / memory-limit /
@@ -35,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,14 +47,15 @@ from pathlib import Path
 import nbformat
 
 from autograder.grading import GradingError, _api, _check, generate_release
-from autograder.integrity import FLAGGED, Evidence, guard_spec, scan_submission, summarize
+from autograder.guard import guard_spec
+from autograder.integrity import FLAGGED, Evidence, scan_submission, summarize
 from autograder.kernel import _error
 from autograder.notebooks import is_test, read, solution_path
 from autograder.preflight import check_imports, import_statements
 from autograder.preprocessors import StderrToStdout
 from autograder.sandbox import DEFAULT_MEMORY_BYTES
 from autograder.settings import RELEASE_DIR, REPO_ROOT, ensure_venv_on_path
-from autograder.staging import stage
+from autograder.staging import Staged, stage
 from autograder.worker import ServingWorker, WorkerDied
 
 RECORD_FILE = ".tinygpt-grading.json"  # in autograded/<student>/<day>/: what was graded, how
@@ -236,7 +242,7 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
     release_nb = read(template)
     source_nb = read(solution_path(day, root))
     files = root / RELEASE_DIR / day
-    spec = guard_spec(release_nb) if limits.integrity else None   # autograder/integrity.py
+    spec = guard_spec(release_nb) if limits.integrity else None   # autograder/guard.py
     guard = work / "guard.json" if spec is not None else None
     if guard is not None:
         guard.write_text(spec.to_json())
@@ -255,21 +261,21 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
                 results[student] = Result(student, previous["score"], previous["max_score"],
                                           "unchanged", previous["status"])
                 continue
-        staged = stage(release_nb, folder, day)
-        notes = "; ".join(staged.notes)
-        if staged.notebook is None:
-            outcomes[student] = (zero_notebook(release_nb, staged.status, notes),
-                                 staged.status, notes, [], "", (0.0, 0.0))
+        try:
+            job = _prepare(student, folder, day, work, release_nb, source_nb, limits)
+        except Exception as err:  # noqa: BLE001 (one student's submission stays theirs)
+            shutil.rmtree(work / "workers" / student, ignore_errors=True)
+            reason = f"grader error while preparing the submission: {type(err).__name__}: " \
+                     f"{str(err)[:200]}"
+            outcomes[student] = (zero_notebook(release_nb, "error", reason), "error", reason,
+                                 [], "", (0.0, 0.0))
             continue
-        wroot = work / "workers" / student
-        target = wroot / "submitted" / student / day
-        target.mkdir(parents=True)
-        nbformat.write(staged.notebook, str(target / f"{day}.ipynb"))
-        if (folder / "timestamp.txt").exists():
-            shutil.copy(folder / "timestamp.txt", target / "timestamp.txt")
-        shutil.copy(work / "template" / "gradebook.db", wroot / "gradebook.db")
-        jobs[student] = (wroot, staged, notes, scan_submission(
-            release_nb, staged.notebook, source_nb) if limits.integrity else [])
+        if isinstance(job, Staged):   # nothing to run
+            notes = "; ".join(job.notes)
+            outcomes[student] = (zero_notebook(release_nb, job.status, notes), job.status,
+                                 notes, [], "", (0.0, 0.0))
+        else:
+            jobs[student] = job
 
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
     serving: queue.Queue[ServingWorker] = queue.Queue()
@@ -291,7 +297,9 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
         # PreflightError.
         check_imports(release_nb, files=files, sandbox=limits.sandbox,
                       memory_bytes=limits.memory_bytes)
-        _execute(jobs, day, limits, files, guard, serving, workers, progress, outcomes)
+        record = recorder(day, root, db_url, work)
+        _execute(jobs, day, limits, files, guard, serving, workers, progress,
+                 lambda student, outcome: results.__setitem__(student, record(student, outcome)))
     finally:
         while not serving.empty():
             serving.get().close()
@@ -300,10 +308,34 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
     return [results[s] for s in students]
 
 
+def _prepare(student: str, folder: Path, day: str, work: Path, release_nb, source_nb,
+             limits: Limits) -> tuple | Staged:
+    """Stage one student's submission and lay out their private scratch course; returns the
+    job (scratch root, Staged, notes, static evidence), or the Staged when there is nothing to
+    run (missing or invalid)."""
+    staged = stage(release_nb, folder, day)
+    if staged.notebook is None:
+        return staged
+    wroot = work / "workers" / student
+    target = wroot / "submitted" / student / day
+    target.mkdir(parents=True)
+    nbformat.write(staged.notebook, str(target / f"{day}.ipynb"))
+    if (folder / "timestamp.txt").exists():
+        shutil.copy(folder / "timestamp.txt", target / "timestamp.txt")
+    shutil.copy(work / "template" / "gradebook.db", wroot / "gradebook.db")
+    evidence = [Evidence("tampered-metadata", "the notebook", what) for what in staged.tampered]
+    return (wroot, staged, "; ".join(staged.notes), evidence + (scan_submission(
+        release_nb, staged.notebook, source_nb) if limits.integrity else []))
+
+
 def _execute(jobs: dict, day: str, limits: Limits, files: Path, guard: Path | None,
-             serving: queue.Queue, workers: int, progress: bool, outcomes: dict) -> None:
+             serving: queue.Queue, workers: int, progress: bool,
+             done_with: Callable[[str, tuple], None]) -> None:
     """Step 2 for every job, `workers` at a time: in a serving worker taken from `serving`
-    (each grades its students in turn), or with limits.warm off in a process per student."""
+    (each grades its students in turn), or with limits.warm off in a process per student.
+    Each student's outcome (notebook, status, reason, evidence, warnings, seconds) goes to
+    `done_with` as soon as they are done (it records them: no executed notebook waits in
+    memory for the others)."""
     left = [len(jobs)]
     lock = threading.Lock()
 
@@ -344,12 +376,23 @@ def _execute(jobs: dict, day: str, limits: Limits, files: Path, guard: Path | No
                 nb = zero_notebook(staged.notebook, status, reason)
             if evidence and status in ("graded", "repaired"):
                 status = FLAGGED
-            outcomes[student] = (nb, status, reason, evidence, warnings, seconds)
+            done_with(student, (nb, status, reason, evidence, warnings, seconds))
 
 
 def record_grades(day: str, root: Path, db_url: str | None, work: Path, outcomes: dict,
                   results: dict) -> None:
-    """Step 3: score the executed notebooks into the instructor's gradebook with nbgrader."""
+    """Step 3 for the students in `outcomes` (student -> outcome, see recorder)."""
+    if outcomes:
+        record = recorder(day, root, db_url, work)
+        for student, outcome in outcomes.items():
+            results[student] = record(student, outcome)
+
+
+def recorder(day: str, root: Path, db_url: str | None, work: Path) -> Callable[[str, tuple],
+                                                                               Result]:
+    """Step 3: a function that scores one student's executed notebook into the instructor's
+    gradebook with nbgrader, writes their record file and returns their Result; its outcome is
+    (notebook, status, reason, evidence, warnings, (wall seconds, CPU seconds))."""
     from nbgrader.api import Gradebook
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
@@ -369,7 +412,9 @@ def record_grades(day: str, root: Path, db_url: str | None, work: Path, outcomes
     config.Autograde.autograde_preprocessors = [StderrToStdout, LimitOutput, SaveAutoGrades,
                                                 AssignLatePenalties, CheckCellMetadata]
     api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
-    for student, (nb, status, reason, evidence, warnings, seconds) in outcomes.items():
+
+    def record(student: str, outcome: tuple) -> Result:
+        nb, status, reason, evidence, warnings, seconds = outcome
         target = executed_dir / student / day
         target.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, str(target / f"{day}.ipynb"))
@@ -390,14 +435,16 @@ def record_grades(day: str, root: Path, db_url: str | None, work: Path, outcomes
         with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
             submission = gb.find_submission(day, student)
             score, max_score = float(submission.score), float(submission.max_score)
-        results[student] = Result(student, score, max_score, status, reason,
-                                  summarize(evidence) if evidence else "", warnings,
-                                  round(seconds[0], 2), round(seconds[1], 2))
-        record = root / "autograded" / student / day / RECORD_FILE
-        record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps({"fingerprint": fingerprint(root / "submitted" / student
-                                                                 / day), **asdict(
-            results[student])}))
+        graded = Result(student, score, max_score, status, reason,
+                        summarize(evidence) if evidence else "", warnings,
+                        round(seconds[0], 2), round(seconds[1], 2))
+        path = root / "autograded" / student / day / RECORD_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"fingerprint": fingerprint(root / "submitted" / student
+                                                               / day), **asdict(graded)}))
+        return graded
+
+    return record
 
 
 def summary_table(results: list[Result], exercise_rows: list[tuple] | None = None,

@@ -99,7 +99,7 @@ def autograde(day: str, workdir: Path, submissions: dict[str, Path], *,
     workdir/reports/<student>.json (read it with `execution_report`)."""
     from nbgrader.api import Gradebook
 
-    from autograder.integrity import guard_spec
+    from autograder.guard import guard_spec
     from autograder.notebooks import read
     from tinygpt.testing import GRADING_VARIABLE
 

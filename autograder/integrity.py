@@ -6,19 +6,22 @@ or event hook that blanks or rewrites the next cell, swallow the test's exceptio
 package's finished function in place of its own, or read the tests. Stock nbgrader notices none
 of it. Two defences, both cheap:
 
-Prevention (runtime, `GUARD_SOURCE`): before any student code runs, the grader installs a guard
+Prevention (runtime, autograder/guard.py): before any student code runs, the grader installs a guard
 in the kernel that records the state the tests rely on: IPython's input and AST transformers,
 its event callbacks, the shell and kernel methods that run a cell and show its errors, the
 tracing hooks, `builtins`, the comparison and check functions of numpy, torch, math and
 `tinygpt.testing`, and the notebook's names for them. Before every test cell the grader asks the
 guard, through the kernel's `user_expressions` channel (evaluated without input transformers or
 cell hooks), to compare and restore that state. Whatever was changed is put back, so the test
-runs as written, and the change becomes evidence.
+runs as written, and the change becomes evidence. The guard's answers are signed, and the
+grader also checks the kernel's messages (autograder/kernel.py: a forged idle status) and never
+lets a test cell's output stand for partial credit (autograder/preprocessors.py).
 
 Detection (static, `scan_submission`): every code cell the student wrote or edited is parsed
 and searched for the means of tampering: IPython internals, frame and tracing tricks, dynamic
-code (exec, eval, __import__), assignments to attributes of imported modules, rebinding the
-check functions, comparison overrides (__eq__ that can say yes to anything), reading notebook
+code (exec, eval, __import__), assignments to attributes of imported modules, changes to
+sys.modules or the guard, the kernel's display hook and messaging, rebinding the check
+functions, comparison overrides (__eq__ that can say yes to anything), reading notebook
 files or the kernel's input history, importing the package's finished version of the function
 under test, and an answer that calls a function a test cell defines, directly or through the
 student's own functions (a visible test's reference runs in the same kernel: an answer that
@@ -34,10 +37,8 @@ needs in practice. See the README's instructor section.
 from __future__ import annotations
 
 import ast
-import json
 import re
-import secrets
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from autograder.notebooks import is_answer, is_test, nbgrader_meta
 
@@ -73,7 +74,14 @@ IPYTHON_ATTRS = {
     "register_magic_function", "user_ns", "user_global_ns",
 }
 FRAME_ATTRS = {"settrace", "setprofile", "_getframe", "f_back", "f_locals", "f_globals",
-               "f_code", "tb_frame", "gi_frame"}
+               "f_code", "tb_frame", "gi_frame", "__closure__", "cell_contents"}
+# the kernel's display hook (an execute_result from inside a test) and its messaging (a forged
+# status or reply); sys.displayhook reaches both
+KERNEL_ATTRS = {"displayhook", "session", "pub_socket", "parent_header", "iopub_socket",
+                "iopub_thread", "shell_stream", "shell_streams"}
+SYS_MODULES_CHANGES = {"update", "pop", "popitem", "setdefault", "clear", "__setitem__",
+                       "__delitem__"}
+GUARD_NAME = "_tinygpt"     # the grader's guard lives in sys.modules under a name starting so
 SUSPECT_MODULES = {
     "builtins": "patched-builtins", "inspect": "introspection", "gc": "introspection",
     "ctypes": "introspection", "linecache": "reads-tests", "IPython": "ipython-hooks",
@@ -94,14 +102,24 @@ def _strip_magics(source: str) -> str:
                      for line in source.splitlines())
 
 
+def _parse(source: str) -> tuple[ast.Module | None, str]:
+    """(the AST of `source`, magics blanked, ""), or (None, why not): "" for a syntax error
+    (it fails on its own: nothing runs), a sentence for code nested too deep or too large for
+    the parser (unreadable to the scan, so itself a reason for review)."""
+    try:
+        return ast.parse(_strip_magics(source)), ""
+    except (SyntaxError, ValueError):
+        return None, ""
+    except (RecursionError, MemoryError) as err:
+        return None, f"code too deeply nested or too large to parse ({type(err).__name__})"
+
+
 def _nodes(sources: list[str]):
     """Every AST node of every source that parses (magics blanked)."""
     for source in sources:
-        try:
-            tree = ast.parse(_strip_magics(source))
-        except SyntaxError:
-            continue
-        yield from ast.walk(tree)
+        tree, _ = _parse(source)
+        if tree is not None:
+            yield from ast.walk(tree)
 
 
 def module_aliases(sources: list[str]) -> dict[str, str]:
@@ -140,24 +158,59 @@ def _dotted(node: ast.AST) -> str:
         return type(node).__name__
 
 
+def _text(node: ast.AST) -> str | None:
+    """The string a constant expression spells ("_tinygpt" + "_guard", f"{'a'}b"), else None."""
+    if isinstance(node, ast.Constant):
+        return node.value if isinstance(node.value, str) else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _text(node.left), _text(node.right)
+        return left + right if left is not None and right is not None else None
+    if isinstance(node, ast.JoinedStr):
+        parts = [_text(v.value if isinstance(v, ast.FormattedValue) else v) for v in node.values]
+        return "".join(parts) if None not in parts else None
+    return None
+
+
+def _is_sys(node: ast.AST, aliases: dict[str, str]) -> bool:
+    return isinstance(node, ast.Name) and aliases.get(node.id, node.id) == "sys"
+
+
+def _changes_sys_modules(node: ast.Attribute, parent: ast.AST | None) -> bool:
+    """Whether `node` (sys.modules) is written, deleted from, changed by a method, or bound to
+    another name (through which it could be changed unseen); reading it is not flagged."""
+    if isinstance(parent, ast.Subscript):
+        return not isinstance(parent.ctx, ast.Load)
+    if isinstance(parent, ast.Attribute):
+        return parent.attr in SYS_MODULES_CHANGES
+    return isinstance(parent, ast.Assign | ast.AnnAssign | ast.NamedExpr | ast.AugAssign)
+
+
 def scan_source(source: str, *, aliases: dict[str, str], protected: set[str],
-                exercise_names: set[str]) -> list[tuple[str, str]]:
+                exercise_names: set[str], answer: bool = True,
+                permitted: frozenset[tuple[str, str]] = frozenset()) -> list[tuple[str, str]]:
     """(kind, detail) for every means of tampering found in one cell's source.
 
     aliases: the notebook's module aliases (module_aliases); protected: names the tests rely
     on (check functions, module aliases); exercise_names: the functions under test.
+    answer: the cell is an answer cell; in another cell (a scratch cell) importing tinygpt's
+    finished version of an exercise under a name of its own is exploring (scan_submission
+    follows where that name is used), under the exercise's own name it is a reference copy.
+    permitted: (module, name) imports this cell may make (PERMITTED_IMPORTS).
     """
-    try:
-        tree = ast.parse(_strip_magics(source))
-    except SyntaxError:
-        return []      # a syntax error fails on its own; nothing runs
+    tree, unreadable = _parse(source)
+    if tree is None:
+        return [("unreadable-code", unreadable)] if unreadable else []
     found: list[tuple[str, str]] = []
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
 
     def add(kind: str, detail: str) -> None:
         if (kind, detail) not in found:
             found.append((kind, detail))
 
     for node in ast.walk(tree):
+        text = _text(node) if isinstance(node, ast.BinOp | ast.JoinedStr) else None
+        if text is not None and GUARD_NAME in text:
+            add("guard-tampering", f"names the grader's guard (a string with {GUARD_NAME!r})")
         if isinstance(node, ast.Name):
             if node.id == "get_ipython":
                 add("ipython-hooks", "calls get_ipython()")
@@ -170,9 +223,18 @@ def scan_source(source: str, *, aliases: dict[str, str], protected: set[str],
                 add("ipython-hooks", f"uses IPython's {node.attr}")
             elif node.attr in FRAME_ATTRS:
                 add("introspection", f"uses {_dotted(node)} (frames or tracing)")
+            elif node.attr in KERNEL_ATTRS:
+                add("ipython-hooks", f"uses the kernel's {node.attr} (its display hook or "
+                                     f"messages)")
+            elif node.attr == "linecache":
+                add("reads-tests", f"uses {_dotted(node)} (the source of the cells run)")
             elif node.attr == "register" and isinstance(node.value, ast.Attribute) \
                     and node.value.attr == "events":
                 add("ipython-hooks", "registers an IPython event callback")
+            elif node.attr == "modules" and _is_sys(node.value, aliases) \
+                    and _changes_sys_modules(node, parents.get(node)):
+                add("patched-module", "changes or rebinds sys.modules (where the grader's "
+                                      "guard lives)")
         elif isinstance(node, ast.Import | ast.ImportFrom):
             modules = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""]
@@ -180,13 +242,23 @@ def scan_source(source: str, *, aliases: dict[str, str], protected: set[str],
                 top = module.split(".")[0]
                 if top in SUSPECT_MODULES:
                     add(SUSPECT_MODULES[top], f"imports {module}")
+            if isinstance(node, ast.ImportFrom) and node.module == "sys" \
+                    and any(a.name == "modules" for a in node.names):
+                add("patched-module", "imports sys.modules (where the grader's guard lives)")
+            for a in node.names if isinstance(node, ast.ImportFrom) else ():
+                bound = a.asname or a.name
+                if bound in protected and not (node.module == "tinygpt.testing"
+                                               and a.name == bound):
+                    add("patched-checks", f"rebinds {bound} by importing {a.name} from "
+                                          f"{node.module}")    # importing a check is no patch
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tinygpt"):
                 for a in node.names:
-                    if a.name in exercise_names or (a.asname or a.name) in exercise_names:
+                    bound = a.asname or a.name
+                    if (node.module, a.name) in permitted:
+                        continue
+                    if bound in exercise_names or answer and a.name in exercise_names:
                         add("reference-copy", f"imports tinygpt's finished {a.name} from "
                                               f"{node.module}")
-                    if node.module == "tinygpt.testing":
-                        add("patched-checks", f"re-imports {a.name} from tinygpt.testing")
         elif isinstance(node, ast.Call):
             func = node.func
             if isinstance(func, ast.Name) and func.id in DYNAMIC_CALLS:
@@ -200,6 +272,9 @@ def scan_source(source: str, *, aliases: dict[str, str], protected: set[str],
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
                 and NOTEBOOK_FILE.search(node.value):
             add("reads-tests", f"refers to {node.value[:40]!r}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and GUARD_NAME in node.value:
+            add("guard-tampering", f"names the grader's guard (a string with {GUARD_NAME!r})")
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             if node.name in COMPARISON_DUNDERS:
                 add("comparison-override", f"defines {node.name}")
@@ -247,9 +322,8 @@ def test_cell_functions(release) -> set[str]:
     def defined(cells) -> set[str]:
         names = set()
         for cell in cells:
-            try:
-                tree = ast.parse(_strip_magics(cell.source))
-            except SyntaxError:
+            tree, _ = _parse(cell.source)
+            if tree is None:
                 continue
             names |= {node.name for node in tree.body if isinstance(
                 node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
@@ -261,27 +335,26 @@ def test_cell_functions(release) -> set[str]:
 
 def _uses(source: str, names: set[str]) -> list[str]:
     """The names of `names` that `source` reads, in order of first use."""
-    try:
-        tree = ast.parse(_strip_magics(source))
-    except SyntaxError:
+    tree, _ = _parse(source)
+    if tree is None:
         return []
     return list(dict.fromkeys(node.id for node in ast.walk(tree) if isinstance(node, ast.Name)
                               and isinstance(node.ctx, ast.Load) and node.id in names))
 
 
-def _reaching(references: set[str], sources: list[str]) -> dict[str, str]:
-    """Every name that reaches a test cell's function: each of `references` (-> itself), and
-    each function or class the `sources` define whose body reads one of them (-> the chain
-    it reaches it by, "helper, which calls kv_truth"), to any depth."""
+def _reaching(references: dict[str, str], sources: list[str]) -> dict[str, str]:
+    """Every name that reaches one of `references` (name -> what it is: "which a test cell
+    defines"): each reference (-> "name, which ..."), and each function or class the `sources`
+    define whose body reads one of them (-> the chain it reaches it by, "helper, which calls
+    kv_truth, which ..."), to any depth."""
     defined = {}
     for source in sources:
-        try:
-            tree = ast.parse(_strip_magics(source))
-        except SyntaxError:
+        tree, _ = _parse(source)
+        if tree is None:
             continue
         defined.update({node.name: node for node in tree.body if isinstance(
             node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)})
-    chain = {name: name for name in references}
+    chain = {name: f"{name}, {what}" for name, what in references.items()}
     grown = True
     while grown:
         grown = False
@@ -295,6 +368,27 @@ def _reaching(references: set[str], sources: list[str]) -> dict[str, str]:
     return chain
 
 
+def finished_imports(source: str, exercise_names: set[str]) -> dict[str, str]:
+    """name -> "which is tinygpt's finished X" for each name `source` binds by importing
+    tinygpt's finished version of an exercise function X (`from tinygpt.sampling import
+    top_k_filter as finished_top_k`)."""
+    tree, _ = _parse(source)
+    return {a.asname or a.name: f"which is tinygpt's finished {a.name} ({node.module})"
+            for node in (ast.walk(tree) if tree is not None else ())
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tinygpt")
+            for a in node.names if a.name in exercise_names}
+
+
+# Imports of tinygpt's finished functions an exercise explicitly allows: answer grade_id ->
+# (module, name) pairs. Day 04, exercise 6 (grouped_query_attention): "If an earlier exercise
+# of yours is not passing yet, you may call tinygpt.attention.repeat_kv and
+# tinygpt.attention.scaled_dot_product_attention instead."
+PERMITTED_IMPORTS: dict[str, frozenset[tuple[str, str]]] = {
+    "gqa": frozenset({("tinygpt.attention", "repeat_kv"),
+                      ("tinygpt.attention", "scaled_dot_product_attention")}),
+}
+
+
 def _code_sources(nb) -> list[str]:
     return [c.source for c in nb.cells if c.cell_type == "code"]
 
@@ -303,9 +397,10 @@ def scan_submission(release, submission, source=None) -> list[Evidence]:
     """Static evidence from every code cell of `submission` that is not a test cell and not
     identical to a code cell of the released notebook or of the instructor's `source`
     notebook (a test cell that lost its metadata, hidden tests included): what the student
-    wrote or edited. An answer cell that reaches a function a test cell defines, directly or
-    through functions the student wrote, is a reference copy; other cells may call those
-    functions (a student comparing their work with the test's reference is exploring)."""
+    wrote or edited. An answer cell that reaches a function a test cell defines, or tinygpt's
+    finished version of an exercise that another cell imported under a name of its own,
+    directly or through functions the student wrote, is a reference copy; other cells may
+    call those functions (a student comparing their work with a reference is exploring)."""
     release_sources = _code_sources(release)
     original = {s.strip() for s in release_sources + (_code_sources(source) if source else [])}
     aliases = module_aliases(release_sources + _code_sources(submission))
@@ -315,221 +410,22 @@ def scan_submission(release, submission, source=None) -> list[Evidence]:
     edited = [(index, cell) for index, cell in enumerate(submission.cells)
               if cell.cell_type == "code" and not is_test(cell)
               and cell.source.strip() not in original]
-    reaching = _reaching(test_cell_functions(release), [cell.source for _, cell in edited])
+    references = {name: "which a test cell defines (the tests' own)"
+                  for name in test_cell_functions(release)}
+    for _, cell in edited:
+        if not is_answer(cell):
+            references.update(finished_imports(cell.source, names))
+    reaching = _reaching(references, [cell.source for _, cell in edited])
     evidence = []
     for index, cell in edited:
-        where = nbgrader_meta(cell).get("grade_id") or f"cell {index}"
-        for kind, detail in scan_source(cell.source, aliases=aliases, protected=protected,
-                                        exercise_names=names):
+        grade_id = nbgrader_meta(cell).get("grade_id")
+        where = grade_id if isinstance(grade_id, str) and grade_id else f"cell {index}"
+        for kind, detail in scan_source(
+                cell.source, aliases=aliases, protected=protected, exercise_names=names,
+                answer=is_answer(cell), permitted=PERMITTED_IMPORTS.get(grade_id, frozenset())
+                if is_answer(cell) and isinstance(grade_id, str) else frozenset()):
             evidence.append(Evidence(kind, where, detail))
         for name in _uses(cell.source, set(reaching)) if is_answer(cell) else ():
-            evidence.append(Evidence("reference-copy", where, f"calls {reaching[name]}, which "
-                                                              f"a test cell defines (the tests' "
-                                                              f"own)"))
+            evidence.append(Evidence("reference-copy", where, f"calls {reaching[name]}"))
     return evidence
 
-
-# --------------------------------------------------------------------------------------------
-# the runtime guard
-
-
-@dataclass(frozen=True)
-class GuardSpec:
-    """What the in-kernel guard watches: modules to snapshot (imported at install, before any
-    student code), and the exercise function names (a tinygpt object under such a name at
-    test time is the package's finished version)."""
-
-    modules: tuple[str, ...]
-    exercise_names: tuple[str, ...]
-    nonce: str
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> GuardSpec:
-        data = json.loads(text)
-        return cls(tuple(data["modules"]), tuple(data["exercise_names"]), data["nonce"])
-
-
-BASE_MODULES = ("math", "numpy", "numpy.testing", "tinygpt.testing")
-TORCH_MODULES = ("torch", "torch.testing", "torch.nn.functional")
-
-
-def guard_spec(release) -> GuardSpec:
-    """The guard for a day's released notebook (torch watched when the notebook imports it)."""
-    uses_torch = any(re.search(r"^\s*(import|from)\s+torch\b", s, re.M)
-                     for s in _code_sources(release))
-    modules = BASE_MODULES + (TORCH_MODULES if uses_torch else ())
-    return GuardSpec(modules, tuple(sorted(exercise_function_names(release))),
-                     secrets.token_hex(8))
-
-
-# The guard runs inside the student's kernel. It is installed as the first cell (no student
-# code has run), and `check()` is evaluated as a user expression before every test cell.
-GUARD_SOURCE = r'''
-def _tinygpt_guard_install(spec):
-    import builtins, importlib, json, sys, types
-    shell = get_ipython()
-    kernel = getattr(shell, "kernel", None)
-    missing = object()
-    mods = {}
-    for name in spec["modules"]:
-        try:
-            mods[name] = importlib.import_module(name)
-        except Exception:
-            pass
-    snap = {name: {k: v for k, v in vars(m).items() if callable(v) or isinstance(v, type)}
-            for name, m in mods.items()}
-    tensor = getattr(mods.get("torch"), "Tensor", None)
-    tensor_snap = dict(vars(tensor)) if tensor is not None else {}
-    builtin_snap = dict(vars(builtins))
-    tm = shell.input_transformer_manager
-    list_owners = [(shell, "input_transformers_post"), (shell, "ast_transformers"),
-                   (tm, "cleanup_transforms"), (tm, "line_transforms"),
-                   (tm, "token_transformers")]
-    lists = {(id(o), a): (o, a, getattr(o, a), list(getattr(o, a))) for o, a in list_owners}
-    events = {k: list(v) for k, v in shell.events.callbacks.items()}
-    benign = ("matplotlib", "matplotlib_inline", "ipykernel", "IPython", "ipywidgets",
-              "comm", "traitlets")
-    # names IPython and ipykernel swap in and out around every cell (the guard's snapshot is
-    # taken inside a cell, its checks run outside one)
-    trap_names = {"_", "__", "___", "exit", "quit", "get_ipython", "display", "__IPYTHON__",
-                  "input", "raw_input", "getpass"}
-    shell_names = ("showtraceback", "_showtraceback", "showsyntaxerror", "run_cell",
-                   "run_cell_async", "transform_cell", "run_ast_nodes", "run_code",
-                   "user_expressions", "custom_exceptions", "CustomTB", "InteractiveTB",
-                   "SyntaxTB", "should_run_async", "_run_cell", "ex")
-    kernel_names = ("do_execute", "execute_request", "send_response")
-    objs = [(shell, shell_names)] + ([(kernel, kernel_names)] if kernel is not None else [])
-    inst = {(id(o), n): o.__dict__.get(n, missing) for o, names in objs for n in names}
-    cls = {(c, n): c.__dict__.get(n, missing) for o, names in objs
-           for c in type(o).__mro__ for n in names}
-    trace = (sys.gettrace(), sys.getprofile())
-    aliases = {"np": "numpy", "numpy": "numpy", "torch": "torch", "math": "math"}
-    checks = {k: v for k, v in snap.get("tinygpt.testing", {}).items()
-              if not k.startswith("_")}
-
-    import site, sysconfig
-    lib_dirs = tuple({sys.prefix, sys.base_prefix, sysconfig.get_paths()["purelib"],
-                      *site.getsitepackages()})
-
-    def library_wrapper(new, old):
-        # torch wraps some of its own functions when a submodule loads (torch._dynamo wraps
-        # torch.manual_seed): a wrapper defined in an installed library around the original
-        w = new
-        for _ in range(8):
-            code = getattr(w, "__code__", None)
-            inner = getattr(w, "__wrapped__", None)
-            if code is None or inner is None or not code.co_filename.startswith(lib_dirs):
-                return False
-            if inner is old:
-                return True
-            w = inner
-        return False
-
-    def check():
-        ev = []
-        def note(kind, detail):
-            if [kind, detail] not in ev:
-                ev.append([kind, detail])
-        for key, (owner, attr, obj, items) in lists.items():
-            if getattr(owner, attr) is not obj:
-                note("ipython-hooks", f"replaced IPython's {attr}")
-                setattr(owner, attr, obj)
-            if list(obj) != items:
-                note("ipython-hooks", f"changed IPython's {attr}")
-                obj[:] = items
-        for name, cbs in list(shell.events.callbacks.items()):
-            before = events.get(name, [])
-            added = [cb for cb in cbs if cb not in before and not (
-                getattr(cb, "__module__", None) or "").startswith(benign)]
-            if added or any(cb not in cbs for cb in before):
-                note("ipython-hooks", f"registered or removed a {name} event callback")
-                cbs[:] = [cb for cb in cbs if cb not in added] + [
-                    cb for cb in before if cb not in cbs]
-        for o, names in objs:
-            for n in names:
-                if o.__dict__.get(n, missing) is not inst[(id(o), n)]:
-                    note("ipython-hooks", f"replaced {type(o).__name__}.{n} on the instance")
-                    if inst[(id(o), n)] is missing:
-                        o.__dict__.pop(n, None)
-                    else:
-                        o.__dict__[n] = inst[(id(o), n)]
-        for (c, n), v in cls.items():
-            if c.__dict__.get(n, missing) is not v:
-                note("ipython-hooks", f"patched {c.__name__}.{n}")
-                if v is missing:
-                    delattr(c, n)
-                else:
-                    setattr(c, n, v)
-        if (sys.gettrace(), sys.getprofile()) != trace:
-            note("introspection", "installed a trace or profile hook")
-            sys.settrace(trace[0]); sys.setprofile(trace[1])
-        current = vars(builtins)
-        for k, v in builtin_snap.items():
-            if current.get(k, missing) is not v and k not in trap_names:
-                note("patched-builtins", f"replaced builtins.{k}")
-                current[k] = v
-        for name, m in mods.items():
-            if sys.modules.get(name) is not m:
-                note("patched-module", f"replaced the module {name} in sys.modules")
-                sys.modules[name] = m
-            for k, v in snap[name].items():
-                now = vars(m).get(k, missing)
-                if now is not v:
-                    if library_wrapper(now, v):
-                        snap[name][k] = now
-                        continue
-                    note("patched-module", f"replaced {name}.{k}")
-                    setattr(m, k, v)
-        if tensor is not None:
-            for k, v in tensor_snap.items():
-                if tensor.__dict__.get(k, missing) is not v:
-                    note("patched-module", f"replaced torch.Tensor.{k}")
-                    setattr(tensor, k, v)
-        ns = shell.user_ns
-        for k, v in checks.items():
-            if k in ns and ns[k] is not v:
-                note("patched-checks", f"rebound {k}")
-                ns[k] = v
-        for alias, name in aliases.items():
-            if alias in ns and name in mods and ns[alias] is not mods[name]:
-                note("patched-checks", f"rebound {alias} (it must be the {name} module)")
-                ns[alias] = mods[name]
-        for name in spec["exercise_names"]:
-            mod = getattr(ns.get(name), "__module__", None) or ""
-            if mod.startswith("tinygpt."):
-                note("reference-copy", f"{name} is tinygpt's finished version ({mod})")
-        return json.dumps({"nonce": spec["nonce"], "evidence": ev})
-
-    sys.modules["_tinygpt_guard"] = types.SimpleNamespace(check=check)
-
-
-_tinygpt_guard_install(SPEC)
-del _tinygpt_guard_install
-'''
-
-GUARD_EXPRESSION = "__import__('sys').modules['_tinygpt_guard'].check()"
-
-
-def guard_install_code(spec: GuardSpec) -> str:
-    """The cell that installs the guard (run first, before any student code)."""
-    return GUARD_SOURCE.replace("SPEC", repr(asdict(spec)), 1)
-
-
-def read_guard_reply(spec: GuardSpec, reply: dict | None, where: str) -> list[Evidence]:
-    """Evidence from one guard check: its findings, or the fact that the check was blocked
-    (no reply, an error, or an answer without this run's nonce)."""
-    if not reply or reply.get("status") != "ok":
-        return [Evidence("guard-blocked", where, "the grader's integrity check could not run "
-                                                 "(the kernel refused or failed it)")]
-    value = reply.get("data", {}).get("text/plain", "")
-    try:
-        data = json.loads(ast.literal_eval(value))
-    except (ValueError, SyntaxError, TypeError):
-        data = None
-    if not isinstance(data, dict) or data.get("nonce") != spec.nonce:
-        return [Evidence("guard-blocked", where, "the grader's integrity check returned a "
-                                                 "forged or garbled answer")]
-    return [Evidence(kind, where, detail) for kind, detail in data.get("evidence", [])]

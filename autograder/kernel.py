@@ -24,7 +24,7 @@ from nbgrader.utils import determine_grade
 
 from autograder.mistakes import Mistake
 from autograder.notebooks import exercises, read
-from autograder.preprocessors import stderr_to_stdout
+from autograder.preprocessors import graded_outputs
 from autograder.settings import CELL_TIMEOUT_S
 
 OUTPUT_TYPES = ("stream", "display_data", "execute_result", "error")
@@ -35,6 +35,11 @@ class CellError(RuntimeError):
 
 
 MAX_OUTPUT_CHARS = 200_000  # per cell: a student printing gigabytes must not exhaust us
+MAX_ERROR_CHARS = 20_000    # of one error's message, and of its traceback
+# what no cell sends once it is over (a thread of its own may still print: stream and display
+# messages are not suspect)
+LATE_SUSPECTS = ("status", "execute_result", "error", "execute_input")
+IDLE_SETTLE_S = 1.0  # an idle read before its cell's reply ends the cell after this quiet
 
 
 class Kernel:
@@ -50,6 +55,9 @@ class Kernel:
                  env: dict[str, str] | None = None) -> None:
         self.timeout = timeout
         self.dead: str = ""  # why the kernel can no longer run cells, once it can't
+        self.anomalies: list[str] = []  # messages that broke the protocol (see run); the
+        #                                 caller reads and clears them
+        self._finished: set[str] = set()   # ids of the cells run so far
         self.manager = manager or KernelManager(kernel_name="python3")
         self._log = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
         extra = {"env": env} if env is not None else {}
@@ -59,12 +67,20 @@ class Kernel:
         self.client.wait_for_ready(timeout=120)
 
     def run(self, code: str, timeout: float | None = None) -> list[NotebookNode]:
+        """Run `code`; return its outputs. The cell is over at the first idle status for it
+        (IOPub) read after its execute_reply (shell channel), which the kernel sends first: an
+        idle alone can be forged by the cell's own code. (An idle read before the reply ends
+        the cell once IOPub has been quiet for IDLE_SETTLE_S after the reply.) A reply with
+        status error counts as a failure even when no error output came. What does not fit
+        the protocol (more than one idle for a cell, messages for a cell already over) is noted
+        in `self.anomalies` for the caller."""
         if self.dead:
             return [_error("CellNotRun", f"not run: {self.dead}")]
         timeout = self.timeout if timeout is None else timeout
         msg_id = self.client.execute(code, store_history=False, allow_stdin=False)
         outputs: list[NotebookNode] = []
         size, deadline, interrupted, truncated = 0, time.monotonic() + timeout, None, False
+        reply, idles, last = None, 0, time.monotonic()
         while True:
             now = time.monotonic()
             if now > deadline and interrupted is None:
@@ -73,23 +89,38 @@ class Kernel:
             if interrupted is not None and now > interrupted + 10:
                 self.dead = f"the kernel ignored the interrupt after the {timeout:.0f} s limit"
                 outputs.append(_error("CellTimeoutError", self.dead))
-                return outputs
+                break
+            if reply is None:
+                reply = self._reply(msg_id)
             try:
-                msg = self.client.get_iopub_msg(timeout=0.2)
+                msg = self.client.get_iopub_msg(timeout=0.05 if reply is None else 0.2)
             except queue.Empty:
                 if not self.manager.is_alive():
                     self.dead = f"the kernel died ({self._exit_reason()})"
                     outputs.append(_error("DeadKernelError", self.dead))
-                    return outputs
+                    break
+                if reply is not None and idles and now - last > IDLE_SETTLE_S:
+                    break   # its idle came just before the reply: nothing more is coming
                 continue
-            if msg["parent_header"].get("msg_id") != msg_id:
+            last = time.monotonic()
+            parent = msg["parent_header"].get("msg_id")
+            if parent != msg_id:
+                if parent in self._finished and msg["msg_type"] in LATE_SUSPECTS:
+                    self._note(f"a {msg['msg_type']} message arrived for a cell already over")
                 continue
             kind = msg["msg_type"]
-            if kind == "status" and msg["content"]["execution_state"] == "idle":
-                break
+            if kind == "status" and msg["content"].get("execution_state") == "idle":
+                idles += 1
+                if idles > 1:
+                    self._note("a status message said the kernel was idle while a cell ran")
+                if reply is None:   # the kernel sends the reply before the idle
+                    reply = self._reply(msg_id)
+                if reply is not None:
+                    break
+                continue
             if kind in OUTPUT_TYPES:
-                output = output_from_msg(msg)
-                size += len(str(output.get("text", ""))) + len(str(output.get("data", "")))
+                output = _capped(output_from_msg(msg))
+                size += _size(output)
                 if kind == "error" or size <= MAX_OUTPUT_CHARS:  # never drop an error
                     outputs.append(output)
                 elif not truncated:
@@ -99,7 +130,29 @@ class Kernel:
                 if kind == "error" and interrupted is not None:
                     outputs.append(_error("CellTimeoutError",
                                           f"the cell ran past the {timeout:.0f} s limit"))
+        self._finished.add(msg_id)
+        content = reply["content"] if reply is not None else {}
+        if content.get("status") == "error" and not any(
+                o.get("output_type") == "error" for o in outputs):
+            outputs.append(_capped(NotebookNode(
+                output_type="error", ename=str(content.get("ename", "Error")),
+                evalue=str(content.get("evalue", "")),
+                traceback=[str(t) for t in content.get("traceback", [])])))
         return outputs
+
+    def _reply(self, msg_id: str) -> dict | None:
+        """The execute_reply for `msg_id` if it has come (other shell messages are dropped)."""
+        while True:
+            try:
+                msg = self.client.shell_channel.get_msg(timeout=0)
+            except queue.Empty:
+                return None
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg
+
+    def _note(self, what: str) -> None:
+        if what not in self.anomalies:
+            self.anomalies.append(what)
 
     def evaluate(self, expression: str, timeout: float = 30.0) -> dict | None:
         """Evaluate `expression` through the execute request's user_expressions (IPython
@@ -149,6 +202,33 @@ class Kernel:
         self.close()
 
 
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else \
+        text[:limit] + f"\n[{len(text) - limit} more characters cut by the grader]"
+
+
+def _capped(output: NotebookNode) -> NotebookNode:
+    """An error output with its message and traceback cut to MAX_ERROR_CHARS each."""
+    if output.get("output_type") == "error":
+        output["evalue"] = _cut(str(output.get("evalue", "")), MAX_ERROR_CHARS)
+        kept, left = [], MAX_ERROR_CHARS
+        for line in output.get("traceback", []):
+            if left <= 0:
+                kept.append("[traceback cut by the grader]")
+                break
+            kept.append(_cut(str(line), left))
+            left -= len(kept[-1])
+        output["traceback"] = kept
+    return output
+
+
+def _size(output: NotebookNode) -> int:
+    """Characters an output holds (text, data, and an error's message and traceback)."""
+    return (len(str(output.get("text", ""))) + len(str(output.get("data", "")))
+            + len(str(output.get("evalue", ""))) + sum(len(str(t)) for t in
+                                                        output.get("traceback", [])))
+
+
 def _error(name: str, message: str) -> NotebookNode:
     return NotebookNode(output_type="error", ename=name, evalue=message, traceback=[])
 
@@ -156,7 +236,7 @@ def _error(name: str, message: str) -> NotebookNode:
 def score(test_cell: NotebookNode, outputs: list[NotebookNode]) -> float:
     """Points nbgrader would give `test_cell` with these outputs (after StderrToStdout)."""
     cell = NotebookNode(test_cell.copy())
-    cell["outputs"] = stderr_to_stdout(outputs)
+    cell["outputs"] = graded_outputs(outputs)
     points, _ = determine_grade(cell)
     return float(points)
 

@@ -235,9 +235,13 @@ def explain_error(test_source: str, error: dict) -> str:
     return message
 
 
+MAX_MESSAGE_CHARS = 2_000   # of one failure's message on a feedback page
+
+
 def feedback_html(day: str, student: str, notebook, grades: dict[str, tuple[float, float]],
                   evidence: str = "", limit_note: str = "") -> str:
-    """An HTML page for one student's graded notebook (no test-cell code); `evidence`: why
+    """An HTML page for one student's graded notebook (no test-cell code; a failure's message
+    cut to MAX_MESSAGE_CHARS, saying so); `evidence`: why
     the submission was flagged for review, shown at the top; `limit_note`: a grader limit
     that stopped the run (a timeout, a crash), shown at the top as what it is."""
     titles, answer, parts = _titles(notebook), None, []
@@ -258,6 +262,9 @@ def feedback_html(day: str, student: str, notebook, grades: dict[str, tuple[floa
                 message = explain_error(cell.source, errors[-1])
             if answer is not None:
                 message = name_the_exercise(message, answer_names(answer.source))
+            if len(message) > MAX_MESSAGE_CHARS:  # the student's own text: it could carry
+                message = message[:MAX_MESSAGE_CHARS] + (  # anything the kernel held
+                    f"\n[{len(message) - MAX_MESSAGE_CHARS} more characters cut]")
             name = nbgrader_meta(answer)["grade_id"] if answer is not None else grade_id
             parts.append(
                 f'<section class="{"pass" if passed else "fail"}">'

@@ -8,18 +8,30 @@ What the sandboxed kernel can see and do:
   students' submissions, not /etc, not /root;
 - no network (a private network namespace with only a loopback interface), its own PID
   namespace (it cannot see or signal host processes), a clean environment (no inherited
-  secrets such as a database URL), and an address-space limit so a memory bomb fails with
-  MemoryError inside the kernel instead of exhausting the machine.
+  secrets such as a database URL), an address-space limit so a memory bomb fails with
+  MemoryError inside the kernel instead of exhausting the machine (per process: a kernel
+  that starts child processes gets the limit once for each), a file-size limit
+  (MAX_FILE_BYTES per file written) and a size limit on its private /tmp (TMP_BYTES, where
+  bubblewrap can set one).
+
+Not limited here (that needs cgroups, which a plain container lacks): the number of processes
+(RLIMIT_NPROC counts every process of the user on the host and does not bind root, so it would
+fail honest kernels or do nothing) and the total disk space the scratch folder takes.
 
 The trusted side (our executor) talks to the kernel over ZeroMQ IPC sockets that live in the
-scratch folder, so no TCP port crosses the network namespace.
+scratch folder's .runtime folder, so no TCP port crosses the network namespace. That folder is
+a mount point of its own inside the sandbox, so student code cannot rename it or put a link to
+another folder in its place, and the trusted side removes its files only while it still is the
+folder it created.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
 from dataclasses import dataclass
@@ -30,6 +42,8 @@ from jupyter_client.manager import KernelManager
 from autograder.settings import REPO_ROOT
 
 DEFAULT_MEMORY_BYTES = 6 * 1024**3  # address space, not resident memory: torch maps a lot
+MAX_FILE_BYTES = 1024**3  # the largest file the kernel may write
+TMP_BYTES = 512 * 1024**2  # the kernel's private /tmp (a tmpfs: it takes memory)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -84,7 +98,8 @@ def bwrap_path() -> str:
 def sandbox_prefix(policy: SandboxPolicy) -> list[str]:
     """The bwrap (+ prlimit) command that wraps a kernel command line."""
     cmd = [bwrap_path(), "--die-with-parent", "--new-session", "--unshare-all",
-           "--clearenv", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+           "--clearenv", "--proc", "/proc", "--dev", "/dev",
+           *(["--size", str(TMP_BYTES)] if _bwrap_sizes_tmpfs() else []), "--tmpfs", "/tmp"]
     for link in ("bin", "lib", "lib64", "sbin"):
         target = Path("/") / link
         if target.is_symlink():
@@ -96,7 +111,11 @@ def sandbox_prefix(policy: SandboxPolicy) -> list[str]:
     for real, given in policy.aliased_paths():
         cmd += ["--ro-bind", str(real), str(given)]
     scratch = str(policy.scratch)
-    cmd += ["--bind", scratch, scratch, "--chdir", scratch]
+    cmd += ["--bind", scratch, scratch]
+    runtime = policy.scratch / ".runtime"
+    if runtime.is_dir() and not runtime.is_symlink():   # a mount point: it cannot be moved
+        cmd += ["--bind", str(runtime), str(runtime)]
+    cmd += ["--chdir", scratch]
     env = {
         "HOME": scratch,
         "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
@@ -113,7 +132,19 @@ def sandbox_prefix(policy: SandboxPolicy) -> list[str]:
     for key, value in env.items():
         cmd += ["--setenv", key, value]
     prlimit = shutil.which("prlimit") or "/usr/bin/prlimit"
-    return cmd + ["--", prlimit, f"--as={policy.memory_bytes}", "--core=0", "--"]
+    return cmd + ["--", prlimit, f"--as={policy.memory_bytes}", "--core=0",
+                  f"--fsize={MAX_FILE_BYTES}", "--"]
+
+
+@functools.cache
+def _bwrap_sizes_tmpfs() -> bool:
+    """Whether this bubblewrap takes --size for a tmpfs (0.5 and later)."""
+    try:
+        done = subprocess.run([bwrap_path(), "--help"], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--size" in done.stdout + done.stderr
 
 
 class SandboxKernelManager(KernelManager):
@@ -126,12 +157,29 @@ class SandboxKernelManager(KernelManager):
                          ip=str(runtime / "kernel-ipc"),
                          connection_file=str(runtime / "kernel.json"), **kwargs)
         self.policy = policy
+        self._runtime = (runtime, os.path.realpath(runtime))
         # Interrupt through the control channel: a signal sent to bwrap would not reach the
         # kernel inside its PID namespace.
         self.kernel_spec.interrupt_mode = "message"
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         return sandbox_prefix(self.policy) + super().format_kernel_cmd(extra_arguments)
+
+    def _runtime_intact(self) -> bool:
+        """Whether .runtime is still the folder this manager created (not a link the kernel
+        put in its place): only then are jupyter_client's file removals safe to follow."""
+        if not hasattr(self, "_runtime"):    # never fully set up: it wrote no files
+            return False
+        path, real = self._runtime
+        return path.is_dir() and not path.is_symlink() and os.path.realpath(path) == real
+
+    def cleanup_connection_file(self) -> None:
+        if self._runtime_intact():
+            super().cleanup_connection_file()
+
+    def cleanup_ipc_files(self) -> None:
+        if self._runtime_intact():
+            super().cleanup_ipc_files()
 
     def start_kernel(self, **kw):  # the kernel runs in the scratch folder, with a clean env
         kw.setdefault("cwd", str(self.policy.scratch))

@@ -10,7 +10,12 @@ released version:
 - every test cell the release has is present after its answer cell (a deleted one is put back;
   an edited one is overwritten later by nbgrader from the gradebook, hidden tests included);
 - an answer that cannot be found at all is replaced by the release's empty stub (zero points
-  for that exercise, full credit elsewhere).
+  for that exercise, full credit elsewhere);
+- nbgrader metadata is the release's: one cell per released grade_id keeps it (copies that
+  Jupyter made when a graded cell was copied and pasted run as ordinary cells), its flags and
+  points are put back as released, and metadata with a grade_id the release does not have (or
+  one that is not a string) is removed. Copies are an honest accident; changed flags or points
+  and invented graded cells are tampering, listed in `tampered` as well.
 
 What could not be taken as it was is listed in `notes`, which end up in the grading report.
 """
@@ -34,6 +39,7 @@ class Staged:
     notebook: NotebookNode | None  # None when there is nothing to grade
     status: str  # "ok", "repaired", "missing" or "invalid"
     notes: list[str] = field(default_factory=list)
+    tampered: list[str] = field(default_factory=list)  # nbgrader metadata changed on purpose
 
 
 def find_notebook(folder: Path, day: str) -> tuple[Path | None, list[str]]:
@@ -80,8 +86,8 @@ def stage(release: NotebookNode, folder: Path, day: str) -> Staged:
         return Staged(None, "invalid", notes + [problem])
 
     cells = [c for c in (_clean_cell(c) for c in student.cells) if c is not None]
-    by_id = {nbgrader_meta(c).get("grade_id"): c for c in cells if nbgrader_meta(c)}
-    repaired = list(notes)
+    repaired, tampered = list(notes), []
+    by_id = _released_metadata(release, cells, repaired, tampered)
     out: list[NotebookNode] = list(cells)
     anchor = None  # where the last handled answer cell sits in `out`
     for ref in release.cells:
@@ -117,11 +123,54 @@ def stage(release: NotebookNode, folder: Path, day: str) -> Staged:
             cell["id"] = f"staged-{index}"
         seen.add(cell["id"])
     nb = nbformat.v4.new_notebook(cells=out, metadata=copy.deepcopy(release.metadata))
-    return Staged(nb, "repaired" if len(repaired) > len(notes) else "ok", repaired)
+    return Staged(nb, "repaired" if len(repaired) > len(notes) else "ok", repaired, tampered)
+
+
+FLAGS = ("grade", "solution", "locked", "points", "task")
+
+
+def _released_metadata(release: NotebookNode, cells: list[NotebookNode], repaired: list[str],
+                       tampered: list[str]) -> dict[str, NotebookNode]:
+    """Make the nbgrader metadata of `cells` the release's (see the module docstring); returns
+    grade_id -> the cell that keeps it. What was changed goes to `repaired`, and what cannot be
+    an accident to `tampered` too."""
+    released = {nbgrader_meta(c)["grade_id"]: c for c in release.cells
+                if isinstance(nbgrader_meta(c).get("grade_id"), str)}
+    by_id: dict[str, NotebookNode] = {}
+    copies: dict[str, int] = {}
+    for cell in cells:
+        meta = nbgrader_meta(cell)
+        if not meta:
+            continue
+        grade_id = meta.get("grade_id")
+        ref = released.get(grade_id)
+        if ref is None or grade_id in by_id or cell.cell_type != ref.cell_type:
+            del cell.metadata["nbgrader"]
+            if ref is None:
+                repaired.append(f"{grade_id}: not a cell of the release: its nbgrader "
+                                f"metadata was removed")
+                if meta.get("grade") or meta.get("points"):
+                    tampered.append(f"a graded cell {grade_id!r} the release does not have")
+            else:
+                copies[grade_id] = copies.get(grade_id, 0) + 1
+            continue
+        by_id[grade_id] = cell
+        changed = [k for k in FLAGS if meta.get(k) != nbgrader_meta(ref).get(k)]
+        if changed:
+            repaired.append(f"{grade_id}: nbgrader metadata ({', '.join(changed)}) restored "
+                            f"from the release")
+            tampered.append(f"{grade_id}: changed its nbgrader {', '.join(changed)}")
+        cell.metadata["nbgrader"] = copy.deepcopy(nbgrader_meta(ref))
+    for grade_id, count in copies.items():
+        repaired.append(f"{grade_id}: {count} more cell{'s' if count > 1 else ''} carried its "
+                        f"metadata (copied and pasted?): the first kept it, the others run as "
+                        f"ordinary cells")
+    return by_id
 
 
 def _clean_cell(cell) -> NotebookNode | None:
-    """A valid v4 cell with the student's source and nbgrader metadata, outputs dropped."""
+    """A valid v4 cell with the student's source and nbgrader metadata (only when it has a
+    grade_id that is a string), outputs dropped."""
     if not isinstance(cell, dict):
         return None
     source = cell.get("source", "")
@@ -132,7 +181,9 @@ def _clean_cell(cell) -> NotebookNode | None:
         return None
     clean = make(source)
     metadata = cell.get("metadata")
-    if isinstance(metadata, dict) and isinstance(metadata.get("nbgrader"), dict):
+    if isinstance(metadata, dict) and isinstance(metadata.get("nbgrader"), dict) \
+            and isinstance(metadata["nbgrader"].get("grade_id"), str) \
+            and metadata["nbgrader"]["grade_id"]:     # a grade_id that is not a string is junk
         clean.metadata["nbgrader"] = copy.deepcopy(metadata["nbgrader"])
     if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", str(cell.get("id", ""))):
         clean["id"] = str(cell["id"])

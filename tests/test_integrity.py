@@ -6,6 +6,8 @@ are never flagged."""
 from __future__ import annotations
 
 import csv
+import hashlib
+import hmac
 import json
 import shutil
 import tempfile
@@ -16,13 +18,8 @@ import pytest
 
 from autograder import cheats
 from autograder.grading import autograde, generate_release
-from autograder.integrity import (
-    GuardSpec,
-    guard_install_code,
-    read_guard_reply,
-    scan_source,
-    scan_submission,
-)
+from autograder.guard import GuardSpec, guard_install_code, read_guard_reply
+from autograder.integrity import scan_source, scan_submission
 from autograder.notebooks import release_path, solution_path
 from autograder.settings import REPO_ROOT
 from tests.conftest import DAYS
@@ -60,6 +57,23 @@ def kinds(source: str, exercise_names: frozenset = frozenset({"softmax"})) -> se
     ("class A:\n    def __eq__(self, other):\n        return True", "comparison-override"),
     ("from tinygpt.numerics import softmax", "reference-copy"),
     ("softmax = ref.softmax", "reference-copy"),
+    # the kernel's display hook (an execute_result read as partial credit) and its messaging
+    # (a forged idle status ends the cell early)
+    ("import sys\nsys.displayhook(2)", "ipython-hooks"),
+    ("d.session.send(d.pub_socket, 'status', {}, d.parent_header)", "ipython-hooks"),
+    # the guard swapped through sys.modules, or its key read from its closure
+    ("import sys\n_m = sys.modules", "patched-module"),
+    ("import sys\nsys.modules.update(x)", "patched-module"),
+    ("import sys\nsys.modules['x'] = y", "patched-module"),
+    ("from sys import modules", "patched-module"),
+    ("g = m['_tinygpt' + '_guard']", "guard-tampering"),
+    ("key = check.__closure__[0].cell_contents", "introspection"),
+    # every cell run so far (hidden tests included) read from linecache
+    ("import traceback\nprint(traceback.linecache.cache)", "reads-tests"),
+    # a check rebound by an import, and code the scan cannot parse
+    ("from tinygpt.testing import check_close as check_true", "patched-checks"),
+    pytest.param("x = a" + ".b" * 200_000, "unreadable-code", id="too-deep-to-parse"),
+    pytest.param("-" * 200_000 + "1", "unreadable-code", id="too-large-to-parse"),
 ])
 def test_the_static_scan_finds_each_means_of_tampering(source, kind):
     assert kind in kinds(source), f"{source!r}: expected {kind}, found {kinds(source)}"
@@ -72,6 +86,8 @@ def test_the_static_scan_finds_each_means_of_tampering(source, kind):
     "answer_q1 = 'B'",
     "%matplotlib inline\nx = 1",
     "def f(:",          # a syntax error fails on its own
+    "from tinygpt.testing import check_close",    # importing a check is no patch
+    "import sys\nprint('torch' in sys.modules, sys.modules.get('numpy'))",  # reading it
 ])
 def test_ordinary_code_is_not_suspect(source):
     assert kinds(source) == set()
@@ -99,17 +115,29 @@ def test_the_guard_never_flags_an_honest_solution(day, graded_days):
     assert not lost, f"{day}: test cells failed under the guard: {lost}"
 
 
+def _signed(key: str, challenge: str, evidence: list) -> dict:
+    proof = hmac.new(key.encode(), f"{challenge}:{json.dumps(evidence)}".encode(),
+                     hashlib.sha256).hexdigest()
+    return {"status": "ok", "data": {"text/plain": repr(json.dumps(
+        {"proof": proof, "evidence": evidence}))}}
+
+
 def test_a_blocked_or_forged_guard_answer_is_evidence():
     spec = GuardSpec(("math",), (), "abc123")
-    assert read_guard_reply(spec, None, "t")[0].kind == "guard-blocked"
-    assert read_guard_reply(spec, {"status": "error"}, "t")[0].kind == "guard-blocked"
-    forged = {"status": "ok", "data": {"text/plain": repr(json.dumps(
-        {"nonce": "guess", "evidence": []}))}}
-    assert read_guard_reply(spec, forged, "t")[0].detail.startswith("the grader's integrity")
-    honest = {"status": "ok", "data": {"text/plain": repr(json.dumps(
-        {"nonce": "abc123", "evidence": [["patched-module", "replaced numpy.allclose"]]}))}}
-    assert [e.text() for e in read_guard_reply(spec, honest, "t")] == [
+    assert read_guard_reply(spec, None, "t", "c1")[0].kind == "guard-blocked"
+    assert read_guard_reply(spec, {"status": "error"}, "t", "c1")[0].kind == "guard-blocked"
+    found = [["patched-module", "replaced numpy.allclose"]]
+    honest = _signed("abc123", "c1", found)
+    assert [e.text() for e in read_guard_reply(spec, honest, "t", "c1")] == [
         "patched-module in t: replaced numpy.allclose"]
+    # a guessed key, an answer replayed for another challenge, evidence dropped after signing
+    forged = [_signed("guess", "c1", []), honest, _signed("abc123", "c1", [])]
+    forged[2]["data"]["text/plain"] = honest["data"]["text/plain"].replace(
+        json.dumps(found)[1:-1], "")
+    for reply, challenge in zip(forged, ["c1", "c2", "c1"], strict=True):
+        got = read_guard_reply(spec, reply, "t", challenge)
+        assert [e.kind for e in got] == ["guard-blocked"], got
+        assert got[0].detail.startswith("the grader's integrity")
     assert "'abc123'" in guard_install_code(spec)
 
 
