@@ -121,6 +121,22 @@ def test_attention_weights_properties():
     torch.testing.assert_close(w, ref)
 
 
+def test_attention_weights_keep_float64_and_upcast_half():
+    """float64 inputs keep float64 accuracy (a float32 softmax would be ~1e-8 off; day 04's
+    exercise 6 compares at atol 1e-10), and half precision still runs its softmax in float32."""
+    q, k = randn(2, 3, 5, 8, seed=40), randn(2, 3, 5, 8, seed=41)
+    ref = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8) + causal_mask(5, dtype=q.dtype),
+                        dim=-1)
+    w = attention_weights(q, k)
+    assert w.dtype == torch.float64
+    torch.testing.assert_close(w, ref, rtol=0, atol=1e-12)
+    h = attention_weights(q.to(torch.bfloat16), k.to(torch.bfloat16))
+    assert h.dtype == torch.bfloat16
+    want = torch.softmax((q.to(torch.bfloat16) @ k.to(torch.bfloat16).transpose(-1, -2)).float()
+                         / math.sqrt(8) + causal_mask(5), dim=-1)
+    torch.testing.assert_close(h.float(), want, rtol=0, atol=1e-2)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_sdpa_matches_torch(causal):
     q, k, v = randn(2, 3, 6, 8, seed=6), randn(2, 3, 6, 8, seed=7), randn(2, 3, 6, 5, seed=8)

@@ -14,6 +14,7 @@ from tinygpt.testing import (
     check_true,
     grading,
     inputs,
+    is_number,
     notebook_threads,
 )
 
@@ -21,16 +22,40 @@ from tinygpt.testing import (
 def test_check_close_passes_and_fails_with_teaching_message():
     check_close("f(x)", [1.0, 2.0], np.array([1.0, 2.0]))
     with pytest.raises(CheckFailed, match=r"f\(x\) returned \[1\., 3\.\], expected \[1\., 2\.\]"
-                                          r"\.\nLargest difference at index \(1,\): 1 \(got 3\.0, "
+                                          r"\.\nWorst difference at index \(1,\): 1 \(got 3\.0, "
                                           r"expected 2\.0; allowed there: 2\.01e-06\)\.\nHint: h"):
         check_close("f(x)", [1.0, 3.0], [1.0, 2.0], hint="h")
 
 
 def test_check_close_shows_a_difference_the_printed_arrays_hide():
     # 4 printed decimals make these two look equal; the message gives the difference's size
-    with pytest.raises(CheckFailed, match=r"Largest difference at index \(0,\): 0\.0002 "
+    with pytest.raises(CheckFailed, match=r"Worst difference at index \(0,\): 0\.0002 "
                                           r"\(got 0\.5002, expected 0\.5;"):
         check_close("f(x)", [0.5002, 1.0], [0.5, 1.0], rtol=0, atol=1e-6)
+
+
+def test_check_close_names_the_element_that_fails_not_the_largest_difference():
+    # index 0 differs by 5e-7, inside its allowance (1e-6 x 1.0); index 1 differs by only 1e-7,
+    # but its allowance is 1e-8 + 1e-6 x 0.001: that is the element to show
+    with pytest.raises(CheckFailed, match=r"Worst difference at index \(1,\): 1e-07 \(got "
+                                          r"0\.0010001, expected 0\.001; allowed there: 1\.1e-08"):
+        check_close("x", [1.0000005, 0.0010001], [1.0, 0.001])
+    # an infinity that matches is not a failure; a nan where a number was expected is
+    with pytest.raises(CheckFailed, match=r"at index \(1,\): inf \(got nan, expected 2\.0"):
+        check_close("y", [np.inf, np.nan], [np.inf, 2.0])
+    with pytest.raises(CheckFailed, match=r"at index \(0,\): inf \(got 1\.0, expected inf"):
+        check_close("z", [1.0, np.inf], [np.inf, np.inf])
+
+
+def test_is_number_takes_any_real_number_but_no_bool():
+    import torch
+
+    for value in (3, 3.0, np.int64(3), np.float32(0.5), np.array(2.5), np.arange(64, 80).sum(),
+                  torch.tensor(3), torch.tensor(0.25, dtype=torch.float64)):
+        assert is_number(value), value
+    for value in (True, np.bool_(False), torch.tensor(True), "3", [3], np.array([3]),
+                  torch.tensor([3]), 1j, np.complex128(1), None):
+        assert not is_number(value), value
 
 
 @pytest.mark.parametrize("got,match", [

@@ -147,7 +147,9 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, causal: bool = True,
     q: (..., T_q, d).   k: (..., T_k, d) with the same leading dimensions as q.
     causal: apply `causal_mask(T_q, T_k)` (bottom-right aligned).   mask: optional bool or
     additive mask broadcastable to (..., T_q, T_k), combined with the causal one.
-    scale: defaults to 1 / sqrt(d). Softmax runs in float32; returns (..., T_q, T_k) in q's dtype.
+    scale: defaults to 1 / sqrt(d). Softmax runs in float32 (float64 for float64 inputs: half
+    precision is upcast, double precision is never rounded down); returns (..., T_q, T_k) in
+    q's dtype.
     """
     if q.ndim < 2 or q.ndim != k.ndim:
         raise ValueError(f"q and k must have the same number (>= 2) of dimensions, got shapes "
@@ -166,7 +168,8 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, causal: bool = True,
         scores = scores + causal_mask(t_q, t_k, dtype=scores.dtype, device=scores.device)
     if mask is not None:
         scores = scores + _as_additive(mask, scores.dtype)
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    softmax_dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
+    return torch.softmax(scores, dim=-1, dtype=softmax_dtype).to(q.dtype)
 
 
 def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -20,6 +20,7 @@ import contextlib
 import functools
 import hashlib
 import inspect
+import numbers
 import os
 import types
 from collections.abc import Callable, Iterator
@@ -92,15 +93,23 @@ def check_close(what: str, got, want, *, rtol: float = 1e-6, atol: float = 1e-8,
         _fail(f"{what} returned non-finite values {_short(got_array)}; expected "
               f"{_short(want_array)}.", hint)
     if not np.allclose(got_array, want_array, rtol=rtol, atol=atol, equal_nan=True):
-        diff = np.abs(got_array - want_array)
+        got_b, want_b = np.broadcast_arrays(got_array, want_array)
+        with np.errstate(invalid="ignore"):                # inf - inf
+            diff = np.abs(got_b - want_b)
         diff = np.where(np.isnan(diff), np.inf, diff)
+        # report the element that fails worst (its difference minus what is allowed there, the
+        # test np.allclose makes), not the largest difference, which may lie within tolerance;
         # the arrays print at 4 decimals, so a small difference needs its own line
-        worst = np.unravel_index(np.argmax(diff), diff.shape)
+        allowed_all = atol + rtol * np.abs(want_b)
+        close = np.isclose(got_b, want_b, rtol=rtol, atol=atol, equal_nan=True)
+        with np.errstate(invalid="ignore"):
+            excess = np.where(close, -np.inf, np.nan_to_num(diff - allowed_all, nan=np.inf))
+        worst = np.unravel_index(np.argmax(excess), excess.shape)
         at = f" at index {tuple(int(i) for i in worst)}" if diff.ndim else ""
-        allowed = atol + rtol * abs(want_array[worst])
-        got_x, want_x = float(got_array[worst]), float(want_array[worst])
+        allowed = allowed_all[worst]
+        got_x, want_x = float(got_b[worst]), float(want_b[worst])
         _fail(f"{what} returned {_short(got_array)}, expected {_short(want_array)}.\n"
-              f"Largest difference{at}: {diff[worst]:.3g} (got {got_x!r}, expected {want_x!r}; "
+              f"Worst difference{at}: {diff[worst]:.3g} (got {got_x!r}, expected {want_x!r}; "
               f"allowed there: {allowed:.3g}).", hint)
 
 
@@ -133,6 +142,24 @@ def check_float32_error(what: str, got, reference, truth, *, factor: float = 2.0
         _fail(f"{what} is {err:.3g} from the float64 result, against {ref_err:.3g} for the "
               f"float32 reference (allowed: {factor:g} x {ref_err:.3g} + {floor:.3g}).", hint)
     return err, ref_err
+
+
+def is_number(value) -> bool:
+    """Whether a self-check answer is one real number: a Python int or float, a NumPy number
+    (np.int64(3), np.float32(0.5), or a 0-d array) or a 0-d torch tensor (torch.tensor(3)), but
+    never a bool (True is not an answer of 1), a complex number, a string or a sequence."""
+    if isinstance(value, bool | np.bool_):
+        return False
+    if isinstance(value, numbers.Real):                  # int, float, NumPy's real scalars
+        return True
+    detach = getattr(value, "detach", None)              # a torch tensor
+    if detach is not None and getattr(value, "ndim", None) == 0:
+        is_complex = getattr(value, "is_complex", None)
+        dtype = str(getattr(value, "dtype", ""))
+        return not (is_complex is not None and is_complex()) and dtype != "torch.bool"
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        return value.dtype.kind in "iuf"
+    return False
 
 
 def check_true(condition: bool, message: str, *, hint: str = "") -> None:

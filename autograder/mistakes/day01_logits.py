@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 MISTAKES = [
     Mistake("softmax", "no max shift: overflows to nan for large logits", """
@@ -188,3 +188,65 @@ EQUIVALENT_MUTANTS = {
     'perplexity: lp = np.asarray(token_logprobs, dtype=np.float64) => lp = np.asarray(token_logprobs)':
         "float64 only adds precision for float32 inputs; the results agree within the tests' tolerance",
 }
+
+# Right answers written another way: each must keep full marks (tests/test_grading_proofs.py).
+ALTERNATIVES = [
+    Alternative('softmax', 'float32 arithmetic (the exercise fixes no dtype)', '''
+def softmax(logits):
+    """Probabilities along the last axis of `logits` (shape (..., V)); each row sums to 1."""
+    x = np.asarray(logits, dtype=np.float32)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+'''),
+    Alternative('temperature', 'a helper named greedy for temperature 0', '''
+def greedy(x):
+    """A one-hot on the argmax of each row."""
+    out = np.zeros_like(x)
+    np.put_along_axis(out, x.argmax(axis=-1)[..., None], 1.0, axis=-1)
+    return out
+
+
+def softmax_with_temperature(logits, temperature):
+    """softmax(logits / temperature) along the last axis; temperature 0 means greedy (one-hot)."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    x = np.asarray(logits, dtype=np.float64)
+    return greedy(x) if temperature == 0 else softmax(x / temperature)
+'''),
+    Alternative('q2', 'a NumPy float32 scalar', '''
+# Set answer_q2 to a number.
+answer_q2 = np.float32(np.exp(2.0))
+'''),
+    Alternative('log_softmax', 'logaddexp.reduce', '''
+def log_softmax(logits):
+    x = np.asarray(logits, dtype=np.float64)
+    return x - np.logaddexp.reduce(x, axis=-1, keepdims=True)
+'''),
+    Alternative('temperature', 'capitalised message', '''
+def softmax_with_temperature(logits, temperature):
+    if temperature < 0:
+        raise ValueError(f"Temperature must be >= 0, got {temperature}")
+    x = np.asarray(logits, dtype=np.float64)
+    if temperature == 0:
+        out = np.zeros_like(x)
+        np.put_along_axis(out, x.argmax(axis=-1)[..., None], 1.0, axis=-1)
+        return out
+    return softmax(x / temperature)
+'''),
+    Alternative('cross_entropy', 'loop over rows', '''
+def cross_entropy(logits, targets):
+    total = 0.0
+    for row, t in zip(logits, targets):
+        total -= log_softmax(row)[t]
+    return total / len(targets)
+'''),
+    Alternative('perplexity', 'geometric mean of probabilities', '''
+def perplexity(token_logprobs):
+    lp = np.asarray(token_logprobs, dtype=float)
+    if (lp > 0).any():
+        raise ValueError("not log-probabilities")
+    return float(1.0 / np.exp(lp.sum() / lp.size))
+'''),
+    Alternative('q1', 'letter with space', '''
+answer_q1 = " B "'''),
+]

@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 MISTAKES = [
     # ---------------------------------------------------------------- get_pair_counts
@@ -424,6 +424,12 @@ def to_tiktoken(merges, special_tokens=None):
 _KEEPS = {
     'off by one: forgets the last pair': ('train_bpe',),
     'replaces only the first occurrence': ('train_bpe', 'encode'),
+    # encode's and decode's tests use the package's merges of the story, not the MERGES
+    # a data cell learns with the student's train_bpe (a data cell runs the right answer in
+    # the proofs, so this covers the test cells; see the day's run_full check)
+    'new ids start at 255 instead of 256': ('encode', 'decode'),
+    # to_tiktoken's test swaps in the package's vocabulary for build_vocab
+    'builds merged tokens right part first': ('to_tiktoken',),
 }
 MISTAKES = [replace(m, keeps=next((v for k, v in _KEEPS.items() if m.name.startswith(k)), ()))
             for m in MISTAKES]
@@ -435,3 +441,100 @@ EQUIVALENT_MUTANTS = {
     'train_bpe: counts[pair] = counts.get(pair, 0) + n => counts[pair] = counts.get(pair, -1) + n':
         "every pair's count moves by the same constant: the most frequent pair and the tie order do not change",
 }
+
+# Right answers written another way: each must keep full marks (tests/test_grading_proofs.py).
+ALTERNATIVES = [
+    Alternative('get_pair_counts', 'Counter', '''
+from collections import Counter
+def get_pair_counts(ids):
+    return Counter(zip(ids, ids[1:]))
+'''),
+    Alternative('merge_pair', 'for-loop with skip flag', '''
+def merge_pair(ids, pair, new_id):
+    out, skip = [], False
+    for i, t in enumerate(ids):
+        if skip:
+            skip = False
+            continue
+        if i + 1 < len(ids) and (t, ids[i + 1]) == tuple(pair):
+            out.append(new_id)
+            skip = True
+        else:
+            out.append(t)
+    return out
+'''),
+    Alternative('train_bpe', 'distinct chunks with weights', '''
+from collections import Counter
+def train_bpe(text, num_merges):
+    chunk_counts = Counter(pretokenize(text))
+    chunks = {c: list(c.encode("utf-8")) for c in chunk_counts}
+    merges = {}
+    new_id = 256
+    while len(merges) < num_merges:
+        counts = {}
+        for c, ids in chunks.items():
+            for pair, n in get_pair_counts(ids).items():
+                counts[pair] = counts.get(pair, 0) + n * chunk_counts[c]
+        if not counts:
+            break
+        top = max(counts.values())
+        best = min(p for p, n in counts.items() if n == top)
+        merges[best] = new_id
+        chunks = {c: merge_pair(ids, best, new_id) for c, ids in chunks.items()}
+        new_id += 1
+    return merges
+'''),
+    Alternative('encode', 'loop over merges by rank, guard', '''
+def encode(text, merges):
+    out = []
+    for chunk in pretokenize(text):
+        ids = list(chunk.encode("utf-8"))
+        while len(ids) > 1:
+            ranked = [(merges[p], p) for p in zip(ids, ids[1:]) if p in merges]
+            if not ranked:
+                break
+            rank, pair = min(ranked)
+            ids = merge_pair(ids, pair, rank)
+        out += ids
+    return out
+'''),
+    Alternative('decode', 'bytearray vocab, .get', '''
+def build_vocab(merges):
+    vocab = {i: bytes([i]) for i in range(256)}
+    for (a, b), i in merges.items():
+        vocab[i] = vocab[a] + vocab[b]
+    return vocab
+
+def decode(ids, merges):
+    vocab = build_vocab(merges)
+    buf = bytearray()
+    for i in ids:
+        buf += vocab[i]
+    return bytes(buf).decode("utf-8", errors="replace")
+'''),
+    Alternative('encode_chat', 'validate all first, message lists roles', '''
+ROLES = ("system", "user", "assistant")
+
+def encode_chat(messages, tok, add_generation_prompt=True):
+    for m in messages:
+        if m["role"] not in ROLES:
+            raise ValueError(f"unknown role {m['role']!r}; allowed roles: {', '.join(ROLES)}")
+    ids = []
+    for m in messages:
+        ids += [tok.special_tokens["<|" + m["role"] + "|>"], *tok.encode(m["content"]),
+                tok.special_tokens["<|end|>"]]
+    if add_generation_prompt:
+        ids.append(tok.special_tokens["<|assistant|>"])
+    return ids
+'''),
+    Alternative('to_tiktoken', 'ranks built directly', '''
+def to_tiktoken(merges, special_tokens=None):
+    vocab = build_vocab(merges)
+    ranks = {}
+    for i in sorted(vocab):
+        ranks[vocab[i]] = i
+    return tiktoken.Encoding(name="day02_bpe", pat_str=GPT4_SPLIT_PATTERN,
+                             mergeable_ranks=ranks,
+                             special_tokens={} if special_tokens is None else special_tokens)
+'''),
+]

@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 MISTAKES = [
     Mistake("one_hot", "np.eye lookup without a range check: -1 silently becomes the last class", """
@@ -231,3 +231,57 @@ EQUIVALENT_MUTANTS = {
     'q2: answer_q2 = 2 * np.pi * 10000 ** (126 / 128) => answer_q2 = 2 * np.pi * 9999 ** (126 / 128)':
         "within the question's stated tolerance",
 }
+
+# Right answers written another way: each must keep full marks (tests/test_grading_proofs.py).
+ALTERNATIVES = [
+    Alternative('one_hot', 'Ids capitalised message', '''
+def one_hot(ids, num_classes):
+    ids = np.asarray(ids)
+    if ids.size and (ids.min() < 0 or ids.max() >= num_classes):
+        raise ValueError(f"Ids must lie in [0, {num_classes})")
+    return (ids[..., None] == np.arange(num_classes)).astype(float)
+'''),
+    Alternative('embedding', 'einsum', '''
+def embedding_lookup(table, ids):
+    ids = np.asarray(ids)
+    V = len(table)
+    if ids.size and not (0 <= ids.min() and ids.max() < V):
+        raise ValueError(f"ids must be in [0, {V})")
+    return table[ids]
+
+def embedding_onehot_matmul(table, ids):
+    return np.einsum("...v,vd->...d", one_hot(ids, table.shape[0]), table)
+'''),
+    Alternative('sinusoidal', 'exp(-log base) div_term, float64', '''
+def sinusoidal_encoding(seq_len, d_model, base=10000.0):
+    if d_model % 2 != 0:
+        raise ValueError(f"d_model must be even, got {d_model}")
+    position = np.arange(seq_len)[:, None].astype(np.float64)
+    div_term = np.exp(np.arange(0, d_model, 2) * (-np.log(base) / d_model))
+    pe = np.empty((seq_len, d_model))
+    pe[:, 0::2] = np.sin(position * div_term)
+    pe[:, 1::2] = np.cos(position * div_term)
+    return pe
+'''),
+    Alternative('rope_tables', 'numpy then torch.from_numpy float32', '''
+def rope_cos_sin(head_dim, seq_len, base=10000.0):
+    if head_dim % 2:
+        raise ValueError(f"odd head_dim {head_dim}")
+    inv = 1.0 / base ** (np.arange(0, head_dim, 2) / head_dim)
+    ang = np.arange(seq_len)[:, None] * inv
+    emb = np.concatenate([ang, ang], axis=-1)
+    return torch.from_numpy(np.cos(emb)).float(), torch.from_numpy(np.sin(emb)).float()
+'''),
+    Alternative('rope', 'stack/unbind rotate_half, apply with unsqueeze', '''
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+def apply_rope(x, cos, sin):
+    cos, sin = cos[None, None], sin[None, None]
+    return x * cos + rotate_half(x) * sin
+'''),
+    Alternative('q2', 'math computation', '''
+import math
+answer_q2 = 2 * math.pi / (10000 ** (-126 / 128))'''),
+]

@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 MISTAKES = [
     Mistake("causal_mask", "off by one: masks the diagonal too (triu with k=0)", """
@@ -320,3 +320,86 @@ EQUIVALENT_MUTANTS = {
     'q2: answer_q2 = 13 // (32 // 8) => answer_q2 = 13 // (32 // 7)':
         '32 // 7 is also 4',
 }
+
+# Right answers written another way: each must keep full marks (tests/test_grading_proofs.py).
+ALTERNATIVES = [
+    Alternative('gqa', 'fallback: package sdpa, own repeat_kv', '''
+import tinygpt.attention
+
+def grouped_query_attention(q, k, v, causal=True):
+    n_heads, n_kv_heads = q.shape[1], k.shape[1]
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
+    n_rep = n_heads // n_kv_heads
+    return tinygpt.attention.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), causal)
+'''),
+    Alternative('attention_torch', 'float -inf mask added (not masked_fill)', '''
+def attention_weights(q, k, causal=True):
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        mask = torch.full((t_q, t_k), float("-inf"), dtype=q.dtype).triu(diagonal=t_k - t_q + 1)
+        scores = scores + mask
+    return torch.softmax(scores, dim=-1)
+
+def scaled_dot_product_attention(q, k, v, causal=True):
+    return attention_weights(q, k, causal) @ v
+'''),
+    Alternative('heads', 'reshape/permute, unflatten', '''
+def split_heads(x, n_heads):
+    B, T, D = x.shape
+    if D % n_heads != 0:
+        raise ValueError(f"D={D} is not divisible by n_heads={n_heads}")
+    return x.unflatten(-1, (n_heads, D // n_heads)).permute(0, 2, 1, 3)
+
+def merge_heads(x):
+    return x.permute(0, 2, 1, 3).flatten(2)
+'''),
+    Alternative('repeat_kv', 'HF expand/reshape', '''
+def repeat_kv(x, n_rep):
+    if n_rep < 1:
+        raise ValueError(f"n_rep must be at least 1, got {n_rep}")
+    B, H, T, d = x.shape
+    if n_rep == 1:
+        return x
+    return x[:, :, None, :, :].expand(B, H, n_rep, T, d).reshape(B, H * n_rep, T, d)
+'''),
+    Alternative('gqa', 'via attention_weights', '''
+def grouped_query_attention(q, k, v, causal=True):
+    H, H_kv = q.size(1), k.size(1)
+    if H % H_kv:
+        raise ValueError("H_kv must divide H")
+    k = repeat_kv(k, H // H_kv)
+    v = repeat_kv(v, H // H_kv)
+    return attention_weights(q, k, causal) @ v
+'''),
+    Alternative('causal_mask', 'np.where on index grids', '''
+def causal_mask(t_q, t_k=None):
+    if t_k is None:
+        t_k = t_q
+    if t_k < t_q:
+        raise ValueError(f"t_k must be >= t_q, got t_k={t_k}, t_q={t_q}")
+    i = np.arange(t_q)[:, None]
+    j = np.arange(t_k)[None, :]
+    return np.where(j <= i + (t_k - t_q), 0.0, -np.inf)
+'''),
+    Alternative('attention_numpy', 'a helper named sdpa_numpy with its own signature', '''
+def sdpa_numpy(scores, v):
+    """softmax(scores) @ v, the scores already scaled and masked."""
+    return softmax(scores) @ v
+
+
+def attention_numpy(q, k, v, mask=None):
+    """softmax(q k^T / sqrt(d) + mask) v."""
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    return sdpa_numpy(scores if mask is None else scores + mask, v)
+'''),
+    Alternative('q2', 'a 0-d torch tensor', '''
+# Set answer_q2 to an integer.
+answer_q2 = torch.tensor(13) // (32 // 8)
+'''),
+    Alternative('q4', 'a NumPy integer', '''
+# Set answer_q4 to a number.
+answer_q4 = np.int64(2) * 32 * 8 * 128 * 2
+'''),
+]

@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 MISTAKES = [
     # ---- rms_norm
@@ -298,3 +298,56 @@ _KEEPS = {
     "ignores cfg.norm_eps: both norms use rms_norm's default eps": ("model_forward",),
 }
 MISTAKES = [replace(m, keeps=_KEEPS.get(m.name, ())) for m in MISTAKES]
+
+# Right answers written another way: each must keep full marks (tests/test_grading_proofs.py).
+ALTERNATIVES = [
+    Alternative('block_forward', 'correct + scratch loop over parameters (rebinds p)', '''
+def block_forward(x, p, cfg, cos, sin):
+    h = x + attention_forward(rms_norm(x, p["attention_norm.weight"], cfg.norm_eps), p, cfg, cos, sin)
+    return h + swiglu(rms_norm(h, p["ffn_norm.weight"], cfg.norm_eps), p["feed_forward.w1.weight"],
+                      p["feed_forward.w2.weight"], p["feed_forward.w3.weight"])
+
+for p in block.parameters():
+    pass
+'''),
+    Alternative('block_forward', 'correct + scratch check with shorter rope tables', '''
+def block_forward(x, p, cfg, cos, sin):
+    h = x + attention_forward(rms_norm(x, p["attention_norm.weight"], cfg.norm_eps), p, cfg, cos, sin)
+    return h + swiglu(rms_norm(h, p["ffn_norm.weight"], cfg.norm_eps), p["feed_forward.w1.weight"],
+                      p["feed_forward.w2.weight"], p["feed_forward.w3.weight"])
+
+cos, sin = rope_cos_sin(BLOCK_CFG.head_dim, 4, BLOCK_CFG.rope_base)
+print(block_forward(torch.randn(1, 4, 32), dict(block.state_dict()), BLOCK_CFG, cos, sin).shape)
+'''),
+    Alternative('rms_norm', 'float64 internally', '''
+def rms_norm(x, weight, eps=1e-5):
+    x64 = x.double()
+    y = x64 * torch.rsqrt(x64.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return weight * y.to(x.dtype)
+'''),
+    Alternative('swiglu', 'F.linear', '''
+def swiglu(x, w1, w2, w3):
+    return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+'''),
+    Alternative('model_forward', 'F.embedding, max_seq_len tables sliced, get head', '''
+def model_forward(idx, weights, cfg):
+    B, T = idx.shape
+    cos, sin = rope_cos_sin(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)
+    cos, sin = cos[:T], sin[:T]
+    x = F.embedding(idx, weights["tok_embeddings.weight"])
+    for i in range(cfg.n_layers):
+        x = block_forward(x, layer_weights(weights, i), cfg, cos, sin)
+    x = rms_norm(x, weights["norm.weight"], eps=cfg.norm_eps)
+    head = weights.get("output.weight", weights["tok_embeddings.weight"])
+    return F.linear(x, head)
+'''),
+    Alternative('count_params', 'np.int64 arithmetic', '''
+def count_params(cfg):
+    D, hd = np.int64(cfg.d_model), cfg.head_dim
+    per_layer = D * hd * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) + 3 * D * cfg.d_ff + 2 * D
+    total = cfg.vocab_size * D * (1 if cfg.tie_embeddings else 2) + cfg.n_layers * per_layer + D
+    return total
+'''),
+    Alternative('q2', 'via count_params', '''
+answer_q2 = (count_params(dataclasses.replace(LLAMA3_8B, n_kv_heads=32)) - count_params(LLAMA3_8B)) / 1e6'''),
+]

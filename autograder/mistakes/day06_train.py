@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 MISTAKES = [
     # ---- get_batch ------------------------------------------------------------------------
@@ -303,3 +303,62 @@ MISTAKES = [replace(m, keeps=("train_step",))
             if m.name in ("sums over positions instead of averaging",
                           "softmax before cross_entropy (softmax applied twice)") else m
             for m in MISTAKES]
+
+# Right answers written another way: each must keep full marks (tests/test_grading_proofs.py).
+ALTERNATIVES = [
+    Alternative('lr_at', 'numpy cos, Step message', '''
+def lr_at(step, steps, max_lr, warmup_steps, min_lr):
+    if step < 0 or step >= steps:
+        raise ValueError(f"Step {step} is outside [0, {steps})")
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(steps - warmup_steps - 1, 1)
+    return min_lr + (max_lr - min_lr) * 0.5 * (1 + np.cos(np.pi * progress))
+'''),
+    Alternative('get_batch', 'unfold windows', '''
+def get_batch(data, batch_size, block_size, generator):
+    starts = torch.randint(0, len(data) - block_size, (batch_size,), generator=generator)
+    windows = data.unfold(0, block_size + 1, 1)[starts]
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+'''),
+    Alternative('lm_loss', 'cross_entropy on (B, V, T)', '''
+def lm_loss(logits, targets):
+    return F.cross_entropy(logits.transpose(1, 2), targets)
+'''),
+    Alternative('train_step', 'set_to_none, float(loss)', '''
+def train_step(model, optimizer, x, y, grad_clip):
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    logits = model(x)
+    loss = lm_loss(logits, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=grad_clip)
+    optimizer.step()
+    return float(loss.detach())
+'''),
+    Alternative('sequence_log_prob', 'F.cross_entropy sum', '''
+def sequence_log_prob(model, context_ids, continuation_ids):
+    if not context_ids:
+        raise ValueError("context_ids is empty")
+    k = len(continuation_ids)
+    if k == 0:
+        return 0.0
+    ids = torch.tensor([context_ids + continuation_ids])
+    with torch.no_grad():
+        logits = model(ids)[0, len(context_ids) - 1:-1]
+    return -F.cross_entropy(logits, torch.tensor(continuation_ids), reduction="sum").item()
+'''),
+    Alternative('kl_divergence', 'numpy arrays', '''
+def kl_divergence(p, q):
+    words = [w for w in p if p[w] > 0]
+    missing = [w for w in words if q.get(w, 0) <= 0]
+    if missing:
+        raise ValueError(f"q gives zero probability to {missing[0]!r}")
+    pv = np.array([p[w] for w in words])
+    qv = np.array([q[w] for w in words])
+    qv = qv / qv.sum()
+    return float(np.sum(pv * np.log(pv / qv)))
+'''),
+    Alternative('q1', 'rounded', '''
+answer_q1 = 6.91'''),
+]

@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 MISTAKES = [
     # ---- top-k -------------------------------------------------------------------------------
@@ -492,3 +492,123 @@ EQUIVALENT_MUTANTS = {
     "min_p: if min_p == 0: => if min_p == (-1):":
         "min_p = -1 is rejected above; min_p = 0 then keeps every token through threshold 0",
 }
+
+# Right answers written another way: each must keep full marks (tests/test_grading_proofs.py).
+ALTERNATIVES = [
+    Alternative('sample_next_token', 'helper named draw', '''
+def draw(probs, generator=None):
+    "One token id per row of probs (B, V) -> (B,)."
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+
+
+def sample_next_token(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                      order=HF_ORDER, generator=None):
+    if temperature == 0:
+        return torch.argmax(logits, dim=-1)
+    probs = sampling_probs(logits, temperature, top_k, top_p, min_p, typical_p, order)
+    return draw(probs, generator)
+'''),
+    Alternative('top_p', 'helper named masked', '''
+def masked(logits, keep):
+    "logits with the tokens not in keep set to -inf (a new tensor)."
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+def top_p_filter(logits, p):
+    if not 0 < p <= 1:
+        raise ValueError(f"p must be in (0, 1], got {p}")
+    if p == 1:
+        return logits.clone()
+    probs = torch.softmax(logits, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    keep = torch.zeros_like(mass_before, dtype=torch.bool).scatter(1, order, mass_before < p)
+    return masked(logits, keep)
+'''),
+    Alternative('q3', 'the 0-d tensor count, without int()', '''
+# Set answer_q3 to a number.
+answer_q3 = (sampling_probs(LOGITS, temperature=2.0, min_p=0.1) > 0).sum()
+'''),
+    Alternative('q3', 'numpy count', '''
+answer_q3 = np.sum(sampling_probs(LOGITS, temperature=2.0, min_p=0.1).numpy() > 0)'''),
+    Alternative('top_k', 'kthvalue threshold + torch.where', '''
+def top_k_filter(logits, k):
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    V = logits.shape[-1]
+    if k == 0 or k >= V:
+        return logits.clone()
+    kth = torch.kthvalue(logits, V - k + 1, dim=-1, keepdim=True).values
+    return torch.where(logits >= kth, logits, torch.full_like(logits, float("-inf")))
+'''),
+    Alternative('top_p', 'exclusive cumsum by shifting cumulative', '''
+def top_p_filter(logits, p):
+    if not 0 < p <= 1:
+        raise ValueError(f"p must be in (0, 1], got {p}")
+    if p == 1:
+        return logits.clone()
+    probs = torch.softmax(logits, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    cum = torch.cumsum(sorted_probs, dim=-1)
+    mass_before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=-1)
+    keep_sorted = mass_before < p
+    keep = keep_sorted.gather(1, order.argsort(dim=-1))
+    return logits.masked_fill(~keep, float("-inf"))
+'''),
+    Alternative('min_p', 'log-space comparison', '''
+import math
+def min_p_filter(logits, min_p):
+    if not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+    if min_p == 0:
+        return logits.clone()
+    logp = torch.log_softmax(logits, dim=-1)
+    keep = logp >= logp.max(dim=-1, keepdim=True).values + math.log(min_p)
+    return logits.masked_fill(~keep, float("-inf"))
+'''),
+    Alternative('typical', 'float64', '''
+def typical_filter(logits, typical_p):
+    if not 0 < typical_p <= 1:
+        raise ValueError(f"typical_p must be in (0, 1], got {typical_p}")
+    if typical_p == 1:
+        return logits.clone()
+    log_probs = torch.log_softmax(logits.double(), dim=-1)
+    probs = log_probs.exp()
+    H = -torch.where(probs > 0, probs * log_probs, 0.0).sum(-1, keepdim=True)
+    distance = (-log_probs - H).abs()
+    _, order = torch.sort(distance, dim=-1, stable=True)
+    sp = probs.gather(1, order)
+    keep_sorted = torch.cumsum(sp, -1) - sp < typical_p
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
+'''),
+    Alternative('sample_next_token', 'keywords, view(-1), max().indices', '''
+def sample_next_token(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                      order=HF_ORDER, generator=None):
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = sampling_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                           min_p=min_p, typical_p=typical_p, order=order)
+    return torch.multinomial(probs, 1, generator=generator).view(-1)
+'''),
+    Alternative('sampling_probs', 'messages that start with a capital (Temperature, Unknown stage)', '''
+def sampling_probs(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                   order=HF_ORDER):
+    """The distribution the next token is drawn from: the stages of `order`, then softmax."""
+    if temperature <= 0:
+        raise ValueError(f"Temperature must be positive (use greedy for 0), got {temperature}")
+    stages = {"temperature": lambda x: x / temperature,
+              "top_k": lambda x: top_k_filter(x, top_k),
+              "top_p": lambda x: top_p_filter(x, top_p),
+              "min_p": lambda x: min_p_filter(x, min_p),
+              "typical": lambda x: typical_filter(x, typical_p)}
+    x = logits
+    for stage in order:
+        if stage not in stages:
+            raise ValueError(f"Unknown stage {stage!r} in order; known: {sorted(stages)}")
+        x = stages[stage](x)
+    return torch.softmax(x, dim=-1)
+'''),
+]

@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 # the loop as the solution writes it; most of its mistakes are this with one or two edits
 _LOOP = """
@@ -428,3 +428,82 @@ EQUIVALENT_MUTANTS = {
     'generate_loop: if eos_id is not None and token == eos_id: => if token == eos_id:':
         'an int token never equals None, so the first test changes nothing',
 }
+
+# Right answers written another way: each must keep full marks (tests/test_grading_proofs.py).
+ALTERNATIVES = [
+    Alternative('safe_text', 'helpers named find_stop and held_back_length with their own signatures', '''
+def find_stop(stop, text):
+    """The earliest position where a stop string starts in text, or -1."""
+    starts = [text.find(s) for s in stop if s in text]
+    return min(starts) if starts else -1
+
+
+def held_back_length(stop, text):
+    """The longest end of text that is a proper beginning of a stop string."""
+    return max((n for s in stop for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+
+
+def safe_text_length(text, stop):
+    """(n, stopped): text[:n] can be shown; stopped is True if a stop string occurs in text."""
+    at = find_stop(stop, text)
+    if at >= 0:
+        return at, True
+    return len(text) - held_back_length(stop, text), False
+'''),
+    Alternative('q3', 'a NumPy sum', '''
+# Set answer_q3 to a number.
+answer_q3 = np.arange(64, 80).sum()
+'''),
+    Alternative('repetition_penalty', 'Penalty capitalised, loop', '''
+def apply_repetition_penalty(logits, seen_ids, penalty):
+    if not penalty > 0:
+        raise ValueError(f"Penalty must be positive, got {penalty}")
+    out = logits.clone()
+    for b in range(logits.shape[0]):
+        for t in set(seen_ids[b].tolist()):
+            x = out[b, t]
+            out[b, t] = x / penalty if x > 0 else x * penalty
+    return out
+'''),
+    Alternative('frequency_presence', 'bincount per row', '''
+def apply_frequency_presence_penalty(logits, generated_ids, frequency, presence):
+    V = logits.shape[-1]
+    counts = torch.stack([torch.bincount(row, minlength=V) for row in generated_ids]).to(logits.dtype)
+    return logits - counts * frequency - (counts > 0).float() * presence
+'''),
+    Alternative('generate_loop', 'list context, for loop, no_grad', '''
+def generate_uncached(model, prompt_ids, params, eos_id=None, generator=None):
+    if generator is None and params.seed is not None:
+        generator = torch.Generator().manual_seed(params.seed)
+    prompt = torch.tensor([prompt_ids], dtype=torch.long)
+    context = list(prompt_ids)
+    new_ids = []
+    for _ in range(params.max_new_tokens):
+        window = torch.tensor([context[-model.cfg.max_seq_len:]], dtype=torch.long)
+        with torch.no_grad():
+            logits = model(window)[:, -1, :]
+        gen = torch.tensor([new_ids], dtype=torch.long).reshape(1, -1)
+        token = int(sample_next_token(logits, params, generator=generator, prompt_ids=prompt,
+                                      generated_ids=gen)[0])
+        new_ids.append(token)
+        context.append(token)
+        if eos_id is not None and token == eos_id:
+            return new_ids, "eos"
+    return new_ids, "length"
+'''),
+    Alternative('stream_text', 'track shown string', '''
+def stream_text(token_ids, decode, stop):
+    pieces, shown = [], ""
+    for i in range(len(token_ids)):
+        text = decode(token_ids[:i + 1])
+        n, stopped = safe_text_length(text, stop)
+        if stopped:
+            pieces.append(text[:n][len(shown):])
+            return pieces, True
+        if i == len(token_ids) - 1:
+            n = len(text)
+        pieces.append(text[:n][len(shown):])
+        shown = text[:n]
+    return pieces, False
+'''),
+]

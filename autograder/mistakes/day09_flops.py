@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 MISTAKES = [
     # ------------------------------------------------------------------ param_breakdown
@@ -296,3 +296,50 @@ EQUIVALENT_MUTANTS = {
     'q2: answer_q2 = prefill_flops(LLAMA2_7B, 1, 512) / 989.4e12 * 1e3 => answer_q2 = prefill_flops(LLAMA2_7B, 1, 511) / 989.4e12 * 1e3':
         "within the question's stated tolerance",
 }
+
+# Right answers written another way: each must keep full marks (tests/test_grading_proofs.py).
+ALTERNATIVES = [
+    Alternative('param_breakdown', 'numpy ints', '''
+def param_breakdown(cfg):
+    D = np.int64(cfg.d_model)
+    return dict(embedding=cfg.vocab_size * D,
+                attention=cfg.n_layers * D * cfg.head_dim * (2 * cfg.n_heads + 2 * cfg.n_kv_heads),
+                mlp=cfg.n_layers * 3 * D * cfg.d_ff,
+                norms=(2 * cfg.n_layers + 1) * D,
+                lm_head=0 if cfg.tie_embeddings else cfg.vocab_size * D)
+'''),
+    Alternative('weight_flops', 'direct formula', '''
+def weight_flops_per_token(cfg):
+    D, hd = cfg.d_model, cfg.head_dim
+    attn = cfg.n_layers * (2 * D * cfg.n_heads * hd + 2 * D * cfg.n_kv_heads * hd)
+    mlp = cfg.n_layers * 3 * D * cfg.d_ff
+    return 2 * (attn + mlp + D * cfg.vocab_size)
+'''),
+    Alternative('prefill_flops', 'keyword call', '''
+def prefill_flops(cfg, batch, prompt_len):
+    tokens = batch * prompt_len
+    return tokens * weight_flops_per_token(cfg=cfg) + tokens * attention_flops_per_token(cfg=cfg, context_len=prompt_len)
+'''),
+    Alternative('decode_flops', 'keywords', '''
+def decode_flops(cfg, batch, context_len):
+    return batch * weight_flops_per_token(cfg=cfg) + batch * attention_flops_per_token(cfg, context_len=context_len)
+'''),
+    Alternative('weight_bytes', 'int4 via integer ceil', '''
+def weight_bytes(cfg, dtype):
+    if dtype not in BYTES_PER_ELEMENT:
+        raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(BYTES_PER_ELEMENT)}")
+    n = sum(param_breakdown(cfg).values())
+    if dtype == "int4":
+        return (n + 1) // 2
+    return n * int(BYTES_PER_ELEMENT[dtype])
+'''),
+    Alternative('kv_cache_bytes', 'per-token bytes times tokens', '''
+def kv_cache_bytes(cfg, tokens, batch, dtype):
+    if dtype not in BYTES_PER_ELEMENT:
+        raise ValueError(f"dtype {dtype!r} not in {list(BYTES_PER_ELEMENT)}")
+    per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * BYTES_PER_ELEMENT[dtype]
+    return math.ceil(per_token * tokens * batch)
+'''),
+    Alternative('q2', 'via HARDWARE', '''
+answer_q2 = prefill_flops(LLAMA2_7B, 1, 512) / 989.4e12 * 1000'''),
+]

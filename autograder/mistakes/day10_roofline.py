@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Alternative, Mistake
 
 MISTAKES = [
     # ------------------------------------------------------------------ ridge_point
@@ -185,3 +185,51 @@ EQUIVALENT_MUTANTS = {
 MISTAKES = [replace(m, keeps=("predict_decode_step", "critical_batch"))
             if m.name in ("labels swapped", "a tie counts as memory-bound") else m
             for m in MISTAKES]
+
+# Right answers written another way: each must keep full marks (tests/test_grading_proofs.py).
+ALTERNATIVES = [
+    Alternative('predict_decode_step', 'keyword call to op_time', '''
+def predict_decode_step(cfg, batch, context_len, dtype, peak_flops, bandwidth):
+    return op_time(flops=flops.decode_flops(cfg, batch, context_len),
+                   nbytes=flops.decode_step_bytes(cfg, batch, context_len, dtype),
+                   peak_flops=peak_flops, bandwidth=bandwidth)
+'''),
+    Alternative('critical_batch', 'keyword call to op_time', '''
+def critical_batch(cfg, dtype, peak_flops, bandwidth, max_batch=100_000):
+    per_token = flops.weight_flops_per_token(cfg)
+    for b in range(1, max_batch + 1):
+        _, bound = op_time(flops=b * per_token, nbytes=flops.weights_read_bytes(cfg, b, dtype),
+                           peak_flops=peak_flops, bandwidth=bandwidth)
+        if bound == "compute":
+            return b
+    return None
+'''),
+    Alternative('attainable_flops', 'np.clip', '''
+def attainable_flops(peak_flops, bandwidth, intensity):
+    return np.clip(bandwidth * np.asarray(intensity, dtype=float), None, peak_flops)
+'''),
+    Alternative('op_time', 'cross-multiplied comparison', '''
+def op_time(flops, nbytes, peak_flops, bandwidth):
+    t = max(flops / peak_flops, nbytes / bandwidth)
+    bound = "compute" if flops * bandwidth >= nbytes * peak_flops else "memory"
+    return t, bound
+'''),
+    Alternative('critical_batch', 'binary search with op_time', '''
+def critical_batch(cfg, dtype, peak_flops, bandwidth, max_batch=100_000):
+    per_token = flops.weight_flops_per_token(cfg)
+    def compute_bound(b):
+        return op_time(b * per_token, flops.weights_read_bytes(cfg, b, dtype), peak_flops, bandwidth)[1] == "compute"
+    if not compute_bound(max_batch):
+        return None
+    lo, hi = 1, max_batch
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if compute_bound(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+'''),
+    Alternative('q2', 'via HARDWARE', '''
+answer_q2 = flops.decode_step_bytes(P["llama-2-70b"], 1, 1, "bf16") / HARDWARE["h200"].bandwidth * 1e3'''),
+]
