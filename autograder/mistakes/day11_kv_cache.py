@@ -522,4 +522,46 @@ answer_q2 = np.float64(2 * 80 * 8 * 128 * 2 * 4096) / 1e9
     Alternative('q1', 'lowercase with space', """
 answer_q1 = " c "
 """),
+    # self-check numbers from numpy / torch (testing.is_number); capitalised messages (str(err).lower())
+    Alternative('q2', 'a NumPy float32 (computed with numpy)', '''
+# Set answer_q2 to a number (GB).
+import numpy as np
+answer_q2 = np.float32(2 * 80 * 8 * 128 * 2 * 4096) / np.float32(1e9)
+'''),
+    Alternative('layer_cache', 'messages that start with a capital (Max_len)', '''
+class LayerCache:
+    """One layer's keys and values, preallocated: k, v of shape (batch, n_kv_heads, max_len, head_dim)."""
+
+    def __init__(self, batch, n_kv_heads, max_len, head_dim, dtype=torch.float32):
+        self.max_len = max_len
+        self.k = torch.zeros(batch, n_kv_heads, max_len, head_dim, dtype=dtype)
+        self.v = torch.zeros(batch, n_kv_heads, max_len, head_dim, dtype=dtype)
+
+    def update(self, k_new, v_new, pos):
+        """Write k_new, v_new (B, H_kv, T, hd) at slots pos .. pos+T-1; return the filled prefix."""
+        end = pos + k_new.shape[2]
+        if pos < 0 or end > self.max_len:
+            raise ValueError(f"Max_len {self.max_len} exceeded: positions {pos} .. {end - 1}")
+        self.k[:, :, pos:end] = k_new
+        self.v[:, :, pos:end] = v_new
+        return self.k[:, :, :end], self.v[:, :, :end]
+'''),
+    Alternative('generate_cached', 'messages that start with a capital (N_new, Max_seq_len)', '''
+@torch.no_grad()
+def generate_greedy_cached(model, prompt_ids, n_new):
+    """Greedy continuation of prompt_ids (list of ints) with a KV cache: a list of n_new ids."""
+    p = len(prompt_ids)
+    if n_new < 1:
+        raise ValueError(f"N_new must be >= 1, got {n_new}")
+    if p + n_new - 1 > model.cfg.max_seq_len:
+        raise ValueError(f"Max_seq_len ({model.cfg.max_seq_len}) is too small for {p} prompt "
+                         f"tokens and {n_new} new ones")
+    caches = make_caches(model.cfg, 1, p + n_new - 1)
+    logits = forward_with_cache(model, torch.tensor([prompt_ids]), caches, 0)
+    out = [int(logits[0, -1].argmax())]
+    for pos in range(p, p + n_new - 1):
+        logits = forward_with_cache(model, torch.tensor([[out[-1]]]), caches, pos)
+        out.append(int(logits[0, -1].argmax()))
+    return out
+'''),
 ]

@@ -337,4 +337,10 @@ def output_throughput(requests):
     Alternative('q2', 'float', """
 answer_q2 = 300.0 + 49 * 20.0
 """),
+    # self-check numbers from numpy / torch (testing.is_number); capitalised messages (str(err).lower())
+    Alternative('q2', 'a NumPy int64 (computed with numpy)', '''
+# Set answer_q2 to a number (milliseconds).
+import numpy as np
+answer_q2 = np.int64(300) + np.int64(50 - 1) * 20
+'''),
 ]

@@ -348,4 +348,10 @@ def reorder_cache(layers, parents):
     Alternative('q2', 'int', """
 answer_q2 = 8
 """),
+    # self-check numbers from numpy / torch (testing.is_number); capitalised messages (str(err).lower())
+    Alternative('q2', 'a 0-d torch tensor', '''
+# Set answer_q2 to a number (FLOP per byte).
+import torch
+answer_q2 = torch.tensor(2 * 16) / 4
+'''),
 ]

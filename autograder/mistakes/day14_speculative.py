@@ -358,4 +358,15 @@ answer_q2 = 3.36
     Alternative('q3', 'two decimals, as asked', """
 answer_q3 = 1.68
 """),
+    # self-check numbers from numpy / torch (testing.is_number); capitalised messages (str(err).lower())
+    Alternative('q2', 'a NumPy float64 from np.sum', '''
+# Set answer_q2 to a number (tokens per target pass).
+import numpy as np
+answer_q2 = np.round(np.sum(0.8 ** np.arange(5)), 2)
+'''),
+    Alternative('q3', 'a NumPy float32', '''
+# Set answer_q3 to a number (the estimated speedup).
+import numpy as np
+answer_q3 = np.float32(round((1 - 0.8 ** 5) / (1 - 0.8) / (1 + 0.25 * 4), 2))
+'''),
 ]

@@ -561,4 +561,20 @@ answer_q1 = 0.539
     Alternative('q4', 'two decimals, as asked', """
 answer_q4 = 1.94
 """),
+    # self-check numbers from numpy / torch (testing.is_number); capitalised messages (str(err).lower())
+    Alternative('q1', 'a NumPy float32', '''
+# Set answer_q1 to a number (bytes per weight).
+import numpy as np
+answer_q1 = np.float32(0.5) + np.float32(5) / 128
+'''),
+    Alternative('q4', 'a 0-d torch tensor', '''
+# Set answer_q4 to a number.
+import torch
+answer_q4 = torch.tensor(2.0 * 128) / (128 + 4)
+'''),
+    Alternative('q5', 'a NumPy int64', '''
+# Set answer_q5 to a number (bits per weight).
+import numpy as np
+answer_q5 = np.int64(20 * 8) // 32
+'''),
 ]

@@ -261,6 +261,12 @@ def release_block(refcount, free, block):
     if not refcount[block]:
         free.extend([block])
 """),
+    # self-check numbers from numpy / torch (testing.is_number); capitalised messages (str(err).lower())
+    Alternative('q2', 'a NumPy int64 from np.ceil', '''
+# Set answer_q2 to a number.
+import numpy as np
+answer_q2 = np.int64(np.ceil(100 / 16)) * 16 - 100
+'''),
 ]
 
 EQUIVALENT_MUTANTS: dict[str, str] = {}

@@ -502,4 +502,15 @@ def finish(scheduler, seq):
         scheduler.waiting.remove(seq)
     seq.status = "finished"
 """),
+    # self-check numbers from numpy / torch (testing.is_number); capitalised messages (str(err).lower())
+    Alternative('q2', 'a NumPy int64 from np.ceil', '''
+# Set answer_q2 to a number.
+import numpy as np
+answer_q2 = np.int64(np.ceil(210 / (64 - 24)))
+'''),
+    Alternative('q4', 'a 0-d torch tensor', '''
+# Set answer_q4 to a number.
+import torch
+answer_q4 = torch.tensor(21)
+'''),
 ]

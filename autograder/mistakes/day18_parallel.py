@@ -234,4 +234,19 @@ def tp_mlp(x, shards, all_reduce):
              for a, b, c in shards]
     return list(all_reduce(parts))
 """),
+    # self-check numbers from numpy / torch (testing.is_number); capitalised messages (str(err).lower())
+    Alternative('q2', 'a NumPy int64', '''
+# Set answer_q2 to a number.
+import numpy as np
+answer_q2 = np.int64(576) * 2
+'''),
+    Alternative('column_shard', 'a message that starts with a capital (World_size) and omits the value', '''
+def column_shard(weight, rank, world_size):
+    """Rank `rank`'s block of rows of weight (out, in): (out / world_size, in)."""
+    out = weight.shape[0]
+    if out % world_size:
+        raise ValueError("World_size must divide the output features")
+    n = out // world_size
+    return weight[rank * n:(rank + 1) * n]
+'''),
 ]

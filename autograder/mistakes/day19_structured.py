@@ -300,4 +300,10 @@ answer_q2 = 3 / 8
     Alternative('q2', 'three decimals, as asked', """
 answer_q2 = 0.375
 """),
+    # self-check numbers from numpy / torch (testing.is_number); capitalised messages (str(err).lower())
+    Alternative('q2', 'a NumPy float32 from np.round', '''
+# Set answer_q2 to a number.
+import numpy as np
+answer_q2 = np.round(np.float32(0.06) / np.float32(0.06 + 0.1), 3)
+'''),
 ]

@@ -476,4 +476,11 @@ answer_q2 = math.ceil(math.log(0.5) / math.log(1 - 8 / 128))
 import numpy as np
 answer_q2 = np.argmax(128 * (1 - (1 - 8 / 128) ** np.arange(100)) >= 64)
 """),
+    # an integer self-check answer computed with numpy (np.int64 is a numbers.Integral)
+    Alternative('q2', 'a NumPy int64 from np.argmax', '''
+# Set answer_q2 to an integer.
+import numpy as np
+_B = np.arange(1, 129)
+answer_q2 = _B[np.argmax(128 * (1 - (1 - 8 / 128) ** _B) >= 64)]
+'''),
 ]

@@ -424,4 +424,10 @@ answer_q2 = -(-10014 // 16) - (10014 - 4096 + 1) // 16
 import numpy as np
 answer_q2 = np.int64(-(-10014 // 16) - (10014 - 4096 + 1) // 16)
 """),
+    # an integer self-check answer computed with numpy (np.int64 is a numbers.Integral)
+    Alternative('q2', 'a NumPy int64', '''
+# Set answer_q2 to an integer.
+import numpy as np
+answer_q2 = np.int64(10014) // 16 - 5919 // 16 + 1
+'''),
 ]
