@@ -197,8 +197,9 @@ def test_a_model_without_a_chat_template_gets_a_minimum_too():
 
 
 def test_the_minimum_pool_serves_default_requests():
-    """A pool of min_kv_blocks answers a chat request and a completion with the defaults (no
-    max_tokens); one block fewer refuses the completion."""
+    """A pool of min_kv_blocks answers a chat request with the defaults and a completion of
+    /v1/completions' default length; one block fewer refuses that completion (the server
+    admits what its pool holds: tinygpt.server.prompts' max_model_len)."""
     from tinygpt.engine import AsyncEngine
     from tinygpt.server import create_app
 
@@ -213,7 +214,7 @@ def test_the_minimum_pool_serves_default_requests():
             chat = await http.post("/v1/chat/completions", json={
                 "model": "tinygpt", "messages": [{"role": "user", "content": "Hi"}]})
             completion = await http.post("/v1/completions", json={
-                "model": "tinygpt", "prompt": "The cat sat"})
+                "model": "tinygpt", "prompt": "The cat sat", "max_tokens": 16})
         await engine.shutdown(1.0)
         return [chat.status_code, completion.status_code]
 

@@ -175,8 +175,8 @@ def min_kv_blocks(tokenizer, block_size: int = 16) -> int:
     defaults, the model's chat template around a one-word message (the word alone for a model
     without a template: it serves completions only) and a reply of COMPLETION_MAX_TOKENS tokens
     (/v1/completions' default). The server admits requests up to the pool's positions when that
-    is fewer than the context (see tinygpt.server.prompts), so a smaller pool would answer 400
-    to almost everything."""
+    is fewer than the context (see tinygpt.server.prompts), so a smaller pool would refuse such
+    a request, or cut its default reply short."""
     try:
         prompt = len(tokenizer.encode_chat([{"role": "user", "content": "Hi"}]))
     except ValueError:          # no chat template: /v1/chat/completions answers 400
