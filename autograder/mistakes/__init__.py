@@ -41,26 +41,25 @@ class Alternative(Mistake):
     (`name` says how it differs from the solution)."""
 
 
-def for_day(day: str) -> list[Mistake]:
-    """The day's mistakes (an empty list when the day has no corpus module yet)."""
+def _listed(day: str, name: str, default):
+    """The day's module's `name` (`default` when the day has no corpus module yet)."""
     try:
         module = importlib.import_module(f"autograder.mistakes.{day}")
     except ModuleNotFoundError as err:
         if err.name == f"autograder.mistakes.{day}":
-            return []
+            return default
         raise
-    return list(module.MISTAKES)
+    return getattr(module, name, default)
+
+
+def for_day(day: str) -> list[Mistake]:
+    """The day's mistakes (an empty list when the day has no corpus module yet)."""
+    return list(_listed(day, "MISTAKES", []))
 
 
 def alternatives(day: str) -> list[Alternative]:
     """The day's right answers written another way (empty when it lists none)."""
-    try:
-        module = importlib.import_module(f"autograder.mistakes.{day}")
-    except ModuleNotFoundError as err:
-        if err.name == f"autograder.mistakes.{day}":
-            return []
-        raise
-    found = list(getattr(module, "ALTERNATIVES", []))
+    found = list(_listed(day, "ALTERNATIVES", []))
     wrong = [a for a in found if not isinstance(a, Alternative)]
     if wrong:
         raise TypeError(f"{day}: ALTERNATIVES must hold Alternative(...) entries, got {wrong!r}")
@@ -69,10 +68,4 @@ def alternatives(day: str) -> list[Alternative]:
 
 def equivalent_mutants(day: str) -> dict[str, str]:
     """The day's allow-list of equivalent mutants: key -> reason (empty when none)."""
-    try:
-        module = importlib.import_module(f"autograder.mistakes.{day}")
-    except ModuleNotFoundError as err:
-        if err.name == f"autograder.mistakes.{day}":
-            return {}
-        raise
-    return dict(getattr(module, "EQUIVALENT_MUTANTS", {}))
+    return dict(_listed(day, "EQUIVALENT_MUTANTS", {}))
