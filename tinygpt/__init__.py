@@ -47,6 +47,7 @@ One module per concept, named after the course day that finishes it:
     native              the C kernels (csrc/*.c): compiled on first use, loaded, threads started
     gguf                GGUF files: metadata, our own dequantization, a Llama GGUF as TinyGPT
     gguf_tokenizer      the byte-level BPE tokenizer and chat template stored in a GGUF file
+    hf_tokenizer        a Hugging Face folder's tokenizer behind the same interface
     loading             a name or path -> (model, tokenizer, info): tinygpt, smollm2, .gguf, folders
     chat                python -m tinygpt chat: a streaming terminal chat
 

@@ -38,6 +38,7 @@ import torch
 from tinygpt.gguf import SMOLLM2_ID, load_gguf_model, open_gguf, smollm2_path
 from tinygpt.gguf_tokenizer import GGUFTokenizer
 from tinygpt.hf_models import MODEL_TYPES, check_model_type
+from tinygpt.hf_tokenizer import HFTokenizer
 
 NAMES = ("tinygpt", "tinygpt-moe", "smollm2")
 ALLOWED = ("None or 'tinygpt' (the shipped checkpoint), 'tinygpt-moe' (the shipped mixture of "
@@ -63,30 +64,6 @@ class ModelInfo:
     eos_ids: tuple[int, ...]
     end_of_turn_ids: tuple[int, ...]
     chat_template: str | None = None
-
-
-class HFTokenizer:
-    """A Hugging Face tokenizer behind the interface the server uses: encode, decode (prefix
-    stable: no clean-up of spaces), encode_chat (the tokenizer's own chat template) and
-    special_tokens (its end-of-sequence id, as "<|endoftext|>")."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        eos = tokenizer.eos_token_id
-        self.special_tokens = {} if eos is None else {"<|endoftext|>": int(eos)}
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text))
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, clean_up_tokenization_spaces=False)
-
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("this model's tokenizer has no chat template: use /v1/completions")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                 tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)   # a BatchEncoding
 
 
 # a Hugging Face tokenizer is one of these (a fast tokenizer.json; sentencepiece's model;

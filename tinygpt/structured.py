@@ -147,7 +147,7 @@ class GrammarConstraint:
 
 class Grammars:
     """Grammars for one tokenizer (a tinygpt tokenizer: token_bytes, special_tokens, encode;
-    or tinygpt.loading.HFTokenizer), compiled on demand and cached by their text, a grammar
+    or tinygpt.hf_tokenizer.HFTokenizer), compiled on demand and cached by their text, a grammar
     that cannot be used with its GrammarError (thread-safe: the server compiles on its worker
     threads, never on the event loop or the engine's). `compiled` counts the compiles run."""
 
@@ -160,7 +160,7 @@ class Grammars:
             eos_id = specials.get("<|endoftext|>", specials.get("<|im_end|>", 0))
         self._llg = llguidance
         self.vocab_size = vocab_size
-        hf = getattr(tokenizer, "tokenizer", None)        # tinygpt.loading.HFTokenizer's
+        hf = getattr(tokenizer, "tokenizer", None)        # tinygpt.hf_tokenizer.HFTokenizer's
         if hf is not None and hasattr(hf, "convert_ids_to_tokens"):
             import llguidance.hf
 
