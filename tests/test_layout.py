@@ -19,10 +19,12 @@ And one of size: no module is over MAX_LINES lines unless LONG_MODULES names it,
 from __future__ import annotations
 
 import ast
+import re
 from collections import deque
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "tinygpt"
+README = PACKAGE_DIR.parent / "README.md"
 
 MAX_LINES = 600
 DAY_MODULE = "one course day's module, read whole alongside its notebook"
@@ -279,3 +281,18 @@ def test_no_module_is_over_the_line_limit_unless_listed():
     assert not stale, (f"LONG_MODULES lists modules that are no longer over {MAX_LINES} lines "
                        f"(None: gone): {stale}; remove their entries")
     assert all(reason.strip() and "\n" not in reason for reason in LONG_MODULES.values())
+
+
+def test_every_module_is_named_in_the_package_docstring_and_the_readme_layout():
+    """A newcomer finds each module from two places: the package docstring's one-line table and
+    the README's Layout section. A module missing from either is found only by listing files."""
+    import tinygpt
+
+    layout = README.read_text().split("## Layout", 1)[1]
+    names = sorted(p.stem for p in PACKAGE_DIR.glob("*.py") if not p.stem.startswith("__"))
+    names += sorted(p.name for p in PACKAGE_DIR.iterdir() if (p / "__init__.py").exists())
+    in_docstring = set(re.findall(r"^    (\w+)\s", tinygpt.__doc__, flags=re.MULTILINE))
+    missing = [n for n in names if n not in in_docstring]
+    assert not missing, f"not in tinygpt/__init__.py's module table: {missing}"
+    missing = [n for n in names if not re.search(rf"\b{n}(\.py|/)", layout)]
+    assert not missing, f"not in README.md's Layout section: {missing}"

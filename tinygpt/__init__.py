@@ -37,9 +37,11 @@ One module per concept, named after the course day that finishes it:
     constrained day 19  a regex subset as a DFA, the vocabulary walk, masks, forced tokens
     structured  day 19  structured outputs in production: llguidance grammars behind the sampler
     moe         day 20  mixture of experts: routers, dispatch, the MoE layer, what decode reads
-    hf_models   day 20  Hugging Face Llama, Qwen3-MoE and Mixtral weights as TinyGPT
+    hf_models   day 20  Hugging Face Llama, Mistral, Qwen3-MoE and Mixtral weights as TinyGPT
+                        (DeepSeek-V3 through hf_deepseek)
     mla         day 21  multi-head latent attention: the latent cache, naive and absorbed decode
     hf_deepseek day 21  Hugging Face DeepSeek-V3 weights (latent attention, its MoE) as TinyGPT
+    long_context day 21 KV bytes by layout, StreamingLLM's attention sinks, fp8 KV cache
     rolling     day 21  sliding windows' KV memory: the rolling cache, windowed cache bytes
     hf_rope     day 21  RoPE scalings (positions: linear, dynamic, YaRN, Llama 3.1) and windows
                         of Hugging Face configs (Llama rope_scaling, Mistral, Mixtral)

@@ -7,10 +7,12 @@ drop_out_of_window, and the RoPE scaling types of tinygpt.positions):
 
     KVLayout, LAYOUTS      a model's cache shape (layers, KV heads x head_dim or an MLA
                            latent, windowed layers) and four published ones
-    kv_bytes(layout, n)    one sequence's cache at n tokens: a full layer holds n tokens, a
-                           windowed one min(n, window)
-    long_text(tok, n)      n tokens of the course's synthetic stories (a text as long as wanted)
-    streaming_nll(model, ids, window, sinks)
+    kv_bytes(layout, context, dtype_bytes=2)
+                           one sequence's cache at `context` tokens: a full layer holds
+                           them all, a windowed one min(context, window)
+    long_text(tokenizer, n_tokens)
+                           n_tokens of the course's synthetic stories (a text as long as wanted)
+    streaming_nll(model, ids, *, window, sinks=0)
                            teacher-forced next-token losses under StreamingLLM's cache: the
                            first `sinks` tokens plus the last `window`, positions assigned
                            inside the cache; chunked (many queries per pass)
