@@ -114,8 +114,10 @@ def test_step_walk_and_live_basics():
     assert dfa.step(s, "x") is None and dfa.walk(dfa.start, "xab") is None
     assert not dfa.accepts(s) and dfa.accepts(dfa.walk(s, "bc")) and dfa.live(s)
     assert dfa.walk(s, "") == s and dfa.walk(None, "abc") is None
-    empty = compile_regex(r"[^\s\S]")            # matches nothing: the start is dead
-    assert not empty.live(empty.start) and not empty.fullmatch("")
+    for nothing in (r"[^\s\S]", r"a[^\s\S]b", r"([^\s\S]|[^\d\D])+"):   # match no string
+        with pytest.raises(ValueError, match="matches no string"):
+            compile_regex(nothing)
+    assert compile_regex(r"[^\s\S]*").fullmatch("")       # the empty text does match this one
     with pytest.raises(ValueError, match="single character"):
         dfa.step(s, "bc")
     with pytest.raises(ValueError, match=r"state must be an int in \[0, "):

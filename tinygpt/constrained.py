@@ -26,7 +26,8 @@ when the text so far is a complete match. The pieces, in the order the day build
 The regex subset: literals; escapes \\. \\\\ \\" (backslash + any punctuation), \\d \\w \\s
 \\D \\W \\S, \\n \\t \\r \\f \\v, \\xHH; '.' (anything but a newline); classes [a-z0-9_] and [^"];
 groups ( ) and (?: ); '|'; '*', '+', '?'; {m}, {m,}, {m,n}. Anything else is a ValueError that
-names the position. The whole text must match (re.fullmatch), so there are no anchors, and
+names the position; a pattern that matches no string at all is a ValueError too (its start
+would be the dead end). The whole text must match (re.fullmatch), so there are no anchors, and
 \\d \\w \\s are ASCII only, as with re.ASCII (JSON's digits are 0-9).
 
 Bounds: a DFA can need exponentially many states ('(a|b)*a(a|b){20}' remembers the last 21
@@ -420,14 +421,20 @@ class DFA:
 
 def compile_regex(pattern: str, max_states: int = 10_000) -> DFA:
     """Pattern (the subset in the module docstring) -> DFA. ValueError for a pattern outside
-    the subset (naming the position), or when the DFA would need more than max_states states."""
+    the subset (naming the position), for one that matches no string at all (such as
+    '[^\\s\\S]': every state of its DFA would be the dead end, the start included), or when
+    the DFA would need more than max_states states."""
     if not isinstance(pattern, str):
         raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
     if isinstance(max_states, bool) or not isinstance(max_states, int) or max_states < 1:
         raise ValueError(f"max_states must be an int >= 1, got {max_states!r}")
     nfa = _NFA(pattern)
     start, accept = nfa.build(_Parser(pattern).parse())
-    return DFA(pattern, *_determinize(nfa, start, accept, max_states))
+    dfa = DFA(pattern, *_determinize(nfa, start, accept, max_states))
+    if not dfa.live(dfa.start):
+        raise ValueError(f"regex {pattern!r} matches no string: no text, not even the empty one, "
+                         f"can ever become a match, so a mask from it would allow nothing")
+    return dfa
 
 
 # ----------------------------------------------------------------------------------------------

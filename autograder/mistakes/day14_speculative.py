@@ -42,6 +42,12 @@ def acceptance_probability(p_token, q_token):
         return 1.0
     return min(1.0, p_token / q_token)
 """),
+    Mistake("acceptance_probability", "a ValueError whose message names no argument", """
+def acceptance_probability(p_token, q_token):
+    if q_token <= 0:
+        raise ValueError("invalid request: the probability must be positive")
+    return min(1.0, p_token / q_token)
+""", says="must name the argument"),
     # ---------------------------------------------------------------- residual
     Mistake("residual", "not normalised", """
 def residual(p, q):
@@ -316,6 +322,12 @@ def acceptance_probability(p_token, q_token):
     if not q_token > 0:
         raise ValueError(f"q_token must be positive, got {q_token}")
     return float(min(1, p_token / q_token))
+"""),
+    Alternative('acceptance_probability', 'another wording that names q_token, capitalised', """
+def acceptance_probability(p_token, q_token):
+    if q_token <= 0:
+        raise ValueError(f"Q_TOKEN is {q_token}, but a proposed token needs q_token > 0")
+    return min(1.0, p_token / q_token)
 """),
     Alternative('residual', 'where any positive float64', """
 def residual(p, q):
