@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,14 @@ from autograder.settings import REPO_ROOT, ensure_venv_on_path
 
 ensure_venv_on_path()
 os.environ.setdefault("MPLBACKEND", "Agg")
+# torch.compile's on-disk cache is one folder per user in /tmp by default, shared by every run
+# whatever kernels torch picks (ATEN_CPU_CAPABILITY) and whatever compiler builds the package's
+# C kernels (CC): a run under other settings reused another's entries and compiled tokens went
+# wrong. The suite keeps one cache per setting (the compiled-path tests then read their own).
+SETTINGS = "-".join(re.sub(r"\W", "_", os.environ.get(name, "default"))
+                    for name in ("ATEN_CPU_CAPABILITY", "CC"))
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(
+    Path(tempfile.gettempdir()) / f"tinygpt-inductor-{os.getuid()}" / SETTINGS))
 sys.path.insert(0, str(REPO_ROOT))
 
 DAYS = days()
