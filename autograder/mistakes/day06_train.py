@@ -266,6 +266,15 @@ def kl_divergence(p, q):
     mass = sum(q.values())
     return float(sum(p[w] * math.log(p[w] / (q[w] / mass)) for w in support))
 """),
+    Mistake("kl_divergence", "the ValueError's message does not name the word", """
+def kl_divergence(p, q):
+    support = [w for w, pw in p.items() if pw > 0]
+    for w in support:
+        if q.get(w, 0.0) <= 0:
+            raise ValueError("KL is infinite: q gives zero probability to a word p can produce")
+    mass = sum(q[w] for w in support)
+    return float(sum(p[w] * math.log(p[w] / (q[w] / mass)) for w in support))
+""", says="say which word makes KL infinite"),
     # ---- self-check -----------------------------------------------------------------------
     Mistake("q1", "answers in bits: log2(1000)", """
 answer_q1 = math.log2(1000)
@@ -361,4 +370,13 @@ def kl_divergence(p, q):
 '''),
     Alternative('q1', 'rounded', '''
 answer_q1 = 6.91'''),
+    Alternative('kl_divergence', 'message names the word in a sentence, no repr', '''
+def kl_divergence(p, q):
+    support = [w for w, pw in p.items() if pw > 0]
+    missing = [w for w in support if not q.get(w, 0.0) > 0]
+    if missing:
+        raise ValueError(f"KL is infinite: the model gives zero probability to {', '.join(missing)}")
+    mass = sum(q[w] for w in support)
+    return float(sum(p[w] * math.log(p[w] / (q[w] / mass)) for w in support))
+'''),
 ]

@@ -45,6 +45,15 @@ def top_k_filter(logits, k):
     kth = torch.topk(logits, k, dim=-1).values[:, -1:]
     return logits.masked_fill(logits < kth, float("-inf"))
 """),
+    Mistake("top_k", "the ValueError's message does not name k", """
+def top_k_filter(logits, k):
+    if k < 0:
+        raise ValueError(f"cannot keep a negative number of tokens: {k}")
+    if k == 0 or k >= logits.shape[-1]:
+        return logits.clone()
+    kth_largest = torch.topk(logits, k, dim=-1).values[:, -1:]
+    return logits.masked_fill(logits < kth_largest, float("-inf"))
+""", says="name the argument in the message"),
     Mistake("top_k", "treats a negative k as off instead of raising", """
 def top_k_filter(logits, k):
     if k <= 0 or k >= logits.shape[-1]:
@@ -610,5 +619,23 @@ def sampling_probs(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typic
             raise ValueError(f"Unknown stage {stage!r} in order; known: {sorted(stages)}")
         x = stages[stage](x)
     return torch.softmax(x, dim=-1)
+'''),
+    Alternative('top_k', 'message names top_k, torch.where on a threshold', '''
+def top_k_filter(logits, k):
+    if k < 0:
+        raise ValueError(f"top_k must be non-negative (0 = off), got {k}")
+    if k == 0 or k >= logits.shape[-1]:
+        return logits.clone()
+    threshold = logits.topk(k, dim=-1).values[..., -1:]
+    return torch.where(logits >= threshold, logits, torch.full_like(logits, float("-inf")))
+'''),
+    Alternative('top_k', 'message with a capital K', '''
+def top_k_filter(logits, k):
+    if k < 0:
+        raise ValueError(f"K = {k} is negative; K must be >= 0")
+    if k == 0 or k >= logits.shape[-1]:
+        return logits.clone()
+    kth_largest = torch.topk(logits, k, dim=-1).values[:, -1:]
+    return logits.masked_fill(logits < kth_largest, float("-inf"))
 '''),
 ]
