@@ -29,31 +29,54 @@ Three differences from the tokenizer we trained on day 02, none of them deep:
    A byte with no token (SmolLM2 has none for 21 byte values, e.g. 0x04 and 0xF5-0xFF) is
    dropped, which is what the Hugging Face tokenizer of the same file does; such text does
    not round-trip.
-3. The split rule. "smollm" (like StarCoder's) first isolates every digit (\\p{N}), then
-   splits each remaining piece with GPT-2's pattern, whose whitespace rule keeps a run of
-   spaces together before a digit: "a  1" -> "a", "  ", "1". (transformers 5.23's GGUF
-   converter drops the digit step and splits that text "a", " ", " 1"; it agrees everywhere
-   else, since SmolLM2 has no token that joins a digit to anything.)
+3. The split rule. "smollm" (like StarCoder's) first isolates every number character
+   (\\p{N}), then splits each remaining piece with GPT-2's pattern. This is the rule of the
+   tokenizer.json SmolLM2 is published with, and our ids equal that file's ids (through the
+   `tokenizers` library) on every text compared but one kind, below. transformers 5.23's
+   GGUF converter drops the digit step, so the GGUF file read by transformers splits
+   differently around a number character after whitespace, and its ids differ in two cases:
+   - whitespace of two or more characters before a number: ours keeps the run together,
+     "a  1" -> "a", "  ", "1"; the converter's splits "a", " ", " 1";
+   - one space before a number character that is not an ASCII digit (" ½", " ²", " ①", " Ⅻ",
+     " ٣"): ours splits " " and "½"; the converter's keeps " ½" one piece, and SmolLM2's
+     merges join the space with the first UTF-8 byte of the character (" ½" -> [216, 16738]
+     here, [3351, 138] there). ASCII digits agree: no merge joins a space to one.
+   The kind of text where we differ from both: the `regex` module and the Rust regex inside
+   `tokenizers` carry different Unicode versions, so for a code point that one of them lists
+   as unassigned they may disagree on "is this a letter / number / space", and the pieces
+   around it differ ("!!\\U000323b0's": U+323B0 is a CJK ideograph of a newer Unicode than
+   one of them knows; tinygpt.tokenizer's docstring has the same caveat against tiktoken).
 
 Special tokens (token types 3 and 4) are produced only on request: `encode(text)` treats
 "<|im_end|>" typed by a user as 10 characters of text; `encode(text, allowed_special=...)`
 and the chat template produce them. `encode_chat` renders the file's own Jinja2 chat
-template in a sandbox, with each message's content swapped for a marker, so that the
-template's own text may produce special tokens and the content never does; the text between
-special tokens is then encoded in one piece, exactly as the Hugging Face tokenizer encodes
-the rendered string.
+template in a sandbox set up as transformers sets up its own (`chat_environment`), so that
+the template's own text may produce special tokens and the content never does
+(`chat_layout`): when no message content holds special-token text the rendered string is
+encoded whole, special tokens parsed, exactly as the Hugging Face tokenizer encodes it;
+otherwise each content is swapped for a marker and encoded as text, and a template that
+changes the content it writes (`| trim`) is then a ValueError.
 """
 
 from __future__ import annotations
 
 import heapq
+import json
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 
 import regex
 
-from tinygpt.tokenizer import _check_flag, _check_messages, _split_on_specials, merge_pair
+from tinygpt.tokenizer import (
+    _allowed_specials,
+    _as_id,
+    _check_flag,
+    _check_id_sequence,
+    _check_messages,
+    merge_pair,
+)
 
 # GPT-2's split pattern: contractions, optional space + letters, optional space + numbers,
 # optional space + other symbols, whitespace not followed by a non-space, other whitespace.
@@ -105,6 +128,123 @@ def split_text(text: str, patterns: Sequence[str]) -> list[str]:
                 out.append(piece[end:])
         pieces = out
     return pieces
+
+
+def specials_pattern(names: Iterable[str]) -> regex.Pattern | None:
+    """A pattern that finds the special-token texts `names` (longest first, so "<|end|>" is
+    not read as a shorter name it starts with) and captures each; None when there are none."""
+    names = sorted(set(names), key=len, reverse=True)
+    if not names:
+        return None
+    return regex.compile("(" + "|".join(regex.escape(name) for name in names) + ")")
+
+
+def chat_environment():
+    """A sandboxed Jinja2 environment set up as transformers' apply_chat_template sets up its
+    own (transformers.utils.chat_template_utils), so a template renders the same text here:
+    trim_blocks and lstrip_blocks; {% break %} and {% continue %} (jinja2.ext.loopcontrols);
+    {% generation %}...{% endgeneration %} (its body, as written); `tojson` without HTML
+    escaping, non-ASCII kept (ensure_ascii=False) and json.dumps' indent, separators and
+    sort_keys; raise_exception(message); strftime_now(format), the local time; a `namespace`
+    that refuses attribute names starting with "_"."""
+    from jinja2 import TemplateError, nodes
+    from jinja2.exceptions import SecurityError
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.utils import Namespace
+
+    class GenerationBlock(Extension):
+        # transformers marks the assistant's text with this tag; rendering keeps the body
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    def check_name(name) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise SecurityError(f"a chat template may not set the attribute {name!r} of a "
+                                f"namespace (names starting with '_' are refused)")
+
+    class SafeNamespace(Namespace):
+        def __init__(*args, **kwargs):           # Namespace's own signature: self in args
+            for name in dict(*args[1:], **kwargs):
+                check_name(name)
+            Namespace.__init__(*args, **kwargs)
+
+        def __setitem__(self, name, value):
+            check_name(name)
+            Namespace.__setitem__(self, name, value)
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                          separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols, GenerationBlock])
+    env.filters["tojson"] = tojson
+    env.globals.update(raise_exception=raise_exception, namespace=SafeNamespace,
+                       strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    return env
+
+
+def chat_layout(render: Callable[[list[str]], str], contents: Sequence[str],
+                specials: regex.Pattern | None) -> tuple[str, list[tuple[bool, str]] | None]:
+    """How a rendered conversation becomes ids with every message's content kept as text.
+
+    render(contents) renders the chat template with `contents` in place of the messages' own;
+    specials finds the tokenizer's special-token texts (`specials_pattern`). Returns (text,
+    runs), text the conversation as the template renders it. runs is None when text may be
+    encoded whole with special tokens parsed (what transformers' apply_chat_template does): no
+    content holds special-token text, and text has the same special tokens, in order, as the
+    template renders around a random marker in place of each content. Otherwise runs is the
+    marker rendering cut at the template's own special tokens: (True, name) for each and
+    (False, text) for the text between two (template text and contents put back, joined), to
+    be encoded with special-token text read as text. That needs the template to write each
+    content as it is given (the marker rendering with the contents put back is text). A
+    template that changes what it writes (`| trim`, `| tojson`, a slice, a branch on the
+    content) gives runs None when no content holds special-token text, and otherwise a
+    ValueError: such a content could not be told apart from the template's own text.
+    """
+    text = render(list(contents))
+    if specials is None:
+        return text, None
+    holding = [i for i, content in enumerate(contents) if specials.search(content)]
+    nonce = secrets.token_hex(8)
+    markers = [f"\ue000{nonce}:{i}\ue001" for i in range(len(contents))]
+    marked = render(markers)
+    if not holding and specials.findall(text) == specials.findall(marked):
+        return text, None
+    by_marker = dict(zip(markers, contents, strict=True))
+    parts = regex.split(f"(\ue000{nonce}:[0-9]+\ue001)", marked)
+    if "".join(by_marker.get(part, part) for part in parts) != text:
+        if not holding:
+            return text, None
+        raise ValueError(f"messages[{holding[0]}]['content'] holds special-token text, and this "
+                         f"chat template changes the content it writes (with a filter such as "
+                         f"| trim), so the content cannot be kept apart from the template's "
+                         f"special tokens; remove the special-token text from the message")
+    runs: list[tuple[bool, str]] = []
+    waiting: list[str] = []                   # text since the last special token
+    for part in parts:
+        if part in by_marker:
+            waiting.append(by_marker[part])
+            continue
+        for piece in specials.split(part):
+            if specials.fullmatch(piece):
+                if waiting:
+                    runs.append((False, "".join(waiting)))
+                    waiting.clear()
+                runs.append((True, piece))
+            else:
+                waiting.append(piece)
+    if "".join(waiting):
+        runs.append((False, "".join(waiting)))
+    return text, runs
 
 
 class GGUFTokenizer:
@@ -171,6 +311,7 @@ class GGUFTokenizer:
         self.chat_template = chat_template
         self._cache: dict[str, list[int]] = {}
         self._template = None
+        self._specials = specials_pattern(self.special_tokens)
 
     @classmethod
     def from_gguf(cls, source) -> GGUFTokenizer:
@@ -286,24 +427,16 @@ class GGUFTokenizer:
         except UnicodeEncodeError as exc:
             raise ValueError(f"text contains the lone surrogate {text[exc.start]!r} at index "
                              f"{exc.start}, which has no UTF-8 encoding") from None
-        if allowed_special == "all":
-            allowed = set(self.special_tokens)
-        elif isinstance(allowed_special, str):
-            raise ValueError(f'allowed_special must be "all" or a set of special token names, '
-                             f"got {allowed_special!r}")
-        else:
-            allowed = set(allowed_special)
-            unknown = allowed - set(self.special_tokens)
-            if unknown:
-                raise ValueError(f"allowed_special contains {sorted(unknown)}, which are not "
-                                 f"special tokens of this tokenizer")
+        allowed = _allowed_specials(allowed_special, self.special_tokens)
         if not allowed:
             return self._encode_ordinary(text)
+        pattern = self._specials if allowed == set(self.special_tokens) else \
+            specials_pattern(allowed)
         ids: list[int] = []
-        for part in _split_on_specials(text, allowed):
+        for part in pattern.split(text):
             if part in allowed:
                 ids.append(self.special_tokens[part])
-            else:
+            elif part:
                 ids.extend(self._encode_ordinary(part))
         return ids
 
@@ -314,15 +447,7 @@ class GGUFTokenizer:
             raise ValueError("this tokenizer has no chat template (tokenizer.chat_template); "
                              "use plain completions")
         if self._template is None:
-            from jinja2 import TemplateError
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            def raise_exception(message: str):
-                raise TemplateError(message)
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = raise_exception
-            self._template = env.from_string(self.chat_template)
+            self._template = chat_environment().from_string(self.chat_template)
         return self._template
 
     def _render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool,
@@ -349,41 +474,39 @@ class GGUFTokenizer:
     def encode_chat(self, messages: Sequence[Mapping[str, str]],
                     add_generation_prompt: bool = True) -> list[int]:
         """A conversation -> ids through the file's chat template. Special tokens come only from
-        the template's own text; message contents are always encoded as text."""
+        the template's own text; message contents are always encoded as text (`chat_layout`:
+        ValueError for content holding special-token text that the template changes)."""
         _check_flag(add_generation_prompt, "add_generation_prompt")
         turns = _check_messages(messages)
-        nonce = secrets.token_hex(8)
-        markers = [f"\ue000{nonce}:{i}\ue001" for i in range(len(turns))]
-        rendered = self._render(messages, add_generation_prompt, markers)
-        by_marker = dict(zip(markers, (c for _, c in turns), strict=True))
+        text, runs = chat_layout(
+            lambda contents: self._render(messages, add_generation_prompt, contents),
+            [content for _, content in turns], self._specials)
+        if runs is None:
+            return self.encode(text, allowed_special="all")
         ids: list[int] = []
-        text: list[str] = []                      # ordinary text waiting to be encoded
-        for part in regex.split(f"(\ue000{nonce}:[0-9]+\ue001)", rendered):
-            if part in by_marker:
-                text.append(by_marker[part])
-                continue
-            for piece in _split_on_specials(part, self.special_tokens):
-                if piece in self.special_tokens:
-                    ids.extend(self._encode_ordinary("".join(text)))
-                    text.clear()
-                    ids.append(self.special_tokens[piece])
-                else:
-                    text.append(piece)
-        ids.extend(self._encode_ordinary("".join(text)))
+        for special, run in runs:
+            if special:
+                ids.append(self.special_tokens[run])
+            else:
+                ids.extend(self._encode_ordinary(run))
         return ids
 
     # -- decoding ------------------------------------------------------------------------------
 
     def token_bytes(self, ids: Iterable[int]) -> list[bytes]:
-        """The bytes of each id (a special token gives its text)."""
+        """The bytes of each id (a special token gives its text). ids: an iterable of ints or a
+        1-D integer tensor / array (not bool, not float): anything else is a TypeError naming
+        ids, an id out of range a ValueError."""
+        _check_id_sequence(ids)
         out = []
-        n = len(self.token_bytes_table)
-        for position, token_id in enumerate(ids):
-            if isinstance(token_id, bool) or not hasattr(token_id, "__index__") or \
-                    not 0 <= int(token_id) < n:
-                raise ValueError(f"ids[{position}] = {token_id!r} is not a token id of this "
+        table = self.token_bytes_table
+        n = len(table)
+        for position, value in enumerate(ids):
+            token_id = _as_id(value, f"ids[{position}]")
+            if not 0 <= token_id < n:
+                raise ValueError(f"ids[{position}] = {token_id} is not a token id of this "
                                  f"tokenizer (valid ids are 0..{n - 1})")
-            out.append(self.token_bytes_table[int(token_id)])
+            out.append(table[token_id])
         return out
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:

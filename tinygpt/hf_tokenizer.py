@@ -1,30 +1,126 @@
 """A Hugging Face folder's tokenizer behind the interface the server, the chat command and the
 engine use (the one tinygpt.tokenizer.BPETokenizer and tinygpt.gguf_tokenizer.GGUFTokenizer
-have): encode, decode, encode_chat and special_tokens. tinygpt.loading builds it for a folder
-whose tokenizer files transformers reads (from disk only)."""
+have): encode, decode, encode_chat, special_tokens, and bos_id / add_bos. tinygpt.loading
+builds it for a folder whose tokenizer files transformers reads (from disk only)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
+
+from tinygpt.gguf_tokenizer import chat_layout, specials_pattern
+from tinygpt.tokenizer import _as_id, _check_flag, _check_id_sequence, _check_messages
+
+
+def _added_ids(tokenizer) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer's post-processor puts before and after a text when it encodes
+    with add_special_tokens=True (Llama's BOS: ([bos], []); Qwen's: ([], []))."""
+    bare = list(tokenizer.encode("a", add_special_tokens=False))
+    full = list(tokenizer.encode("a", add_special_tokens=True))
+    for start in range(len(full) - len(bare) + 1):
+        if full[start:start + len(bare)] == bare:
+            return full[:start], full[start + len(bare):]
+    raise ValueError(f"the tokenizer encodes 'a' as {bare} and, with its special tokens, as "
+                     f"{full}, which does not hold {bare}: its post-processor is not "
+                     f"supported")
+
 
 class HFTokenizer:
-    """A Hugging Face tokenizer behind the interface the server uses: encode, decode (prefix
-    stable: no clean-up of spaces), encode_chat (the tokenizer's own chat template) and
-    special_tokens (its end-of-sequence id, as "<|endoftext|>")."""
+    """A Hugging Face tokenizer behind the interface the server uses.
+
+    encode(text): the text's own ids, with no BOS (special-token text such as "<|im_end|>" in
+    it is read as that token, as transformers reads it; the server reads prompts so for every
+    tokenizer). bos_id / add_bos: the token the tokenizer's post-processor puts before a text
+    and whether it does (then the callers add it, as for GGUFTokenizer); without one, bos_id
+    is the tokenizer's bos_token_id. A post-processor that adds anything else (an EOS after
+    the text, two tokens before it) is a ValueError here. decode(ids): prefix stable (no
+    clean-up of spaces). encode_chat: the tokenizer's own chat template, with each message's
+    content kept as text (tinygpt.gguf_tokenizer.chat_layout): when no content holds
+    special-token text, the ids are apply_chat_template's. "Special" means an added token
+    marked special; other added tokens are ordinary vocabulary to transformers, in content
+    too. When a content does hold special-token text, the text between two of the template's
+    special tokens is encoded on its own, which differs from a whole encoding only for a
+    tokenizer that marks the start of the whole text alone (a Metaspace pre-tokenizer with
+    prepend_scheme "first": each such run then starts with its mark). special_tokens: its
+    end-of-sequence id, as "<|endoftext|>".
+    """
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         eos = tokenizer.eos_token_id
         self.special_tokens = {} if eos is None else {"<|endoftext|>": int(eos)}
+        before, after = _added_ids(tokenizer)
+        if len(before) > 1 or after:
+            raise ValueError(f"the tokenizer puts {before} before a text and {after} after it; "
+                             f"only one token before it (a BOS) is supported")
+        self.add_bos = bool(before)
+        bos = before[0] if before else tokenizer.bos_token_id
+        self.bos_id = None if bos is None else int(bos)
+        # the special tokens the chat template may write and a message's content may not
+        self._chat_specials = {token.content: int(token_id) for token_id, token
+                               in tokenizer.added_tokens_decoder.items() if token.special}
+        self._specials = specials_pattern(self._chat_specials)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._as_text = None
+        if backend is not None:
+            # a copy that reads special-token text as text; setting encode_special_tokens on
+            # the shared backend instead would race with other threads' encodes
+            from tokenizers import Tokenizer
+
+            self._as_text = Tokenizer.from_str(backend.to_str())
+            self._as_text.encode_special_tokens = True
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text))
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+    def _encode_as_text(self, text: str) -> list[int]:
+        if self._as_text is not None:
+            return list(self._as_text.encode(text, add_special_tokens=False).ids)
+        return list(self.tokenizer.encode(text, add_special_tokens=False,
+                                          split_special_tokens=True))
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def decode(self, ids: Iterable[int]) -> str:
+        """Ids -> text. ids: an iterable of ints or a 1-D integer tensor / array (not bool, not
+        float), each in 0..len(tokenizer) - 1: TypeError / ValueError naming ids otherwise."""
+        _check_id_sequence(ids)
+        n = len(self.tokenizer)
+        checked = []
+        for position, value in enumerate(ids):
+            token_id = _as_id(value, f"ids[{position}]")
+            if not 0 <= token_id < n:
+                raise ValueError(f"ids[{position}] = {token_id} is not a token id of this "
+                                 f"tokenizer (valid ids are 0..{n - 1})")
+            checked.append(token_id)
+        return self.tokenizer.decode(checked, clean_up_tokenization_spaces=False)
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]],
+                    add_generation_prompt: bool = True) -> list[int]:
+        """A conversation -> ids through the tokenizer's chat template. Special tokens come
+        only from the template's own text; message contents are always encoded as text."""
+        from jinja2 import TemplateError
+
+        _check_flag(add_generation_prompt, "add_generation_prompt")
+        turns = _check_messages(messages)
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("this model's tokenizer has no chat template: use /v1/completions")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                 tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)   # a BatchEncoding
+
+        def render(contents: list[str]) -> str:
+            conversation = [{"role": role, "content": content}
+                            for (role, _), content in zip(turns, contents, strict=True)]
+            try:
+                return self.tokenizer.apply_chat_template(
+                    conversation, tokenize=False, add_generation_prompt=add_generation_prompt)
+            except TemplateError as err:
+                raise ValueError(f"the chat template refused the messages: {err}") from None
+
+        text, runs = chat_layout(render, [content for _, content in turns], self._specials)
+        if runs is None:        # apply_chat_template(tokenize=True) encodes the text so
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        ids: list[int] = []
+        for special, run in runs:
+            if special:
+                ids.append(self._chat_specials[run])
+            else:
+                ids.extend(self._encode_as_text(run))
+        return ids

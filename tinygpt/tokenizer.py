@@ -258,6 +258,41 @@ def _as_id(value: Any, name: str) -> int:
     raise TypeError(f"{name} must be an integer token id, got {value!r}")
 
 
+def _check_id_sequence(ids: Any) -> None:
+    """ids must be an iterable of token ids: a list of ints or a 1-D integer tensor / array
+    (each entry is then read with _as_id); anything else is a TypeError naming ids."""
+    if not hasattr(ids, "__iter__") or getattr(ids, "ndim", 1) != 1:
+        shape = getattr(ids, "shape", None)
+        raise TypeError(f"ids must be an iterable of token ids (a list of ints or a 1-D "
+                        f"integer tensor), got {type(ids).__name__}"
+                        + ("" if shape is None else f" of shape {tuple(shape)}"))
+
+
+def _allowed_specials(allowed_special: Any, special_tokens: Mapping[str, int]) -> set[str]:
+    """encode's allowed_special ("all", or an iterable of names of `special_tokens`) as the
+    set of names it allows; anything else is a ValueError or TypeError naming allowed_special."""
+    if isinstance(allowed_special, str):
+        if allowed_special == "all":
+            return set(special_tokens)
+        raise ValueError(
+            f'allowed_special must be "all" or a set of special token names, got '
+            f"{allowed_special!r} (to allow one token write {{{allowed_special!r}}})"
+        )
+    if not isinstance(allowed_special, Iterable):
+        raise TypeError(
+            'allowed_special must be "all" or a set of special token names, got '
+            f"{allowed_special!r}"
+        )
+    allowed = set(allowed_special)
+    unknown = allowed - set(special_tokens)
+    if unknown:
+        raise ValueError(
+            f"allowed_special contains {list(unknown)}, which are not special tokens of "
+            f"this tokenizer; allowed values: {list(special_tokens)} or 'all'"
+        )
+    return allowed
+
+
 class BPETokenizer:
     """A byte-level BPE tokenizer: learned merges, special tokens and a split pattern.
 
@@ -402,26 +437,7 @@ class BPETokenizer:
         return ids
 
     def _allowed_specials(self, allowed_special: str | Iterable[str]) -> set[str]:
-        if isinstance(allowed_special, str):
-            if allowed_special == "all":
-                return set(self.special_tokens)
-            raise ValueError(
-                f'allowed_special must be "all" or a set of special token names, got '
-                f"{allowed_special!r} (to allow one token write {{{allowed_special!r}}})"
-            )
-        if not isinstance(allowed_special, Iterable):
-            raise TypeError(
-                'allowed_special must be "all" or a set of special token names, got '
-                f"{allowed_special!r}"
-            )
-        allowed = set(allowed_special)
-        unknown = allowed - set(self.special_tokens)
-        if unknown:
-            raise ValueError(
-                f"allowed_special contains {list(unknown)}, which are not special tokens of "
-                f"this tokenizer; allowed values: {list(self.special_tokens)} or 'all'"
-            )
-        return allowed
+        return _allowed_specials(allowed_special, self.special_tokens)
 
     def encode_chat(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
@@ -455,11 +471,7 @@ class BPETokenizer:
         """The bytes of each id (special tokens give their UTF-8 name), one entry per id.
         ids: an iterable of ints, or a 1-D integer tensor / array (not bool); anything else
         is a TypeError naming ids."""
-        if not hasattr(ids, "__iter__") or getattr(ids, "ndim", 1) != 1:
-            shape = getattr(ids, "shape", None)
-            raise TypeError(f"ids must be an iterable of token ids (a list of ints or a 1-D "
-                            f"integer tensor), got {type(ids).__name__}"
-                            + ("" if shape is None else f" of shape {tuple(shape)}"))
+        _check_id_sequence(ids)
         out = []
         for position, value in enumerate(ids):
             token_id = _as_id(value, f"ids[{position}]")
