@@ -133,6 +133,10 @@ def test_bench_numbers_are_checked_before_the_run(monkeypatch, capsys, argv, opt
     (["--url", "http://x", "--tpot-slo", "-1"], "--tpot-slo"),
     (["--url", "http://x", "--tpot-slo", "inf"], "--tpot-slo"),
     (["--url", "http://x", "--requests", "0"], "--requests"),
+    (["--url", "http://x", "--requests", "100001"], "--requests"),
+    (["--url", "http://x", "--requests", "100000000000"], "--requests"),
+    (["--url", "http://[::1"], "--url"),
+    (["--url", "http://[nothost]:80"], "--url"),
     (["--url", "http://x", "--rates", "x"], "--rates"),
     (["--url", "http://x", "--rates", "1,,2"], "--rates"),
     (["--url", "http://x", "--rates", "inf"], "--rates"),
@@ -143,6 +147,26 @@ def test_bench_numbers_are_checked_before_the_run(monkeypatch, capsys, argv, opt
 def test_serve_load_arguments_are_checked_before_any_request(monkeypatch, capsys, argv, option):
     monkeypatch.setattr(load, "run_load", must_not_run)
     refused(capsys, cli.main(["serve", *argv]), option)
+
+
+@pytest.mark.parametrize("rates, requests", [("1e-9", "1"), ("1,0.001", "100"),
+                                             ("1", "100000")])
+def test_serve_load_refuses_arrivals_expected_to_take_over_a_day(monkeypatch, capsys, rates,
+                                                                 requests):
+    monkeypatch.setattr(load, "run_load", must_not_run)
+    err = refused(capsys, load.main(["--url", "http://x", "--rates", rates,
+                                     "--requests", requests]), "--rates")
+    assert f"--requests {requests} at --rates {rates} would take about " in err
+    assert "at most 24: lower --requests or raise --rates" in err
+
+
+def test_serve_load_takes_arrivals_of_up_to_a_day(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(load, "run_load",
+                        lambda url, rate, n, **_: seen.append((rate, n)) or {"failed": 0})
+    monkeypatch.setattr(load, "format_reports", lambda reports: "")
+    assert load.main(["--url", "http://x", "--rates", "1,2", "--requests", "57600"]) == 0
+    assert seen == [(1.0, 57600), (2.0, 57600)]     # 16 h + 8 h of arrivals
 
 
 def test_serve_load_output_paths_are_checked_before_any_request(monkeypatch, capsys, tmp_path,

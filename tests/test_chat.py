@@ -152,3 +152,51 @@ def test_ctrl_c_at_the_prompt_leaves_quietly_with_130():
                     Interrupting("The cat\n"), out) == 130
     assert out.getvalue().endswith("\nyou> \n")              # the prompt's line ended
     assert chat(io.StringIO("The cat\n"))[1][0] in out.getvalue()      # the reply came first
+
+
+def test_a_max_tokens_that_leaves_the_template_no_room_is_refused_at_the_start(capsys):
+    """`--max-tokens 1023` started the chat and then refused every message as too long."""
+    for argv, needed in ((["--max-tokens", "1023"], 5),
+                         (["--max-tokens", "1019", "--system", "be brief"], 0)):
+        stdin = io.StringIO("hi\n")
+        assert main(["--model", "tinygpt", *argv], stdin=stdin, stdout=io.StringIO()) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {argv[0]} {argv[1]} leaves ") and err.count("\n") == 1
+        assert "--system message" in err if "--system" in argv else "--system" not in err
+        if needed:
+            assert "one-word message in the chat template take 5: --max-tokens must be at " \
+                   "most 1019" in err
+        assert stdin.read() == "hi\n"                    # nothing was read
+    out = io.StringIO()                                 # the largest that fits chats
+    assert main(["--model", "tinygpt", "--max-tokens", "1019", "--temperature", "0"],
+                stdin=io.StringIO("hi\n"), stdout=out) == 0
+    assert "tinygpt> " in out.getvalue() and "not sent" not in out.getvalue()
+
+
+def test_unknown_commands_are_not_sent_and_a_double_slash_sends_one(monkeypatch):
+    import tinygpt.chat
+
+    sent = []
+    real = tinygpt.chat.fit_history
+
+    def fit_history(tokenizer, messages, budget):
+        sent.append(messages[-1]["content"])
+        return real(tokenizer, messages, budget)
+
+    monkeypatch.setattr(tinygpt.chat, "fit_history", fit_history)
+    text, replies = chat(io.StringIO("/exit\n/help\n//help\n/usr/bin is a path\n/Help-me\n"))
+    assert sent == ["/help", "/usr/bin is a path"] and len(replies) == 2
+    assert text.count("(no command ") == 2
+    assert "(no command /exit; the commands are /help, /reset, /quit; start a line with // " \
+           "to send a leading /)" in text
+    assert "(/reset clears the conversation, /quit or Ctrl-D leaves, /help lists this" in text
+
+
+def test_help_names_every_model_name_the_loader_takes_and_the_commands(capsys):
+    from tinygpt.loading import NAMES
+
+    assert main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for name in NAMES:
+        assert f" {name} (" in out, name
+    assert "start a line with // to send a leading /" in out

@@ -555,8 +555,8 @@ def test_metrics_report_the_prefix_cache(real, shipped):
     assert after["prefix_hit_tokens"] - before["prefix_hit_tokens"] >= 16 * (
         len(tokenizer.encode(history)) // 16) - 16
     metrics = real.get("/metrics").text
-    for name in ("tinygpt_prefix_cache_blocks", "tinygpt_prefix_cache_hits",
-                 "tinygpt_prefix_cache_queries", "tinygpt_prefix_cache_hit_rate"):
+    for name in ("tinygpt_prefix_cache_blocks", "tinygpt_prefix_cache_hits_total",
+                 "tinygpt_prefix_cache_queries_total", "tinygpt_prefix_cache_hit_rate"):
         assert f"\n{name} " in metrics, name
     rate = float(metrics.split("\ntinygpt_prefix_cache_hit_rate ")[1].split()[0])
     assert 0 < rate == pytest.approx(after["prefix_hit_tokens"] / after["prefix_query_tokens"],

@@ -220,3 +220,74 @@ def test_the_minimum_pool_serves_default_requests():
 
     assert asyncio.run(statuses(least)) == [200, 200]
     assert asyncio.run(statuses(least - 1))[1] == 400
+
+
+# -- a KV pool larger than the memory --------------------------------------------------------
+
+def test_a_kv_pool_larger_than_the_memory_is_refused_with_the_largest(monkeypatch, capsys):
+    import tinygpt.engine
+
+    def engine(*_args, **_kwargs):
+        raise AssertionError("the engine was built for a pool the memory cannot hold")
+
+    monkeypatch.setattr(tinygpt.engine, "AsyncEngine", engine)
+    model = tinygpt.loading.load_model("tinygpt")[0]
+    block = cli.kv_block_bytes(model)
+    assert block == 2 * model.cfg.n_layers * model.cfg.n_kv_heads * model.cfg.head_dim * 16 * 4
+    most = cli.memory_bytes(torch_device("cpu")) // block
+    for blocks in (most + 1, 100_000_000_000):
+        err = refused(["--kv-blocks", str(blocks), "--port", "0"], capsys)
+        assert err.startswith(f"error: --kv-blocks {blocks} asks for ")
+        assert f"at most {most:,} blocks" in err
+
+
+@pytest.mark.parametrize("failure", [
+    MemoryError(),
+    RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 10 bytes")])
+def test_a_kv_pool_the_allocator_cannot_give_is_one_error_line(monkeypatch, capsys, failure):
+    import tinygpt.engine
+
+    def engine(*_args, **_kwargs):
+        raise failure
+
+    monkeypatch.setattr(tinygpt.engine, "AsyncEngine", engine)
+    err = refused(["--kv-blocks", "40", "--port", "0"], capsys)
+    assert err.startswith("error: --kv-blocks 40: the KV pool of ")
+    assert type(failure).__name__ in err
+
+
+def test_other_runtime_errors_building_the_engine_are_not_called_memory(monkeypatch):
+    import tinygpt.engine
+
+    def engine(*_args, **_kwargs):
+        raise RuntimeError("something else")
+
+    monkeypatch.setattr(tinygpt.engine, "AsyncEngine", engine)
+    with pytest.raises(RuntimeError, match="something else"):
+        cli.main(["--kv-blocks", "40", "--port", "0"])
+
+
+def torch_device(name: str):
+    import torch
+
+    return torch.device(name)
+
+
+# -- the announcement counts the parameters as loaded -----------------------------------------
+
+@pytest.mark.parametrize("quantize", [[], ["--quantize", "int8"], ["--quantize", "int4"]])
+def test_the_announced_parameters_are_the_model_s_before_quantizing(monkeypatch, capsys,
+                                                                    quantize):
+    import uvicorn
+
+    import tinygpt.engine
+    import tinygpt.server.app
+
+    monkeypatch.setattr(tinygpt.engine, "AsyncEngine", lambda *_args, **_kwargs: None)
+    monkeypatch.setattr(tinygpt.server.app, "create_app", lambda *_args, **_kwargs: None)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)
+    assert cli.main(["--port", "0", "--kv-blocks", "40", *quantize]) == 1   # never started
+    model = tinygpt.loading.load_model("tinygpt")[0]
+    expected = sum(p.numel() for p in model.parameters())
+    assert re.search(rf"^serving tinygpt \({expected:,} parameters\) on ",
+                     capsys.readouterr().err, re.M)

@@ -224,3 +224,33 @@ def test_a_crash_s_500_is_counted_in_metrics():
     status, metrics = asyncio.run(run())
     assert status == 500
     assert 'tinygpt_http_requests_total{path="/tokenizer_info",status="500"} 1.0' in metrics
+
+
+def test_running_totals_are_counters_and_the_rest_of_the_stats_gauges():
+    """Preemptions and the prefix cache's queries and hits only grow: Prometheus counters
+    (NAME_total); what goes up and down is a gauge."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tinygpt.engine import EngineStats
+    from tinygpt.server.metrics import Metrics
+
+    class Engine:
+        def stats(self) -> EngineStats:
+            return EngineStats(running=1, waiting=2, submitted=9, finished=6, cancelled=0,
+                               rejected=0, tokens_generated=40, max_waiting=64,
+                               kv_blocks_used=3, kv_blocks_total=40, preemptions=5,
+                               prefix_cached_blocks=4, prefix_query_tokens=100,
+                               prefix_hit_tokens=30)
+
+    families = {family.name: family
+                for family in text_string_to_metric_families(Metrics(Engine()).text()[0])}
+    for name, value in (("tinygpt_preemptions", 5), ("tinygpt_prefix_cache_queries", 100),
+                        ("tinygpt_prefix_cache_hits", 30)):
+        assert families[name].type == "counter", name
+        assert [(s.name, s.value) for s in families[name].samples] == [(f"{name}_total", value)]
+    for name, value in (("tinygpt_requests_running", 1), ("tinygpt_requests_waiting", 2),
+                        ("tinygpt_kv_blocks_used", 3), ("tinygpt_kv_blocks_total", 40),
+                        ("tinygpt_prefix_cache_blocks", 4),
+                        ("tinygpt_prefix_cache_hit_rate", 0.3)):
+        assert families[name].type == "gauge", name
+        assert [(s.name, s.value) for s in families[name].samples] == [(name, value)]

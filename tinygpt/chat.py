@@ -6,8 +6,11 @@
 Each line you type is a user turn; the whole conversation goes through the model's chat
 template (tinygpt.gguf_tokenizer.GGUFTokenizer.encode_chat for a GGUF model) and the reply
 streams as it is generated, up to the model's end-of-turn token. `/reset` forgets the
-conversation, `/quit` (or end of input, Ctrl-D) leaves. When the conversation outgrows the
-context, the oldest turns are dropped, with a note.
+conversation, `/quit` (or end of input, Ctrl-D) leaves, `/help` lists the commands. Any other
+line that is a single /word is no message either: it gets a note listing the commands; a line
+starting with `//` is sent with one slash less (`//help` sends "/help"). When the conversation
+outgrows the context, the oldest turns are dropped, with a note. A --max-tokens that leaves
+the chat template (and --system) no room is refused at the start.
 
 Ctrl-C during a reply stops it and returns to the prompt: the part written stays in the
 conversation, as it stays on the screen, so the next turn follows what was read (a reply
@@ -19,21 +22,26 @@ at once, without a traceback, with the exit status 130 of a program that SIGINT 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 
-COMMANDS_HELP = ("/reset clears the conversation, /quit or Ctrl-D leaves, Ctrl-C stops a "
-                 "reply")
+COMMANDS = ("/help", "/reset", "/quit")
+COMMANDS_HELP = ("/reset clears the conversation, /quit or Ctrl-D leaves, /help lists this, "
+                 "Ctrl-C stops a reply; start a line with // to send a leading /")
+COMMAND_LIKE = re.compile(r"/[A-Za-z][\w-]*")     # a line that is a single /word
 INTERRUPTED = 130          # the exit status of a program that SIGINT ended: 128 + 2
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tinygpt chat",
-                                     description="An interactive chat in the terminal.")
+                                     description="An interactive chat in the terminal.",
+                                     epilog=f"In the chat: {COMMANDS_HELP}.")
     parser.add_argument("--model", default="smollm2",
-                        help="smollm2 (default), tinygpt, a .gguf file, a TinyGPT checkpoint "
-                             "folder or a Hugging Face folder (Llama, Mistral, Qwen3-MoE, Mixtral, "
-                             "DeepSeek-V3)")
+                        help="smollm2 (default: the installed SmolLM2-135M-Instruct), tinygpt "
+                             "(the shipped checkpoint), tinygpt-moe (day 20's mixture of "
+                             "experts), a .gguf file, a TinyGPT checkpoint folder or a Hugging "
+                             "Face folder (Llama, Mistral, Qwen3-MoE, Mixtral, DeepSeek-V3)")
     parser.add_argument("--system", default=None, help="a system message opening the chat")
     parser.add_argument("--max-tokens", type=int, default=256,
                         help="longest reply in tokens (default 256)")
@@ -127,14 +135,22 @@ def _chat(argv: list[str] | None, stdin, stdout) -> int:
         print(f"error: --max-tokens must be < the context of {info.context_length}",
               file=sys.stderr)
         return 2
+    start = [] if args.system is None else [{"role": "system", "content": args.system}]
     try:                          # a base model: every message would be refused
-        tokenizer.encode_chat([{"role": "user", "content": "Hi"}])
+        template = len(tokenizer.encode_chat(start + [{"role": "user", "content": "Hi"}]))
     except ValueError:
         print(f"error: {info.model_id}'s tokenizer has no chat template, so it cannot chat (a "
               f"base model continues text: serve it and use /v1/completions)", file=sys.stderr)
         return 2
+    if template > info.context_length - args.max_tokens:     # every message would be refused
+        opening = "the --system message and a" if start else "a"
+        print(f"error: --max-tokens {args.max_tokens} leaves "
+              f"{info.context_length - args.max_tokens} of the {info.context_length} context "
+              f"positions for the conversation, but {opening} one-word message in the chat "
+              f"template take {template}: --max-tokens must be at most "
+              f"{max(info.context_length - template, 0)}", file=sys.stderr)
+        return 2
     stops = set(info.end_of_turn_ids)
-    start = [] if args.system is None else [{"role": "system", "content": args.system}]
     messages = list(start)
     print(f"{info.model_id} ({sum(p.numel() for p in model.parameters()):,} parameters). "
           f"{COMMANDS_HELP}.", file=stdout, flush=True)
@@ -156,6 +172,15 @@ def _chat(argv: list[str] | None, stdin, stdout) -> int:
             messages = list(start)
             print("(conversation cleared)", file=stdout, flush=True)
             continue
+        if text.strip() == "/help":
+            print(f"({COMMANDS_HELP})", file=stdout, flush=True)
+            continue
+        if COMMAND_LIKE.fullmatch(text.strip()):
+            print(f"(no command {text.strip()}; the commands are {', '.join(COMMANDS)}; "
+                  f"start a line with // to send a leading /)", file=stdout, flush=True)
+            continue
+        if text.startswith("//"):
+            text = text[1:]
         if not text.strip():
             continue
         messages.append({"role": "user", "content": text})

@@ -15,9 +15,9 @@ Prompts are token ids below 256 (byte tokens every byte-level BPE vocabulary has
 ask for `ignore_eos`, so each produces exactly its drawn output length.
 
 The command line checks every argument before the first request (the URL's scheme and host,
-the rates, the counts, the SLOs, the output files) and refuses a bad one with a single
-`error: ...` line (exit 2); a server it cannot reach is one `error: cannot reach ...` line
-(exit 1).
+the rates, the counts and how long their arrivals would take, the SLOs, the output files) and
+refuses a bad one with a single `error: ...` line (exit 2); a server it cannot reach is one
+`error: cannot reach ...` line (exit 1).
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from pathlib import Path
 from tinygpt.metrics import RequestTrace, request_metrics
 
 MAX_SEED = 2**32 - 1           # --seed's range, as `python -m tinygpt bench --seed`
+MAX_REQUESTS = 100_000         # --requests' bound: each rate plans them all and opens each
+MAX_ARRIVALS_S = 24 * 3600     # the longest the arrivals of all the rates may be expected to take
 
 # (prompt tokens, output tokens, weight): mostly short exchanges, some long prompts, a few
 # long answers
@@ -241,12 +243,13 @@ def format_reports(reports: list[dict]) -> str:
 def check_url(url: str) -> str:
     """`url` when it is an http:// or https:// address with a host (and a valid port, if any);
     a ValueError naming --url otherwise."""
-    parts = urllib.parse.urlsplit(url)
-    try:
-        port_ok = parts.port is None or parts.port > 0
-    except ValueError:                  # a port that is not a number in 0 .. 65535
-        port_ok = False
-    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+    try:                                # a malformed IPv6 host, or a port that is not a
+        parts = urllib.parse.urlsplit(url)      # number in 0 .. 65535
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (
+            parts.port is None or parts.port > 0)
+    except ValueError:
+        ok = False
+    if not ok:
         raise ValueError(f"--url must be an http:// or https:// address with a host, as "
                          f"http://127.0.0.1:8000; got {url!r}")
     return url
@@ -273,7 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the server, an http:// or https:// address, e.g. "
                              "http://127.0.0.1:8000")
     parser.add_argument("--rates", default="1,2,4", help="offered rates, requests/s (1,2,4)")
-    parser.add_argument("--requests", type=int, default=32, help="requests per rate (32)")
+    parser.add_argument("--requests", type=int, default=32,
+                        help=f"requests per rate, 1 .. {MAX_REQUESTS} (32); their arrivals over "
+                             f"all the rates may be expected to take at most a day")
     parser.add_argument("--ttft-slo", type=float, default=1.0, help="TTFT SLO in s (1.0)")
     parser.add_argument("--tpot-slo", type=float, default=0.1, help="TPOT SLO in s (0.1)")
     parser.add_argument("--seed", type=int, default=0, help=f"0 .. {MAX_SEED} (0)")
@@ -290,8 +295,15 @@ def check_args(args: argparse.Namespace) -> list[float]:
 
     check_url(args.url)
     rates = parse_rates(args.rates)
-    if args.requests < 1:
-        raise ValueError(f"--requests must be an int >= 1, got {args.requests}")
+    if not 1 <= args.requests <= MAX_REQUESTS:
+        raise ValueError(f"--requests must be an int in 1 .. {MAX_REQUESTS}, got "
+                         f"{args.requests}")
+    arrivals = sum(args.requests / rate for rate in rates)
+    if arrivals > MAX_ARRIVALS_S:
+        raise ValueError(f"--requests {args.requests} at --rates {args.rates} would take about "
+                         f"{arrivals / 3600:,.3g} hours of arrivals (requests / rate, summed "
+                         f"over the rates); at most {MAX_ARRIVALS_S // 3600}: lower --requests "
+                         f"or raise --rates")
     if not 0 <= args.seed <= MAX_SEED:
         raise ValueError(f"--seed must be an int in 0 .. {MAX_SEED}, got {args.seed}")
     for name, value in (("--ttft-slo", args.ttft_slo), ("--tpot-slo", args.tpot_slo)):

@@ -10,8 +10,10 @@ negative --port, --max-running 0, a --token-budget below --max-running, an infin
 more --threads than tinygpt.thread_count allows, an empty --host) and flags the serial engine
 would ignore are reported after torch has loaded, before the model does: one `error:` line,
 exit 2. An address that cannot be bound (a port in use, a host that does not resolve) is exit
-1, also before the model loads. Only --kv-blocks below min_kv_blocks waits for the model (its
-chat template sets the minimum), and is exit 2 before the engine starts."""
+1, also before the model loads. Only --kv-blocks waits for the model: below min_kv_blocks (its
+chat template sets the minimum) or above what the memory holds (its layers and heads set the
+bytes of a block), it is exit 2 before the engine starts, as is a pool the allocator cannot
+give."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import argparse
 import asyncio
 import errno
 import math
+import os
 import signal
 import socket
 import sys
@@ -49,6 +52,36 @@ def default_kv_blocks(cfg, max_running: int, model_id: str, block_size: int = 16
           f"({cap * block_size * per_position / 2**20:.0f} MiB); --kv-blocks N to change",
           file=sys.stderr, flush=True)
     return cap
+
+
+def kv_block_bytes(model, block_size: int = 16) -> int:
+    """Bytes one KV block of `model` takes, shaped as tinygpt.paged.PagedKVCache.for_model
+    shapes its pool: K and V of every layer and KV head (one shared latent per layer for
+    day 21's multi-head latent attention), in the model's dtype."""
+    cfg = model.cfg
+    size = next(model.parameters()).element_size()
+    if cfg.attention == "mla":
+        return cfg.n_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * block_size * size
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * block_size * size
+
+
+def memory_bytes(device) -> int:
+    """What a KV pool on `device` can at most take: a CUDA device's own memory, else this
+    machine's physical memory."""
+    if device.type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def allocation_failed(err: BaseException) -> bool:
+    """Whether `err` is torch or Python running out of memory (torch's CPU allocator raises a
+    plain RuntimeError that says it cannot allocate)."""
+    import torch
+
+    return isinstance(err, MemoryError | torch.OutOfMemoryError) or (
+        isinstance(err, RuntimeError) and "can't allocate memory" in str(err))
 
 
 # --quantize NAME -> the tinygpt.quant scheme it serves
@@ -93,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "CPU only); N must divide the heads (default 1)")
     parser.add_argument("--kv-blocks", type=int, default=None,
                         help=f"KV-cache blocks of 16 positions, at least room for the model's "
-                             f"chat template and a {COMPLETION_MAX_TOKENS}-token reply "
+                             f"chat template and a {COMPLETION_MAX_TOKENS}-token reply, at most "
+                             f"what the memory (the GPU's with --device cuda) holds "
                              f"(default: room for --max-running sequences of 512 positions, "
                              f"at most {KV_POOL_BYTES // 2**20} MiB)")
     parser.add_argument("--no-prefix-caching", action="store_true",
@@ -180,8 +214,19 @@ def min_kv_blocks(tokenizer, block_size: int = 16) -> int:
     try:
         prompt = len(tokenizer.encode_chat([{"role": "user", "content": "Hi"}]))
     except ValueError:          # no chat template: /v1/chat/completions answers 400
-        prompt = len(tokenizer.encode("Hi"))
+        # the word, and the BOS the server puts before a prompt where the tokenizer says one
+        # goes (tinygpt.server.prompts.Prompts.bos_prefix)
+        bos = getattr(tokenizer, "add_bos", False) and getattr(tokenizer, "bos_id", None)
+        prompt = len(tokenizer.encode("Hi")) + int(bos is not None and bos is not False)
     return -(-(prompt + COMPLETION_MAX_TOKENS - 1) // block_size)
+
+
+def kv_pool_too_large(blocks: int, block_bytes: int, memory: int, device) -> str:
+    """serve's error line for a --kv-blocks pool larger than the memory of `device`."""
+    where = f"{device}'s memory" if device.type == "cuda" else "this machine's memory"
+    return (f"error: --kv-blocks {blocks} asks for {blocks * block_bytes / 2**30:,.1f} GiB of "
+            f"KV cache ({block_bytes:,} bytes a block), more than {where} "
+            f"({memory / 2**30:,.1f} GiB): at most {memory // block_bytes:,} blocks")
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -261,6 +306,8 @@ def serve(args: argparse.Namespace, device, sock: socket.socket) -> int:
         print(f"error: cannot load the model: {err}", file=sys.stderr)
         return 2
     model = model.to(device)
+    # counted before --quantize, which turns the weights it quantizes into buffers
+    parameters = sum(p.numel() for p in model.parameters())
     if args.engine == "batch":
         if args.kv_blocks is None:
             args.kv_blocks = default_kv_blocks(model.cfg, args.max_running, info.model_id)
@@ -269,6 +316,11 @@ def serve(args: argparse.Namespace, device, sock: socket.socket) -> int:
             print(f"error: --kv-blocks {args.kv_blocks} is too small for {info.model_id}: at "
                   f"least {least} blocks of 16 positions hold its chat template around a "
                   f"one-word message and a {COMPLETION_MAX_TOKENS}-token reply",
+                  file=sys.stderr)
+            return 2
+        block_bytes, memory = kv_block_bytes(model), memory_bytes(device)
+        if args.kv_blocks * block_bytes > memory:
+            print(kv_pool_too_large(args.kv_blocks, block_bytes, memory, device),
                   file=sys.stderr)
             return 2
     if args.quantize is not None:
@@ -306,10 +358,18 @@ def serve(args: argparse.Namespace, device, sock: socket.socket) -> int:
     elif args.engine == "serial":
         engine = SerialEngine(model.eval(), tokenizer, max_waiting=args.max_queue)
     else:
-        engine = AsyncEngine(model.eval(), tokenizer, max_waiting=args.max_queue,
-                             max_running=args.max_running, token_budget=args.token_budget,
-                             num_blocks=args.kv_blocks,
-                             prefix_caching=not args.no_prefix_caching)
+        try:
+            engine = AsyncEngine(model.eval(), tokenizer, max_waiting=args.max_queue,
+                                 max_running=args.max_running, token_budget=args.token_budget,
+                                 num_blocks=args.kv_blocks,
+                                 prefix_caching=not args.no_prefix_caching)
+        except (MemoryError, RuntimeError) as err:
+            if not allocation_failed(err):
+                raise
+            print(f"error: --kv-blocks {args.kv_blocks}: the KV pool of "
+                  f"{args.kv_blocks * block_bytes / 2**30:,.1f} GiB could not be allocated "
+                  f"({type(err).__name__}); give fewer blocks", file=sys.stderr)
+            return 2
     app = create_app(engine, tokenizer, model.cfg.max_seq_len, grace_s=args.grace,
                      max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout,
                      model_id=info.model_id, eos_ids=info.eos_ids,
@@ -334,7 +394,7 @@ def serve(args: argparse.Namespace, device, sock: socket.socket) -> int:
 
     server = Server(config)
     host = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"serving {info.model_id} ({sum(p.numel() for p in model.parameters()):,} parameters) on "
+    print(f"serving {info.model_id} ({parameters:,} parameters) on "
           f"http://{host}:{sock.getsockname()[1]}/v1", file=sys.stderr, flush=True)
     # uvicorn shuts down gracefully on SIGINT / SIGTERM and then re-raises the signal to the
     # handler that was there before it; this one turns that into a clean exit with status 0.

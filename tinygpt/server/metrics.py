@@ -2,12 +2,15 @@
 the app's own (two apps in one process never share counts). HTTP requests by path and status
 (counted by a middleware, paths outside the API as "other"), finished requests by reason,
 generated tokens, TTFT, inter-token latency and queue time (observed when the engine ends a
-request), and gauges read from engine.stats() at scrape time: running and waiting requests,
-the KV pool, preemptions and the prefix cache."""
+request), and what engine.stats() says at scrape time: gauges of the running and waiting
+requests, the KV pool and the prefix cache's blocks and hit rate, and counters of the
+preemptions and the prefix cache's queries and hits (running totals: NAME_total)."""
 
 from __future__ import annotations
 
 import prometheus_client as prom
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from tinygpt.engine import latency_samples
 
@@ -20,14 +23,30 @@ GAUGES = {   # name: (help, the EngineStats field it reads)
     "tinygpt_requests_waiting": ("requests waiting for the engine", "waiting"),
     "tinygpt_kv_blocks_used": ("KV-cache blocks in use", "kv_blocks_used"),
     "tinygpt_kv_blocks_total": ("KV-cache blocks in the pool", "kv_blocks_total"),
-    "tinygpt_preemptions": ("sequences preempted so far", "preemptions"),
     "tinygpt_prefix_cache_blocks": ("KV blocks findable by a prefix key (in use or kept "
                                      "after their request ended)", "prefix_cached_blocks"),
+}
+
+# running totals of the engine's, exposed as counters: NAME_total in the text
+TOTALS = {   # name: (help, the EngineStats field it reads)
+    "tinygpt_preemptions": ("sequences preempted so far", "preemptions"),
     "tinygpt_prefix_cache_queries": ("prompt tokens looked up in the prefix cache",
                                      "prefix_query_tokens"),
     "tinygpt_prefix_cache_hits": ("prompt tokens found in the prefix cache (not computed)",
                                   "prefix_hit_tokens"),
 }
+
+
+class Totals(Collector):
+    """TOTALS, read from one engine.stats() at each scrape."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def collect(self):
+        stats = self.engine.stats()
+        for name, (doc, attr) in TOTALS.items():
+            yield CounterMetricFamily(name, doc, value=getattr(stats, attr))
 
 
 class Metrics:
@@ -52,6 +71,8 @@ class Metrics:
         for name, (doc, attr) in GAUGES.items():
             prom.Gauge(name, doc, registry=registry).set_function(
                 lambda attr=attr: getattr(engine.stats(), attr))
+
+        registry.register(Totals(engine))
 
         def hit_rate() -> float:
             stats = engine.stats()
