@@ -250,7 +250,7 @@ def test_a_corrupt_scale_names_the_tensor_and_type(good_file, tmp_path):
 def test_not_gguf_other_architectures_and_missing_tensors(tmp_path):
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"GGML" + bytes(100))
-    with pytest.raises(ValueError, match="not a readable GGUF file"):
+    with pytest.raises(ValueError, match=r"junk\.gguf: not a GGUF file \(it starts with b'GGML'"):
         ours.load_gguf_model(junk)
     with pytest.raises(FileNotFoundError):
         ours.load_gguf_model(tmp_path / "absent.gguf")
@@ -263,6 +263,16 @@ def test_not_gguf_other_architectures_and_missing_tensors(tmp_path):
     del tensors["blk.1.ffn_up.weight"]
     with pytest.raises(ValueError, match=r"missing \['blk\.1\.ffn_up\.weight'\]"):
         ours.load_gguf_model(write_gguf(tmp_path / "missing.gguf", tensors))
+
+
+def test_a_file_cut_inside_its_header_is_called_truncated(good_file, tmp_path):
+    # numpy's "When changing to a larger dtype ..." before
+    for size in (0, 3, 10):
+        cut = tmp_path / f"cut{size}.gguf"
+        cut.write_bytes(good_file.read_bytes()[:size])
+        with pytest.raises(ValueError, match=rf"cut{size}\.gguf: an empty or truncated GGUF "
+                                             rf"file \({size} bytes"):
+            ours.open_gguf(cut)
 
 
 def config_file(path, **override):
@@ -300,6 +310,54 @@ def test_metadata_of_the_wrong_kind_names_its_key(tmp_path, override, match):
     assert ours.config_from_gguf(config_file(tmp_path / "good.gguf")).d_model == CFG.d_model
     with pytest.raises(ValueError, match=match):
         ours.config_from_gguf(config_file(tmp_path / "bad.gguf", **override))
+
+
+def test_heads_that_do_not_divide_name_their_keys_and_the_file(tmp_path):
+    path = config_file(tmp_path / "kv3.gguf", attention__head_count_kv=("uint32", 3))
+    with pytest.raises(ValueError, match=r"n_kv_heads \(3\) must divide n_heads \(4\).*"
+                                         r"llama\.attention\.head_count_kv"):
+        ours.config_from_gguf(path)
+    with pytest.raises(ValueError, match=r"kv3\.gguf: .*llama\.attention\.head_count_kv"):
+        ours.load_gguf_model(path)
+
+
+def tokenizer_file(path, tokenizer: dict, vocab_size: bool = False):
+    """A loadable tied Llama GGUF (CFG's shapes) with the given tokenizer.* metadata."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in [("block_count", CFG.n_layers), ("context_length", CFG.max_seq_len),
+                       ("embedding_length", CFG.d_model), ("feed_forward_length", CFG.d_ff),
+                       ("attention.head_count", CFG.n_heads),
+                       ("attention.head_count_kv", CFG.n_kv_heads)]:
+        w.add_uint32(f"llama.{key}", value)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", CFG.norm_eps)
+    if vocab_size:
+        w.add_uint32("llama.vocab_size", CFG.vocab_size)
+    for key, value in tokenizer.items():
+        (w.add_string if isinstance(value, str) else w.add_array)(f"tokenizer.ggml.{key}", value)
+    for name, array in gguf_tensors(TinyGPT(CFG, seed=11), tied=True).items():
+        w.add_tensor(name, array.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("tokenizer,vocab_size,key", [
+    ({}, False, "tokenizer.ggml.tokens"),                   # no tokenizer and no vocab_size
+    ({}, True, "tokenizer.ggml.model"),                     # no tokenizer at all
+    ({"model": "gpt2", "tokens": [f"t{i}" for i in range(CFG.vocab_size)]}, False,
+     "tokenizer.ggml.merges"),
+])
+def test_a_missing_tokenizer_is_a_value_error_naming_the_file_and_key(tmp_path, tokenizer,
+                                                                     vocab_size, key):
+    """A KeyError before, which the CLIs (catching OSError and ValueError) printed as a
+    traceback."""
+    from tinygpt.loading import load_model
+
+    path = tokenizer_file(tmp_path / "notok.gguf", tokenizer, vocab_size)
+    with pytest.raises(ValueError, match=rf"notok\.gguf: .*{key}"):
+        load_model(path)
 
 
 @pytest.mark.parametrize("bad", [0, 1.5, True, "64"])

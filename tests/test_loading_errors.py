@@ -88,6 +88,34 @@ def test_a_config_the_model_cannot_be_built_from_is_named(tmp_path):
     assert str(folder / "config.json") in str(caught.value)
 
 
+@pytest.mark.parametrize("change,match", [
+    # a TypeError before (a traceback from serve), or a silent replacement
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": [1]}}, "rope_theta must be a "
+                                                                       "finite number > 0"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}}, "rope_theta must be a "
+                                                                     "finite number > 0, got 0"),
+    ({"rope_parameters": [10000.0]}, "rope_parameters must be null or a dict"),
+    ({"rope_parameters": None, "rope_theta": "abc"}, "rope_theta must be a finite number"),
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false"),
+    ({"hidden_size": "16"}, "d_model must be a positive integer"),
+])
+def test_config_fields_of_the_wrong_type_are_named(tmp_path, change, match):
+    folder = llama_folder(tmp_path / "model")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(ValueError, match=match) as caught:
+        load_model(folder)
+    assert str(folder / "config.json") in str(caught.value)
+
+
+def test_the_allowed_forms_read_right_on_the_command_line(capsys):
+    """They said "None or 'tinygpt'", which no command line can pass."""
+    assert serve_main(["--model", "no-such-model"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "allowed: 'tinygpt' (the shipped checkpoint, also loaded when no name is given)" \
+        in line and "None" not in line
+
+
 @pytest.mark.parametrize("name,text", [("tokenizer.json", "junk"), ("tokenizer.json", "{}"),
                                        ("tokenizer.json", "[]"),
                                        ("tokenizer_config.json", "[]")])

@@ -34,6 +34,7 @@ from tinygpt.testing import check_float32_error
 transformers = pytest.importorskip("transformers")
 
 from tinygpt import hf_models  # noqa: E402
+from tinygpt.hf_fields import HF_DEFAULTS  # noqa: E402
 from tinygpt.hf_models import (  # noqa: E402
     config_from_hf,
     from_hf,
@@ -41,6 +42,7 @@ from tinygpt.hf_models import (  # noqa: E402
     from_hf_moe,
     moe_from_hf_block,
 )
+from tinygpt.model import ModelConfig  # noqa: E402
 
 FACTOR, FLOOR = 4.0, 1e-7
 WORDS = ["<unk>", "<s>", "</s>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to",
@@ -270,6 +272,12 @@ def test_bad_weights_are_named(hf_model):
     ("mixtral", {"num_key_value_heads": 0}, r"num_key_value_heads must be None or an int >= 1"),
     ("qwen3_moe", {"num_local_experts": 4}, "number of experts once"),
     ("mixtral", {"num_experts_per_tok": 5}, "top_k"),
+    # silently read before: 0 as [], "false" as True, a list of experts as a TypeError
+    ("qwen3_moe", {"mlp_only_layers": 0}, "mlp_only_layers must be null or a list of integers"),
+    ("qwen3_moe", {"mlp_only_layers": [True]}, "mlp_only_layers must be null or a list"),
+    ("mixtral", {"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false"),
+    ("qwen3_moe", {"norm_topk_prob": 1}, "norm_topk_prob must be true or false"),
+    ("mixtral", {"num_local_experts": [4]}, "num_local_experts must be an integer"),
     ("mixtral", {"model_type": "qwen2_moe"}, "shared_expert_gate"),
     ("mixtral", {"model_type": "gpt_oss"},
      r"one of \('llama', 'mistral', 'qwen3_moe', 'mixtral', 'deepseek_v3'\)"),
@@ -282,7 +290,7 @@ def test_configs_we_cannot_run_are_refused(family, change, match):
         config_from_hf({**base, **change})
 
 
-def test_only_a_missing_kv_head_count_means_one_per_head():
+def test_a_null_kv_head_count_means_one_per_head_and_bad_values_are_named():
     from tinygpt.hf_models import config_to_hf
     from tinygpt.model import ModelConfig
 
@@ -290,13 +298,57 @@ def test_only_a_missing_kv_head_count_means_one_per_head():
                                       n_kv_heads=2, d_ff=48, max_seq_len=16)).to_dict()
     for base in (llama, mixtral_config().to_dict()):
         assert config_from_hf({**base, "num_key_value_heads": None}).n_kv_heads == 4
-        assert config_from_hf({k: v for k, v in base.items()
-                               if k != "num_key_value_heads"}).n_kv_heads == 4
         with pytest.raises(ValueError, match="num_key_value_heads must be None or an int >= 1, "
                                              "got 0"):
             config_from_hf({**base, "num_key_value_heads": 0})
         with pytest.raises(ValueError, match="rms_norm_eps must be a finite number > 0, got None"):
             config_from_hf({**base, "rms_norm_eps": None})
+
+
+def _outcome(hf_config):
+    """config_from_hf's ModelConfig, or the message of its ValueError."""
+    try:
+        return config_from_hf(hf_config)
+    except ValueError as err:
+        return str(err)
+
+
+def small_configs():
+    """A small transformers config of each family (fields away from their defaults)."""
+    dense = dict(vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                 num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=16,
+                 **NO_SPECIALS)
+    return {"llama": transformers.LlamaConfig(**dense),
+            "mistral": transformers.MistralConfig(**{**dense, "num_attention_heads": 16,
+                                                     "max_position_embeddings": 8192},
+                                                  sliding_window=8),
+            "qwen3_moe": qwen3_moe_config(), "mixtral": mixtral_config(num_attention_heads=8),
+            "deepseek_v3": transformers.DeepseekV3Config(
+                vocab_size=32, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                v_head_dim=8, n_routed_experts=16, num_experts_per_tok=2, n_group=4,
+                topk_group=2, n_shared_experts=2,
+                first_k_dense_replace=1, max_position_embeddings=16, routed_scaling_factor=1.5,
+                norm_topk_prob=False, rope_interleave=False, **NO_SPECIALS)}
+
+
+@pytest.mark.parametrize("family", sorted(HF_DEFAULTS))
+def test_a_missing_field_takes_transformers_default_for_its_family(family):
+    """config.json without a field loads as transformers builds it: with its config class's
+    default for that model_type (Mixtral's rms_norm_eps 1e-5 and rope_theta 1e6, Qwen3-MoE's
+    4 key/value heads, DeepSeek-V3's 8 groups, top 4 of them, scale 2.5). Llama's defaults
+    were used for every family before, and a missing num_key_value_heads meant one per query
+    head everywhere; transformers reads that only from an explicit null (tested above)."""
+    full = small_configs()[family]
+    skip = ("model_type", "transformers_version")
+    for name in HF_DEFAULTS[family]:
+        drop = "rope_parameters" if name == "rope_theta" else name
+        config = {k: v for k, v in full.to_dict().items() if k != drop}
+        theirs = type(full)(**{k: v for k, v in config.items() if k not in skip})
+        ours = _outcome(config)
+        assert isinstance(ours, ModelConfig), (name, ours)     # not two equal refusals
+        assert ours == _outcome(theirs), (family, name)
 
 
 def test_weights_not_float_or_not_finite_are_named(hf_model):
@@ -526,3 +578,88 @@ def test_quantizing_a_moe_folder_is_refused_cleanly(tmp_path, capsys):
                               f"nn.Linear layers of dense blocks; the model has "
                               f"mixture-of-experts layers"), err
         assert "Traceback" not in err and err.count("\n") == 1
+
+
+# --------------------------------------------------------------------------------------------
+# DeepSeek-V3's router bias stays float32 in a bfloat16 model (transformers'
+# _keep_in_fp32_modules_strict)
+
+
+def tiny_deepseek(seed: int = 0, **changes):
+    torch.manual_seed(seed)
+    config = transformers.DeepseekV3Config(**{**dict(
+        vocab_size=len(WORDS), hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
+        q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+        n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
+        first_k_dense_replace=1, max_position_embeddings=32, routed_scaling_factor=2.5,
+        **EAGER, **NO_SPECIALS), **changes})
+    model = transformers.DeepseekV3ForCausalLM(config).eval()
+    with torch.no_grad():                  # biases in a narrow band away from 0, as trained
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(3.0 + torch.randn_like(buffer) * 0.05)
+    return model
+
+
+def test_the_router_bias_stays_float32_through_from_hf_load_model_and_to(tmp_path):
+    """It was cast with the weights: a bfloat16 bias near 3.0 moves in steps of 1/64."""
+    from tinygpt.loading import load_model
+
+    theirs = tiny_deepseek()
+    bias = theirs.model.layers[1].mlp.gate.e_score_correction_bias
+    ours = from_hf(theirs, theirs.config, dtype=torch.bfloat16)
+    ff = ours.layers[1].feed_forward
+    assert ff.w1.dtype == torch.bfloat16 and ff.e_score_correction_bias.dtype == torch.float32
+    assert torch.equal(ff.e_score_correction_bias, bias)
+    for cast in (lambda m: m.half(), lambda m: m.to(torch.bfloat16), lambda m: m.to("cpu"),
+                 lambda m: m.float()):
+        cast(ours)
+        assert ff.e_score_correction_bias.dtype == torch.float32
+        assert torch.equal(ff.e_score_correction_bias, bias)     # never through bfloat16
+    assert ours.double().layers[1].feed_forward.e_score_correction_bias.dtype == torch.float64
+    theirs.save_pretrained(tmp_path, safe_serialization=True)
+    word_tokenizer().save_pretrained(tmp_path)
+    loaded, _, _ = load_model(tmp_path, dtype=torch.bfloat16)
+    ff = loaded.layers[1].feed_forward
+    assert ff.w1.dtype == torch.bfloat16 and torch.equal(ff.e_score_correction_bias, bias)
+
+
+def test_a_bfloat16_router_chooses_as_the_float64_one_on_a_near_tie():
+    """Expert 1's bias is 0.005 above expert 0's and its score 0.002 below: float64 (and
+    transformers, whose bias stays float32) choose expert 1; in bfloat16 both biases round to
+    3.0 and expert 0 won."""
+    from tinygpt.moe import MoE
+
+    moe = MoE(8, 4, 1, 4, router="sigmoid_groups")
+    with torch.no_grad():
+        moe.gate.weight.zero_()
+        moe.gate.weight[0] = 0.001                  # logit 0.008: score 0.502 against 0.5
+        moe.e_score_correction_bias.copy_(torch.tensor([3.0, 3.005, 2.0, 2.0]))
+    x = torch.ones(5, 8)
+    truth = copy.deepcopy(moe).double().route(x.double())[1]
+    assert truth.flatten().tolist() == [1] * 5
+    assert torch.equal(moe.to(torch.bfloat16).route(x.bfloat16())[1], truth)
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")   # transformers' init
+def test_no_shared_expert_loads_and_gives_transformers_logits(tmp_path):
+    """n_shared_experts 0: transformers builds a 0-wide shared expert (it adds nothing) and
+    saves its empty tensors; they were "unexpected keys" before."""
+    from tinygpt.loading import load_model
+
+    theirs = tiny_deepseek(seed=3, n_shared_experts=0)
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        want = theirs(ids).logits[0]
+        assert torch.allclose(from_hf(theirs, theirs.config)(ids)[0], want, atol=1e-5)
+        theirs.save_pretrained(tmp_path, safe_serialization=True)
+        word_tokenizer().save_pretrained(tmp_path)
+        model, _, _ = load_model(tmp_path)
+        assert model.layers[1].feed_forward.shared is None
+        assert torch.allclose(model(ids)[0], want, atol=1e-5)
+    state = theirs.state_dict()
+    state["model.layers.1.mlp.shared_experts.up_proj.weight"] = torch.ones(1, 32)
+    with pytest.raises(ValueError, match=r"unexpected keys \['model\.layers\.1\.mlp\."
+                                         r"shared_experts\.up_proj\.weight'\]"):
+        from_hf(state, theirs.config)             # a shared expert with weights is no no-op

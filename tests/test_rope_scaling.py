@@ -327,6 +327,40 @@ def test_rope_types_we_do_not_implement_are_refused():
                                       "original_max_position_embeddings": 8}
 
 
+@pytest.mark.parametrize("config,match", [
+    # a TypeError, or a silent replacement (0 and 0.0 are falsy: `or` took the next value)
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": [1]}},
+     r"rope_theta must be a finite number > 0, got \[1\]"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}},
+     "rope_theta must be a finite number > 0, got 0"),
+    ({"rope_theta": 500000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 0}},
+     "rope_theta must be a finite number > 0, got 0"),
+    ({"rope_theta": "abc"}, "rope_theta must be a finite number > 0, got 'abc'"),
+    ({"rope_parameters": [{"rope_type": "default"}]}, "rope_parameters must be null or a dict"),
+    ({"rope_scaling": "linear"}, "rope_scaling must be null or a dict"),
+    ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.0}},
+     "partial_rotary_factor=0.0 is not supported"),
+    ({"partial_rotary_factor": True}, "partial_rotary_factor=True is not supported"),
+    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 0}},
+     "original_max_position_embeddings must be a positive integer, got 0"),
+])
+def test_rope_fields_of_the_wrong_kind_are_named_not_replaced(config, match):
+    from tinygpt.hf_rope import hf_rope
+
+    with pytest.raises(ValueError, match=match):
+        hf_rope({"max_position_embeddings": 64, **config})
+
+
+def test_an_absent_rope_theta_is_the_familys_default():
+    from tinygpt.hf_rope import hf_rope
+
+    assert hf_rope({"max_position_embeddings": 64})[0] == 10000.0
+    assert hf_rope({"model_type": "mixtral", "max_position_embeddings": 64})[0] == 1e6
+    assert hf_rope({"model_type": "mixtral", "max_position_embeddings": 64,
+                    "rope_theta": 5.0})[0] == 5.0
+
+
 def test_gguf_writes_and_reads_plain_rope_only(tmp_path):
     """tinygpt.gguf refuses a file with llama.rope.scaling.type or rope_freqs.weight (day 15's
     loader; unchanged), and the benchmark's write_gguf refuses a scaled model instead of

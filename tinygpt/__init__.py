@@ -41,6 +41,7 @@ One module per concept, named after the course day that finishes it:
                         (DeepSeek-V3 through hf_deepseek)
     mla         day 21  multi-head latent attention: the latent cache, naive and absorbed decode
     hf_deepseek day 21  Hugging Face DeepSeek-V3 weights (latent attention, its MoE) as TinyGPT
+    hf_fields   day 20  Hugging Face config fields: transformers' defaults per family, type checks
     long_context day 21 KV bytes by layout, StreamingLLM's attention sinks, fp8 KV cache
     rolling     day 21  sliding windows' KV memory: the rolling cache, windowed cache bytes
     hf_rope     day 21  RoPE scalings (positions: linear, dynamic, YaRN, Llama 3.1) and windows

@@ -156,14 +156,27 @@ def open_gguf(path: str | Path):
     return _open_cached(path, stat.st_size, stat.st_mtime_ns)
 
 
+# a GGUF file opens with b"GGUF", a uint32 version, and the tensor and metadata counts (uint64)
+GGUF_MAGIC, GGUF_HEADER_BYTES = b"GGUF", 24
+
+
 @lru_cache(maxsize=2)
 def _open_cached(path: Path, size: int, mtime_ns: int):
+    with open(path, "rb") as file:
+        magic = file.read(len(GGUF_MAGIC))
+    if not GGUF_MAGIC.startswith(magic) or (magic != GGUF_MAGIC and size >= len(GGUF_MAGIC)):
+        raise ValueError(f"{path}: not a GGUF file (it starts with {magic!r}, not "
+                         f"{GGUF_MAGIC!r})")
+    if size < GGUF_HEADER_BYTES:
+        raise ValueError(f"{path}: an empty or truncated GGUF file ({size} bytes, shorter "
+                         f"than the {GGUF_HEADER_BYTES}-byte header)")
     try:
         return _reader_class()(path)
     except ValueError as err:
-        raise ValueError(f"{path}: not a readable GGUF file: {err}") from None
+        raise ValueError(f"{path}: not a readable GGUF file (truncated or corrupt): {err}"
+                         ) from None
     except (IndexError, KeyError, OverflowError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not a readable GGUF file (corrupt header: "
+        raise ValueError(f"{path}: not a readable GGUF file (truncated or corrupt header: "
                          f"{type(err).__name__}: {err})") from None
 
 
@@ -187,6 +200,14 @@ def _decimal(value: float) -> float:
     """A float32 from the file as the shortest decimal that rounds to it: the file stores 1e-5
     as 9.99999975e-06, and the model was trained with 1e-5."""
     return float(str(np.float32(value)))
+
+
+# ModelConfig's fields and the metadata keys they are read from (named in config errors)
+CONFIG_KEYS = {"vocab_size": "llama.vocab_size or len(tokenizer.ggml.tokens)",
+               "d_model": "llama.embedding_length", "n_layers": "llama.block_count",
+               "n_kv_heads": "llama.attention.head_count_kv",
+               "n_heads": "llama.attention.head_count", "d_ff": "llama.feed_forward_length",
+               "max_seq_len": "llama.context_length", "head_dim": "llama.attention.key_length"}
 
 
 def config_from_gguf(source, max_seq_len: int | None = None) -> ModelConfig:
@@ -247,8 +268,12 @@ def config_from_gguf(source, max_seq_len: int | None = None) -> ModelConfig:
     n_heads = count("attention.head_count")
     d_model = count("embedding_length")
     vocab = count("vocab_size", None)
-    if vocab is None:
-        vocab = len(metadata(reader, "tokenizer.ggml.tokens"))
+    if vocab is None:                      # llama.cpp's files: the token list's length
+        tokens = metadata(reader, "tokenizer.ggml.tokens", None)
+        if tokens is None:
+            raise ValueError("the GGUF file has neither llama.vocab_size nor "
+                             "tokenizer.ggml.tokens: the vocabulary size is unknown")
+        vocab = len(tokens)
     # head widths: llama.attention.key_length / value_length, default embedding / heads
     derived = d_model // n_heads if d_model % n_heads == 0 else None
     key_length = count("attention.key_length", None)
@@ -260,7 +285,7 @@ def config_from_gguf(source, max_seq_len: int | None = None) -> ModelConfig:
                          f"TinyGPT's share one head_dim")
     explicit = key_length is not None or value_length is not None
     tensors = {t.name: t for t in reader.tensors}
-    cfg = ModelConfig(
+    fields = dict(
         vocab_size=int(vocab),
         d_model=d_model,
         n_layers=count("block_count"),
@@ -273,6 +298,12 @@ def config_from_gguf(source, max_seq_len: int | None = None) -> ModelConfig:
         tie_embeddings="output.weight" not in tensors,
         head_dim=widths.pop() if explicit else None,
     )
+    try:
+        cfg = ModelConfig(**fields)
+    except ValueError as err:             # values fine one by one, not together
+        keys = ", ".join(f"{name} = {key}" for name, key in CONFIG_KEYS.items()
+                         if name in str(err))
+        raise ValueError(f"the GGUF metadata gives no valid model: {err} ({keys})") from None
     rope_dim = count("rope.dimension_count", cfg.head_dim)
     if rope_dim != cfg.head_dim:
         raise ValueError(f"llama.rope.dimension_count is {rope_dim} but head_dim is "
@@ -440,7 +471,10 @@ def load_gguf_model(path: str | Path, dtype: torch.dtype = torch.float32,
     numbers; FileNotFoundError when there is no file.
     """
     reader = open_gguf(path)
-    cfg = config_from_gguf(reader, max_seq_len)
+    try:
+        cfg = config_from_gguf(reader, max_seq_len)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
     names = _tensor_names(cfg)
     present = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in present:

@@ -20,6 +20,8 @@ model_type "deepseek_v3". The names, per layer i (model.layers.{i}.):
                                        mlp.experts.gate_up_proj / down_proj (in memory)
                                        feed_forward.w1, w3 (E, I, D), w2 (E, D, I)
     mlp.shared_experts.gate_proj / up_proj / down_proj     feed_forward.shared.w1 / w3 / w2
+                                       (n_shared_experts 0: none; transformers' 0-wide
+                                       tensors, which add nothing, are skipped)
 
 rope_interleave (DeepSeek-V3's default): the checkpoint's RoPE channels rotate in interleaved
 pairs; the RoPE rows of the query projection (per head) and of kv_a_proj_with_mqa are
@@ -43,7 +45,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from tinygpt.hf_models import _experts, _hf_get, _Keys, _kv_heads_and_eps, assemble
+from tinygpt.hf_fields import MISSING, hf_bool, hf_get, kv_heads_and_eps
+from tinygpt.hf_models import _experts, _Keys, assemble
 from tinygpt.hf_rope import hf_rope
 from tinygpt.mla import MLAttention
 from tinygpt.model import ModelConfig, TinyGPT
@@ -53,9 +56,19 @@ FAMILY = "deepseek_v3"
 
 def config_from_hf_deepseek(hf_config: Any) -> ModelConfig:
     """ModelConfig of a DeepSeek-V3 config (transformers object or config.json dict)."""
-    def get(name: str, default: Any = ...) -> Any:
-        return _hf_get(hf_config, name, *(() if default is ... else (default,)),
-                       family="DeepSeek-V3")
+    def get(name: str, default: Any = MISSING) -> Any:
+        return hf_get(hf_config, name, default, family="DeepSeek-V3")
+
+    def count(name: str, low: int = 0) -> int:
+        """An integer >= low; where low is 0, null reads as 0 (q_lora_rank null: no query
+        compression, as in transformers)."""
+        value = get(name)
+        if value is None and low == 0:
+            return 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}"
+                             f"{' or null' if low == 0 else ''}, got {value!r}")
+        return value
 
     model_type = get("model_type", FAMILY)
     if model_type != FAMILY:
@@ -63,32 +76,37 @@ def config_from_hf_deepseek(hf_config: Any) -> ModelConfig:
     act = get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act must be 'silu' (SwiGLU), got {act!r}")
-    if get("attention_bias", False):
+    if hf_bool(hf_config, "attention_bias", False):
         raise ValueError("attention_bias=True is not supported: TinyGPT's linear layers have "
                          "no bias")
     rope_base, rope_scaling, context = hf_rope(hf_config)
     n_heads, n_layers = get("num_attention_heads"), get("num_hidden_layers")
-    n_kv, eps = _kv_heads_and_eps(hf_config, n_heads)    # (0 was read as "one per head")
+    n_kv, eps = kv_heads_and_eps(hf_config, n_heads)    # absent or null: one per head
     if n_kv != n_heads:
         raise ValueError(f"num_key_value_heads must equal num_attention_heads ({n_heads}) for "
                          f"multi-head latent attention, got {n_kv!r}")
-    n_experts = get("n_routed_experts", None) or get("num_local_experts", None) or 0
-    first_dense = get("first_k_dense_replace", 0) or 0
+    # n_routed_experts (transformers 5 may write num_local_experts, its alias); 0 or null:
+    # no experts, every layer dense (TinyGPT's reading; transformers needs experts)
+    routed = "num_local_experts" if hf_get(hf_config, "n_routed_experts", None) is None and \
+        hf_get(hf_config, "num_local_experts", None) is not None else "n_routed_experts"
+    n_experts, first_dense = count(routed), count("first_k_dense_replace")
     moe: dict[str, Any] = {}
     if n_experts and first_dense < n_layers:
-        moe = dict(n_experts=n_experts, top_k=get("num_experts_per_tok"),
+        scale = get("routed_scaling_factor")
+        if isinstance(scale, bool) or not isinstance(scale, int | float):
+            raise ValueError(f"routed_scaling_factor must be a number, got {scale!r}")
+        moe = dict(n_experts=n_experts, top_k=count("num_experts_per_tok", 1),
                    d_expert=get("moe_intermediate_size"), router="sigmoid_groups",
-                   norm_topk_prob=bool(get("norm_topk_prob", True)),
-                   n_group=get("n_group", 1) or 1, topk_group=get("topk_group", 1) or 1,
-                   routed_scale=float(get("routed_scaling_factor", 1.0)),
-                   n_shared_experts=get("n_shared_experts", 0) or 0,
+                   norm_topk_prob=hf_bool(hf_config, "norm_topk_prob"),
+                   n_group=count("n_group", 1), topk_group=count("topk_group", 1),
+                   routed_scale=float(scale), n_shared_experts=count("n_shared_experts"),
                    dense_layers=tuple(range(first_dense)))
     return ModelConfig(
         vocab_size=get("vocab_size"), d_model=get("hidden_size"), n_layers=n_layers,
         n_heads=n_heads, n_kv_heads=n_heads, d_ff=get("intermediate_size"),
         max_seq_len=context, rope_base=rope_base, rope_scaling=rope_scaling,
-        norm_eps=eps, tie_embeddings=bool(get("tie_word_embeddings", False)), attention="mla",
-        q_lora_rank=get("q_lora_rank", None) or 0, kv_lora_rank=get("kv_lora_rank"),
+        norm_eps=eps, tie_embeddings=hf_bool(hf_config, "tie_word_embeddings"), attention="mla",
+        q_lora_rank=count("q_lora_rank"), kv_lora_rank=get("kv_lora_rank"),
         qk_nope_head_dim=get("qk_nope_head_dim"), qk_rope_head_dim=get("qk_rope_head_dim"),
         v_head_dim=get("v_head_dim"), **moe)
 
@@ -152,8 +170,7 @@ def mla_from_hf_attention(module: nn.Module) -> MLAttention:
     weight = module.o_proj.weight
     mla = MLAttention(cfg).to(device=weight.device, dtype=weight.dtype)
     theirs = {k: v for k, v in module.state_dict().items()}
-    ours = _convert_attention(theirs, cfg, bool(getattr(module.config, "rope_interleave",
-                                                        True)))
+    ours = _convert_attention(theirs, cfg, hf_bool(module.config, "rope_interleave"))
     mla.load_state_dict(ours, strict=True)
     return mla.eval()
 
@@ -169,9 +186,13 @@ def from_hf_deepseek(state_dict: Mapping[str, torch.Tensor] | nn.Module, hf_conf
         raise TypeError(f"state_dict must be a mapping of names to tensors or an nn.Module, got "
                         f"{type(state_dict).__name__}")
     cfg = config_from_hf_deepseek(hf_config)
-    interleave = bool(_hf_get(hf_config, "rope_interleave", True))
+    interleave = hf_bool(hf_config, "rope_interleave")
     mtp = tuple(f"model.layers.{i}." for i in range(cfg.n_layers, cfg.n_layers + 8))
     keys = _Keys({k: v for k, v in state_dict.items() if not k.startswith(mtp)}, FAMILY)
+    if not cfg.n_shared_experts:    # transformers still builds (and saves) a 0-wide one: no-op
+        for key in [k for k, t in keys.left.items() if ".mlp.shared_experts." in k
+                    and not t.numel()]:
+            del keys.left[key]
     new_state: dict[str, torch.Tensor | None] = {}
     names: dict[str, str] = {}
 

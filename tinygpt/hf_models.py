@@ -38,6 +38,10 @@ Ours: layers.{i}.feed_forward.gate.weight (E, D), w1 and w3 (E, I, D), w2 (E, D,
 tinygpt.moe), attention.q_norm.weight / k_norm.weight (head_dim,). head_dim is taken as given
 (Qwen3-MoE: 128 with hidden_size / num_attention_heads = 64).
 
+A field config.json leaves out takes transformers' default for its model_type, as transformers
+builds the model (tinygpt.hf_fields.HF_DEFAULTS: Mixtral's rms_norm_eps 1e-5 and rope_theta 1e6,
+Qwen3-MoE's 4 key/value heads, ...); a field of the wrong type is a ValueError naming it.
+
 Refused with a ValueError naming the reason: biases, an activation other than SiLU, RoPE
 scalings outside ROPE_TYPES (longrope, partial rotary factors), an odd head_dim, Qwen2-MoE's
 gated shared expert. DeepSeek-V3 ("deepseek_v3", day 21) is converted by tinygpt.hf_deepseek.
@@ -45,13 +49,16 @@ gated shared expert. DeepSeek-V3 ("deepseek_v3", day 21) is converted by tinygpt
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+from tinygpt.hf_fields import MISSING as _MISSING
+from tinygpt.hf_fields import hf_bool, hf_int_list
+from tinygpt.hf_fields import hf_get as _hf_get
+from tinygpt.hf_fields import kv_heads_and_eps as _kv_heads_and_eps
 from tinygpt.hf_rope import hf_context, hf_rope, hf_rope_parameters, hf_window
 from tinygpt.model import ModelConfig, TinyGPT
 from tinygpt.moe import MoE
@@ -113,31 +120,6 @@ def hf_llama_key_map(cfg: ModelConfig) -> dict[str, str]:
     return names
 
 
-_MISSING = object()
-
-
-def _hf_get(hf_config: Any, name: str, default: Any = _MISSING, family: str = "Llama") -> Any:
-    """Read a field from a transformers config object or a config.json dict."""
-    if isinstance(hf_config, Mapping):
-        value = hf_config.get(name, default)
-    else:
-        value = getattr(hf_config, name, default)
-    if value is _MISSING:
-        raise ValueError(f"hf_config has no field {name!r}, which a {family} config needs")
-    return value
-
-
-def _kv_heads_and_eps(hf: Any, n_heads: Any) -> tuple[Any, float]:
-    """hf_config's num_key_value_heads (None or absent: one per query head, as in transformers;
-    else an int >= 1) and rms_norm_eps (absent: 1e-6; else a finite number > 0)."""
-    kv, eps = _hf_get(hf, "num_key_value_heads", None), _hf_get(hf, "rms_norm_eps", 1e-6)
-    if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1):
-        raise ValueError(f"num_key_value_heads must be None or an int >= 1, got {kv!r}")
-    if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 < eps < math.inf:
-        raise ValueError(f"rms_norm_eps must be a finite number > 0, got {eps!r}")
-    return n_heads if kv is None else kv, float(eps)
-
-
 def _check_state(what: str, missing: list[str], unexpected: list[str],
                  tensors: Mapping[str, torch.Tensor]) -> None:
     """ValueError for keys `what` lacks or does not know (five of each shown), then for the first
@@ -182,13 +164,13 @@ def config_from_hf(hf_config: Any) -> ModelConfig:
     if act != "silu":
         raise ValueError(f"hidden_act must be 'silu' (SwiGLU), got {act!r}")
     for name in ("attention_bias", "mlp_bias"):
-        if _hf_get(hf_config, name, False):
+        if hf_bool(hf_config, name, False):
             raise ValueError(f"{name}=True is not supported: TinyGPT's linear layers have no bias")
     d_model = _hf_get(hf_config, "hidden_size")
     n_heads = _hf_get(hf_config, "num_attention_heads")
     n_kv_heads, eps = _kv_heads_and_eps(hf_config, n_heads)
     theta, scaling, context = hf_rope(hf_config)
-    window = _hf_get(hf_config, "sliding_window", None) if model_type == "mistral" else None
+    window = _hf_get(hf_config, "sliding_window") if model_type == "mistral" else None
     return ModelConfig(
         vocab_size=_hf_get(hf_config, "vocab_size"),
         d_model=d_model,
@@ -201,7 +183,7 @@ def config_from_hf(hf_config: Any) -> ModelConfig:
         rope_scaling=scaling,
         sliding_window=hf_window(window, context),
         norm_eps=eps,
-        tie_embeddings=bool(_hf_get(hf_config, "tie_word_embeddings", False)),
+        tie_embeddings=hf_bool(hf_config, "tie_word_embeddings"),
         head_dim=_hf_get(hf_config, "head_dim", None),
     )
 
@@ -312,6 +294,9 @@ def _n_experts(hf_config: Any, family: str) -> int:
     """Qwen3-MoE's num_experts (the Hub's name) or num_local_experts (transformers 5's)."""
     names = ("num_local_experts",) if family == "mixtral" else ("num_experts", "num_local_experts")
     values = {n: _hf_get(hf_config, n, None) for n in names}
+    for name, value in values.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
     given = {v for v in values.values() if v is not None}
     if len(given) != 1:
         raise ValueError(f"hf_config must give the number of experts once, as "
@@ -340,13 +325,13 @@ def config_from_hf_moe(hf_config: Any) -> ModelConfig:
     if act != "silu":
         raise ValueError(f"hidden_act must be 'silu' (SwiGLU experts), got {act!r}")
     for name in ("attention_bias", "mlp_bias", "qkv_bias"):
-        if get(name, False):
+        if hf_bool(hf_config, name, False):
             raise ValueError(f"{name}=True is not supported: TinyGPT's linear layers have no bias")
     d_model, n_heads, n_layers = get("hidden_size"), get("num_attention_heads"), \
         get("num_hidden_layers")
     theta, scaling, context = hf_rope(hf_config)
-    window = get("sliding_window", None)
-    if family == "qwen3_moe" and not get("use_sliding_window", False):
+    window = get("sliding_window")
+    if family == "qwen3_moe" and not hf_bool(hf_config, "use_sliding_window"):
         window = None                                 # transformers ignores it then
     n_experts, top_k = _n_experts(hf_config, family), get("num_experts_per_tok")
     n_kv_heads, eps = _kv_heads_and_eps(hf_config, n_heads)
@@ -355,13 +340,13 @@ def config_from_hf_moe(hf_config: Any) -> ModelConfig:
         dense, renormalize, qk_norm = [], True, False
     else:
         d_ff, d_expert = get("intermediate_size"), get("moe_intermediate_size")
-        step, only = get("decoder_sparse_step", 1), list(get("mlp_only_layers", None) or [])
+        step, only = get("decoder_sparse_step"), hf_int_list(hf_config, "mlp_only_layers")
         if isinstance(step, bool) or not isinstance(step, int) or step < 1:
             raise ValueError(f"decoder_sparse_step must be an integer >= 1, got {step!r}")
         # transformers' Qwen3MoeDecoderLayer: sparse iff not mlp-only, experts, a step's layer
         dense = [i for i in range(n_layers)
                  if i in only or n_experts == 0 or (i + 1) % step != 0]
-        renormalize, qk_norm = bool(get("norm_topk_prob", False)), True
+        renormalize, qk_norm = hf_bool(hf_config, "norm_topk_prob"), True
     moe: dict[str, Any] = {}
     if len(dense) < n_layers:                       # else a dense model (no expert anywhere)
         moe = dict(n_experts=n_experts, top_k=top_k, d_expert=d_expert,
@@ -371,7 +356,7 @@ def config_from_hf_moe(hf_config: Any) -> ModelConfig:
         n_kv_heads=n_kv_heads, d_ff=d_ff,
         max_seq_len=context, rope_base=theta, rope_scaling=scaling,
         sliding_window=hf_window(window, context), norm_eps=eps,
-        tie_embeddings=bool(get("tie_word_embeddings", False)), qk_norm=qk_norm,
+        tie_embeddings=hf_bool(hf_config, "tie_word_embeddings"), qk_norm=qk_norm,
         head_dim=get("head_dim", None), **moe)
 
 
@@ -515,7 +500,9 @@ def assemble(cfg: ModelConfig, new_state: dict[str, torch.Tensor], names: dict[s
         if tuple(tensor.shape) != tuple(ours[key].shape):
             raise ValueError(f"{names[key]} has shape {tuple(tensor.shape)}, expected "
                              f"{tuple(ours[key].shape)} for {cfg}")
-        new_state[key] = tensor.to(dtype, copy=True).contiguous()   # never the caller's
+        wide = key.endswith("e_score_correction_bias")     # float32 at least (tinygpt.moe.MoE)
+        to = torch.promote_types(dtype, torch.float32) if wide else dtype
+        new_state[key] = tensor.to(to, copy=True).contiguous()   # never the caller's
     if cfg.tie_embeddings:
         new_state["output.weight"] = new_state["tok_embeddings.weight"]
     model.load_state_dict(new_state, strict=True, assign=True)

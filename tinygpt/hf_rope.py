@@ -12,9 +12,11 @@ or "rope_type"). What each scaling does is written in tinygpt.positions.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
+from tinygpt.hf_fields import hf_get
 from tinygpt.positions import ROPE_TYPES
 
 _UNSET = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor")
@@ -24,6 +26,24 @@ def _get(hf_config: Any, name: str, default: Any = None) -> Any:
     if isinstance(hf_config, Mapping):
         return hf_config.get(name, default)
     return getattr(hf_config, name, default)
+
+
+def _positive(name: str, value: Any) -> float:
+    """A finite number > 0 (rope_theta), else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _length(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _first(*values: Any) -> Any:
+    """The first value that is not None (0 and 0.0 are values: `or` would skip them)."""
+    return next((v for v in values if v is not None), None)
 
 
 def hf_rope(hf_config: Any) -> tuple[float, dict[str, Any], int]:
@@ -36,26 +56,33 @@ def hf_rope(hf_config: Any) -> tuple[float, dict[str, Any], int]:
     max_position_embeddings / original_max_position_embeddings. "dynamic" grows the base past
     max_position_embeddings (transformers' original length, recorded as
     original_max_position_embeddings), so max_seq_len is then max_position_embeddings * factor.
-    ValueError for rope types outside ROPE_TYPES (longrope, ...) and a partial_rotary_factor
-    other than 1, naming them.
+    ValueError for rope types outside ROPE_TYPES (longrope, ...), a partial_rotary_factor
+    other than 1, a rope_theta that is not a finite number > 0 and rope_parameters that are no
+    dict, naming them. An absent rope_theta is the family's default (tinygpt.hf_fields).
     """
     context = _get(hf_config, "max_position_embeddings")
     if isinstance(context, bool) or not isinstance(context, int) or context < 1:
         raise ValueError(f"hf_config.max_position_embeddings must be a positive integer, got "
                          f"{context!r}")
-    params = _get(hf_config, "rope_parameters")
+    name = "rope_parameters"
+    params = _get(hf_config, name)
     if params is None:
-        params = _get(hf_config, "rope_scaling")
+        name, params = "rope_scaling", _get(hf_config, "rope_scaling")
+    if params is not None and not isinstance(params, Mapping):
+        raise ValueError(f"{name} must be null or a dict ({{'rope_type': ..., 'rope_theta': "
+                         f"...}}), got {params!r}")
     params = dict(params or {})
-    theta = float(params.pop("rope_theta", None) or _get(hf_config, "rope_theta", 10000.0))
-    rope_type = params.pop("rope_type", None) or params.get("type") or "default"
+    # rope_parameters' rope_theta, else the top level's, else the family's default
+    theta = _positive("rope_theta", _first(params.pop("rope_theta", None),
+                                           hf_get(hf_config, "rope_theta", 10000.0)))
+    rope_type = _first(params.pop("rope_type", None), params.get("type"), "default")
     params.pop("type", None)
-    partial = params.pop("partial_rotary_factor", None) or _get(hf_config,
-                                                                "partial_rotary_factor")
-    if partial not in (None, 1, 1.0):
+    partial = _first(params.pop("partial_rotary_factor", None),
+                     _get(hf_config, "partial_rotary_factor"))
+    if partial is not None and (isinstance(partial, bool) or partial != 1):
         raise ValueError(f"partial_rotary_factor={partial!r} is not supported: TinyGPT rotates "
                          f"every channel of a head (partial_rotary_factor 1)")
-    if rope_type not in ROPE_TYPES:
+    if not isinstance(rope_type, str) or rope_type not in ROPE_TYPES:
         raise ValueError(f"RoPE scaling type {rope_type!r} is not supported; TinyGPT implements "
                          f"rope_type in {ROPE_TYPES} (tinygpt.positions)")
     if rope_type == "default":
@@ -63,8 +90,9 @@ def hf_rope(hf_config: Any) -> tuple[float, dict[str, Any], int]:
     scaling = dict(params, rope_type=rope_type)
     if rope_type in ("yarn", "llama3"):
         top = _get(hf_config, "original_max_position_embeddings")
-        scaling["original_max_position_embeddings"] = int(
-            top or params.get("original_max_position_embeddings") or context)
+        scaling["original_max_position_embeddings"] = _length(
+            "original_max_position_embeddings",
+            _first(top, params.get("original_max_position_embeddings"), context))
     if rope_type == "yarn":
         if scaling.get("factor") is None:
             scaling["factor"] = context / scaling["original_max_position_embeddings"]

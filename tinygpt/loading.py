@@ -17,8 +17,10 @@ What `name_or_path` may be:
                           sliding window; day 20's mixtures of experts "qwen3_moe" and
                           "mixtral", per-expert or fused expert weights; day 21's
                           "deepseek_v3", latent attention, tinygpt.hf_deepseek),
-                          *.safetensors weights and its tokenizer files, read from disk only
-                          (tinygpt.hf_models.from_hf converts them)
+                          *.safetensors weights (only those model.safetensors.index.json
+                          names, when there is one; a tensor in two files is refused) and its
+                          tokenizer files, read from disk only (tinygpt.hf_models.from_hf
+                          converts them)
 
 Names win over folders of the same name; an empty name is refused (it is no folder: Path("")
 would read the current one). Weights are read from safetensors or GGUF, never from pickle, and
@@ -41,8 +43,9 @@ from tinygpt.hf_models import MODEL_TYPES, check_model_type
 from tinygpt.hf_tokenizer import HFTokenizer
 
 NAMES = ("tinygpt", "tinygpt-moe", "smollm2")
-ALLOWED = ("None or 'tinygpt' (the shipped checkpoint), 'tinygpt-moe' (the shipped mixture of "
-           "experts), 'smollm2' (the installed "
+# shown by load_model's errors and by the CLIs, so it names no Python value (None)
+ALLOWED = ("'tinygpt' (the shipped checkpoint, also loaded when no name is given), "
+           "'tinygpt-moe' (the shipped mixture of experts), 'smollm2' (the installed "
            "SmolLM2-135M-Instruct), a path to a .gguf file, a TinyGPT checkpoint folder or a "
            f"Hugging Face folder whose model_type is one of {MODEL_TYPES}")
 
@@ -71,30 +74,64 @@ class ModelInfo:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a Hugging Face folder: those its INDEX_FILE's weight_map names
+    (sharded checkpoints; a missing shard is a FileNotFoundError naming it, another
+    .safetensors file beside them is not read), else every *.safetensors file."""
+    index = path / INDEX_FILE
+    if not index.is_file():
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{path} holds no *.safetensors weights (only safetensors "
+                                    f"are loaded: a pickled .bin can run code)")
+        return files
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{index} is no safetensors index (a JSON object with a weight_map "
+                         f"of tensor names to file names): {type(err).__name__}: {err}") from None
+    if not names or not all(isinstance(n, str) and n.endswith(".safetensors")
+                            and Path(n).name == n for n in names):
+        raise ValueError(f"{index}: weight_map must name .safetensors files in this folder, "
+                         f"got {names[:5]}")
+    missing = [n for n in names if not (path / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{path} lacks the shards {missing} that {INDEX_FILE} names")
+    return [path / n for n in names]
+
+
 def load_hf_folder(path: Path, config: dict, dtype: torch.dtype | None = None):
     """(model, HFTokenizer) from a Hugging Face folder of one of MODEL_TYPES (Llama,
-    Qwen3-MoE, Mixtral, DeepSeek-V3, ...): safetensors weights only. A weights file that is no
-    readable safetensors file, a config.json the model cannot be built from, and tokenizer
-    files transformers cannot read are ValueErrors naming the file (or the folder)."""
+    Qwen3-MoE, Mixtral, DeepSeek-V3, ...): safetensors weights only, the files weight_files
+    names. A weights file that is no readable safetensors file, a tensor name found in two
+    files, a config.json the model cannot be built from, and tokenizer files transformers
+    cannot read are ValueErrors naming the file (or the folder)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     from tinygpt.hf_models import from_hf
 
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{path} holds no *.safetensors weights (only safetensors "
-                                f"are loaded: a pickled .bin can run code)")
     state: dict = {}
-    for file in files:
+    owner: dict[str, Path] = {}                     # key -> the file that holds it
+    for file in weight_files(path):
         try:
-            state.update(load_file(file))
+            tensors = load_file(file)
         except (SafetensorError, OSError, ValueError) as err:
             raise ValueError(f"{file} is not a readable safetensors file (truncated or "
                              f"corrupt?): {err}") from None
+        for key in tensors:
+            if key in owner:
+                raise ValueError(f"{key!r} is in both {owner[key]} and {file}: which one is "
+                                 f"the model's weight is unknown")
+            owner[key] = file
+        state.update(tensors)
     try:
         model = from_hf(state, config, dtype=dtype).eval()
-    except ValueError as err:
+    except (ValueError, TypeError) as err:          # TypeError: a field of the wrong type
         raise ValueError(f"{path / 'config.json'} and the weights give no model: {err}") from None
     try:
         from transformers import AutoTokenizer
@@ -143,7 +180,13 @@ def load_gguf(path: str | Path, model_id: str | None = None, dtype: torch.dtype 
     path = Path(path)
     reader = open_gguf(path)
     model = load_gguf_model(path, dtype=dtype, max_seq_len=max_seq_len)
-    tokenizer = GGUFTokenizer.from_gguf(reader)
+    try:
+        tokenizer = GGUFTokenizer.from_gguf(reader)
+    except KeyError as err:                 # metadata the tokenizer needs is absent
+        raise ValueError(f"{path}: no usable tokenizer: {err.args[0] if err.args else err}"
+                         ) from None
+    except ValueError as err:
+        raise ValueError(f"{path}: no usable tokenizer: {err}") from None
     if tokenizer.vocab_size != model.cfg.vocab_size:
         raise ValueError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the "
                          f"model's vocabulary is {model.cfg.vocab_size}")

@@ -285,8 +285,9 @@ class MoE(nn.Module):
 
     x (..., D) -> (..., D). router: "softmax" (renormalize: Mixtral True, Qwen's norm_topk_prob)
     or "sigmoid_groups" (DeepSeek-V3: n_group, topk_group, scale; bias is the buffer
-    `e_score_correction_bias`). d_shared > 0 adds a shared SwiGLU expert every token goes
-    through (DeepSeek-V3: n_shared_experts * d_expert wide). `last_experts` holds the experts the
+    `e_score_correction_bias`, float32 or wider whatever the module's dtype). d_shared > 0
+    adds a shared SwiGLU expert every token goes through (DeepSeek-V3: n_shared_experts *
+    d_expert wide). `last_experts` holds the experts the
     most recent forward chose (N, k) and `last_ran` those whose weights it read, for measuring
     what a step reads (MoEDecode, the decode steps' path, sets both too). Bad arguments are
     refused up front (value errors worded as ModelConfig's; n_group, topk_group and scale
@@ -315,6 +316,21 @@ class MoE(nn.Module):
             self.shared = SwiGLU(d_model, d_shared)
         self.last_experts: torch.Tensor | None = None
         self.last_ran: tuple[int, ...] = ()
+
+    def _apply(self, fn, recurse=True):
+        """nn.Module's, except that `e_score_correction_bias` is never narrower than float32:
+        .to(torch.bfloat16), .half() and the like move it but keep its float32 values, as
+        transformers keeps DeepSeek-V3's in float32 (a bfloat16 bias near 3.0 is rounded in
+        steps of 1/64, which flips near-tied choices)."""
+        bias = self._buffers.get("e_score_correction_bias")
+        super()._apply(fn, recurse)
+        moved = self._buffers.get("e_score_correction_bias")
+        if bias is not None and moved is not None and moved.is_floating_point() \
+                and torch.finfo(moved.dtype).bits < 32:
+            self._buffers["e_score_correction_bias"] = (
+                moved.float() if bias.is_meta != moved.is_meta else
+                bias.to(device=moved.device, dtype=torch.float32))
+        return self
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (N, D) -> weights (N, k) float32, experts (N, k)."""
