@@ -61,10 +61,15 @@ class Metrics:
         self.finished = prom.Counter("tinygpt_requests_finished",
                                      "generation requests by finish reason", ["reason"],
                                      registry=registry)
-        self.tokens = prom.Counter("tinygpt_generated_tokens", "tokens generated",
+        # the engine's work: an echo request with max_tokens 0 generates one token to score
+        # its prompt, counted here (and its TTFT observed) though its usage reports none
+        self.tokens = prom.Counter("tinygpt_generated_tokens",
+                                   "tokens the engine generated (the one an echo request with "
+                                   "max_tokens 0 scores its prompt with included)",
                                    registry=registry)
         self.ttft = prom.Histogram("tinygpt_time_to_first_token_seconds",
-                                   "TTFT (queue included)", registry=registry)
+                                   "TTFT (queue included) of each request the engine ran",
+                                   registry=registry)
         self.itl = prom.Histogram("tinygpt_inter_token_latency_seconds", "gap between tokens",
                                   buckets=(.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2),
                                   registry=registry)
