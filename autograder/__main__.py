@@ -12,18 +12,22 @@ URL, default: sqlite:///<root>/gradebook.db; the others refuse it):
     export [CSV]                grades to CSV: a row per student, a column per day, a total;
                                 and grades-by-exercise.csv beside it
     feedback DAY                feedback/<student>/DAY/DAY.html: pass/fail and messages, and
-                                the day's item analysis (mean and full marks per exercise),
-                                never the hidden tests
+                                the day's item analysis (mean and full marks per exercise,
+                                over the submissions), never the hidden tests; none for a
+                                student who submitted nothing
 
 Maintainers: `execute [DAY ...]` re-runs solution notebooks in place; `days` lists the days;
 `mutants [DAY ...]` grades single-point mutants of the answer cells (autograder/mutants.py).
 
 Bad input is refused before any slow work, with one `error: ...` line naming the option and
 what it accepts, and exit status 2: a --root without a course (solutions/dayNN_slug/), a --db
-that is not a database URL or cannot be opened, an unknown day, a --student that is not a
-student id (collect's rule) or that grade or feedback does not know, a collect source or
---pattern collect cannot use, an output file (export's CSV, grade's --json) that cannot be
-written, a --memory-gb too small for a kernel to start. A gradebook that fails later is one
+that is not a database URL or cannot be opened, a SQLite gradebook that does not exist (only
+release creates one; grade creates the default <root>/gradebook.db as release would), an
+unknown day, a --student that is not a student id (collect's rule) or that grade or feedback
+does not know, a collect source or --pattern collect cannot use, an output file (export's CSV,
+grade's --json) that cannot be written, a --memory-gb too small for a kernel to start, grade
+of a day nobody submitted (unless --force), feedback of a day nobody has been graded on, and
+a grade while another grade runs on the same gradebook. A gradebook that fails later is one
 `error:` line too, with exit status 1.
 """
 
@@ -84,9 +88,16 @@ def _check_root(text: str) -> Path:
     return root
 
 
-def _check_db(url: str | None) -> None:
-    """--db, when given: a URL SQLAlchemy can parse, whose driver loads, that opens."""
+def _check_db(url: str | None, root: Path, command: str) -> None:
+    """--db, when given: a URL SQLAlchemy can parse, whose driver loads, that opens. A SQLite
+    file that does not exist (SQLite would create it empty): only release creates one from a
+    --db; export and feedback refuse the default <root>/gradebook.db too (there is nothing to
+    read), while grade creates that one as release would (grade_day records the day)."""
     if url is None:
+        default = root / "gradebook.db"
+        if command in ("export", "feedback") and not default.exists():
+            raise UsageError(f"no gradebook at {default}; run release first (or give the "
+                             "gradebook with --db)")
         return
     if url == "":
         raise UsageError("--db is empty: give a gradebook URL such as sqlite:////path/"
@@ -106,6 +117,9 @@ def _check_db(url: str | None) -> None:
         folder = Path(parsed.database).parent
         if not folder.is_dir():
             raise UsageError(f"--db {shown}: the SQLite file's folder {folder} does not exist")
+        if command != "release" and not Path(parsed.database).exists():
+            raise UsageError(f"--db {shown}: no gradebook at {parsed.database}; run release "
+                             "first (only release creates a gradebook)")
     try:
         engine = create_engine(parsed)
         with engine.connect():
@@ -160,6 +174,15 @@ def _positive(text: str) -> float:
     return value
 
 
+class _NoGradebook(argparse.Action):
+    """--db on a command that uses no gradebook: refused by name (left undefined, argparse would
+    take its URL for the command's positional argument and blame another word)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string}: {parser.prog.rsplit(' ', 1)[-1]} uses no gradebook; "
+                     f"only {', '.join(GRADEBOOK_COMMANDS)} take --db")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -171,14 +194,16 @@ def build_parser() -> argparse.ArgumentParser:
     gradebook.add_argument("--db", default=None,
                            help="gradebook URL, e.g. postgresql://user@/tinygpt?host=/run/pg "
                                 "(default: sqlite:///<root>/gradebook.db)")
+    no_gradebook = argparse.ArgumentParser(add_help=False, parents=[common])
+    no_gradebook.add_argument("--db", action=_NoGradebook, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("days", parents=[common], help="list the days")
+    sub.add_parser("days", parents=[no_gradebook], help="list the days")
     for name, help_, parent in [
             ("release", "generate course/ from solutions/ and record it", gradebook),
-            ("execute", "run solution notebooks in place", common)]:
+            ("execute", "run solution notebooks in place", no_gradebook)]:
         p = sub.add_parser(name, parents=[parent], help=help_)
         p.add_argument("days", nargs="*", help="day ids such as day01_logits (default: all)")
-    p = sub.add_parser("collect", parents=[common], help="import submissions")
+    p = sub.add_parser("collect", parents=[no_gradebook], help="import submissions")
     p.add_argument("source", help="a folder <student>/<dayNN>/ or a .zip")
     p.add_argument("--pattern", default=None,
                    help="regex with groups 'student' and 'day' for zip file names (a .zip "
@@ -208,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show a column per exercise in the summary")
     p = sub.add_parser("export", parents=[gradebook], help="grades to CSV")
     p.add_argument("csv", nargs="?", default="grades.csv")
-    p = sub.add_parser("mutants", parents=[common],
+    p = sub.add_parser("mutants", parents=[no_gradebook],
                        help="mutation testing: grade single-point mutants of the answer cells "
                             "of <root>/solutions (no gradebook)")
     p.add_argument("days", nargs="*", help="day ids such as day07_sampling (default: all)")
@@ -250,14 +275,27 @@ def _check_grade_students(args: argparse.Namespace, root: Path) -> None:
                          f"{_listing(known)}")
 
 
-def _check_feedback_students(args: argparse.Namespace, root: Path) -> None:
-    """--student of feedback: an error when none of them has a graded submission of the day,
-    a warning naming those that have none when some do."""
-    if not args.student:
+def _check_submitted(args: argparse.Namespace, root: Path) -> None:
+    """grade DAY needs someone's submission of the day (else it would record zeros for the
+    whole class), unless --force."""
+    if args.force or any(p.is_dir() for p in (root / "submitted").glob(f"*/{args.day}")):
         return
+    raise UsageError(f"nobody submitted {args.day} (no {root / 'submitted'}/<student>/"
+                     f"{args.day}/): collect first, or give --force to record zeros for "
+                     "everyone in the gradebook")
+
+
+def _check_feedback_students(args: argparse.Namespace, root: Path) -> None:
+    """feedback needs graded submissions of the day: an error when nobody has one, or none of
+    the --student; a warning naming the --student that have none when some do."""
     from autograder.reports import graded_students
 
     graded = graded_students(args.day, root, args.db)
+    if not graded:
+        raise UsageError(f"nobody has a graded submission of {args.day}: run grade "
+                         f"{args.day} first")
+    if not args.student:
+        return
     missing = [s for s in dict.fromkeys(args.student) if s not in graded]
     if len(missing) == len(set(args.student)):
         raise UsageError(f"--student {', '.join(missing)}: no graded submission of {args.day}; "
@@ -283,8 +321,9 @@ def _check_args(args: argparse.Namespace, root: Path) -> None:
         args.csv = _output_file(args.csv, "export CSV")
         _output_file(str(args.csv.parent / BY_EXERCISE_FILE), "export CSV's companion")
     if args.command in GRADEBOOK_COMMANDS:
-        _check_db(args.db)
+        _check_db(args.db, root, args.command)
     if args.command == "grade":
+        _check_submitted(args, root)
         _check_grade_students(args, root)
     elif args.command == "feedback":
         _check_feedback_students(args, root)
@@ -331,7 +370,7 @@ def _run(args: argparse.Namespace, root: Path) -> int:
         except CollectError as err:  # raised before anything is imported
             raise UsageError(f"collect: {err}") from None
     elif args.command == "grade":
-        from autograder.grade import Limits, grade_day, summary_table
+        from autograder.grade import GradingBusy, Limits, grade_day, summary_table
         from autograder.sandbox import DEFAULT_MEMORY_BYTES, SandboxUnavailable, bwrap_path
 
         if not args.no_sandbox:
@@ -352,6 +391,8 @@ def _run(args: argparse.Namespace, root: Path) -> int:
                                 progress=not args.no_progress)
         except PreflightError as err:
             raise SystemExit(f"grade {args.day}: stopped before grading anyone: {err}") from None
+        except GradingBusy as err:
+            raise UsageError(str(err)) from None
         if args.by_exercise:
             from autograder.reports import exercise_scores
 
@@ -374,15 +415,22 @@ def _run(args: argparse.Namespace, root: Path) -> int:
         from autograder.reports import (
             exercise_scores,
             format_item_analysis,
+            gradebook_students,
+            graded_students,
             item_analysis,
             write_feedback,
         )
 
         for path in write_feedback(args.day, root, args.db, args.student):
             print(f"wrote {path}")
-        items = item_analysis(exercise_scores(root, args.db), args.day)
+        graded = graded_students(args.day, root, args.db)
+        others = [s for s in gradebook_students(root, args.db) if s not in graded]
+        if others and not args.student:
+            print(f"no feedback for {len(others)} student(s) of the gradebook without a "
+                  f"submission of {args.day}: {_listing(others)}")
+        items = item_analysis(exercise_scores(root, args.db), args.day, graded)
         if items:
-            print(format_item_analysis(items, args.day))
+            print(format_item_analysis(items, args.day, len(others)))
     return 0
 
 

@@ -9,7 +9,10 @@ Two layouts are accepted:
 
 The day may be written `day07` or in full (`day07_sampling`); it is matched to the course's
 day ids. Every file that cannot be placed is reported with the reason, nothing is dropped
-silently. Files are written to paths we build (never to paths taken from the archive), and
+silently. A submission older than the one already collected for the same student and day
+is not imported (reported with both dates); timestamp.txt holds when it was handed in (the
+newest file's time, the zip entry's date; for an empty folder the time of collection). Files
+are written to paths we build (never to paths taken from the archive), and
 oversized entries are refused; an entry that cannot be read (damaged, encrypted) is reported
 and the others are imported. A source that does not exist, is empty or is neither a folder
 nor a zip file, and a pattern that does not compile or lacks a group, raise CollectError
@@ -28,7 +31,9 @@ from pathlib import Path
 
 from autograder.notebooks import days as course_days
 
-DEFAULT_PATTERN = (r"^(?P<student>[A-Za-z0-9][A-Za-z0-9.@-]*?)[_ -]+(?P<day>day\d\d)"
+# The student group takes any letter (not only ASCII), so that a name such as "José" is
+# refused by STUDENT_ID with its rule, as it is from a folder, not as an unmatched file name.
+DEFAULT_PATTERN = (r"^(?P<student>[^\W_](?:[^\W_]|[.@-])*?)[_ -]+(?P<day>day\d\d)"
                    r"(?:[_-][^/]*)?\.ipynb$")
 MAX_NOTEBOOK_BYTES = 50 * 1024 * 1024
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.@_-]{0,63}$")
@@ -97,18 +102,40 @@ def resolve_day(name: str, known: list[str]) -> str | None:
                  (name.lower() == prefix or name.lower() == d)), None)
 
 
+def _unusable_id(student: str) -> str:
+    """Why `student` cannot be a student id: the same words for a folder and a zip entry."""
+    return f"{student!r} is not a usable student id ({STUDENT_ID_RULE})"
+
+
 def _timestamp(when: dt.datetime) -> str:
     return when.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
 
 
-def _store(root: Path, student: str, day: str, files: dict[str, bytes], when: dt.datetime) -> None:
+def _collected_at(target: Path) -> dt.datetime | None:
+    """When the submission already in `target` was handed in (its timestamp.txt), or None."""
+    try:
+        text = (target / "timestamp.txt").read_text().strip()
+        return dt.datetime.strptime(text, "%Y-%m-%d %H:%M:%S.%f UTC").replace(tzinfo=dt.UTC)
+    except (OSError, ValueError):
+        return None
+
+
+def _store(root: Path, student: str, day: str, files: dict[str, bytes],
+           when: dt.datetime) -> str:
+    """Write one submission to submitted/<student>/<day>/, replacing the one there unless that
+    one is newer; returns "" when stored, else why not."""
     target = root / "submitted" / student / day
+    previous = _collected_at(target)
+    if previous is not None and previous > when:
+        return (f"older ({_timestamp(when)}) than the submission of {student} {day} already "
+                f"collected ({_timestamp(previous)}): kept that one")
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
     for name, data in files.items():
         (target / name).write_bytes(data)
     (target / "timestamp.txt").write_text(_timestamp(when))
+    return ""
 
 
 def collect(source: Path, root: Path, pattern: str | None = None) -> CollectReport:
@@ -141,8 +168,7 @@ def _collect_folder(source: Path, root: Path, known: list[str], report: CollectR
             rel = f"{student}/{day_dir.name}"
             day = resolve_day(day_dir.name, known)
             if not STUDENT_ID.match(student):
-                report.unmatched.append((rel, f"{student!r} is not a usable student id "
-                                              f"({STUDENT_ID_RULE})"))
+                report.unmatched.append((rel, _unusable_id(student)))
                 continue
             if day is None:
                 report.unmatched.append((rel, f"{day_dir.name!r} is not a day of this course "
@@ -155,10 +181,10 @@ def _collect_folder(source: Path, root: Path, known: list[str], report: CollectR
                                              f"{MAX_NOTEBOOK_BYTES // 2**20} MiB"))
                 else:
                     files[path.name] = path.read_bytes()
-            newest = max((p.stat().st_mtime for p in day_dir.iterdir() if p.is_file()),
-                         default=0.0)
-            _store(root, student, day, files, dt.datetime.fromtimestamp(newest, dt.UTC))
-            report.imported.append((student, day, rel))
+            times = [p.stat().st_mtime for p in day_dir.iterdir() if p.is_file()]
+            when = dt.datetime.fromtimestamp(max(times), dt.UTC) if times else \
+                dt.datetime.now(dt.UTC)   # an empty folder: handed in when collected
+            _place(root, student, day, files, when, rel, report)
 
 
 def _collect_zip(source: Path, root: Path, pattern: re.Pattern, known: list[str],
@@ -181,7 +207,7 @@ def _collect_zip(source: Path, root: Path, pattern: re.Pattern, known: list[str]
                 report.unmatched.append((info.filename, f"{match.group('day')!r} is not a day "
                                                         "of this course"))
             elif not STUDENT_ID.match(match.group("student")):
-                report.unmatched.append((info.filename, "unusable student id"))
+                report.unmatched.append((info.filename, _unusable_id(match.group("student"))))
             elif info.file_size > MAX_NOTEBOOK_BYTES:
                 report.unmatched.append((info.filename, f"larger than "
                                                         f"{MAX_NOTEBOOK_BYTES // 2**20} MiB"))
@@ -203,5 +229,14 @@ def _collect_zip(source: Path, root: Path, pattern: re.Pattern, known: list[str]
                 report.unmatched.append((info.filename, f"cannot be read from the zip "
                                                         f"({type(err).__name__}: {err})"))
                 continue
-            _store(root, student, day, {f"{day}.ipynb": data}, when)
-            report.imported.append((student, day, info.filename))
+            _place(root, student, day, {f"{day}.ipynb": data}, when, info.filename, report)
+
+
+def _place(root: Path, student: str, day: str, files: dict[str, bytes], when: dt.datetime,
+           source: str, report: CollectReport) -> None:
+    """_store one submission and report it as imported, or as not placed with the reason."""
+    refused = _store(root, student, day, files, when)
+    if refused:
+        report.unmatched.append((source, refused))
+    else:
+        report.imported.append((student, day, source))

@@ -17,6 +17,9 @@ Three steps, so that untrusted code runs in parallel while the gradebook stays c
    nbgrader's own SaveAutoGrades scores the executed notebook into the instructor's gradebook
    (SQLite by default, or --db).
 
+One run at a time per course folder (grading_lock): a second `grade` while one runs is refused
+before it touches anything, since both would write the same gradebook and work folders.
+
 A submission that makes staging or the static scan fail (any exception) ends as `error` with
 the reason; the others are graded as usual.
 
@@ -29,6 +32,8 @@ result, the summary and the feedback, for manual review.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -62,6 +67,40 @@ RECORD_FILE = ".tinygpt-grading.json"  # in autograded/<student>/<day>/: what wa
 # A student's execution step may take this long past the notebook's total time limit (nbgrader's
 # own steps, a kernel that ignores its interrupt) before its worker process is killed.
 WORKER_GRACE_S = 120.0
+
+
+class GradingBusy(GradingError):
+    """Another `grade` run holds the course folder: this one was refused before touching
+    anything."""
+
+
+@contextlib.contextmanager
+def grading_lock(root: Path, day: str):
+    """Hold an exclusive lock on the course folder `root` for one grade run of `day`, or raise
+    GradingBusy naming the run that holds it. One run per course folder, not per day: runs
+    share its gradebook (two days graded at once still race there, both adding the same new
+    student) and, with different --db, its work folders .grading/<day>. The lock is an flock
+    on .grading/grade.lock, so a run that dies releases it with its process."""
+    folder = root / ".grading"
+    folder.mkdir(exist_ok=True)
+    with open(folder / "grade.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().split()
+            who = f"grade of {holder[1]} is running (pid {holder[0]})" if len(holder) == 2 \
+                else "grade is running"
+            raise GradingBusy(f"another {who} in {root}; wait for it to finish (nothing was "
+                              "graded)") from None
+        handle.truncate(0)   # "a+": the write below lands at the end, now the start
+        handle.write(f"{os.getpid()} {day}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.truncate(0)
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @dataclass
@@ -222,12 +261,21 @@ def grade_day(day: str, *, root: Path = REPO_ROOT, db_url: str | None = None,
             raise TypeError(f"workers must be an int >= 1 or None, got {workers!r}")
         if workers < 1:
             raise ValueError(f"workers must be >= 1 (or None: the core count), got {workers}")
-    from nbgrader.api import Gradebook, MissingEntry
-
     ensure_venv_on_path()
-    limits = limits or Limits()
     root = Path(root).resolve()
     api = _api(root, db_url)
+    with grading_lock(root, day):
+        return _grade_locked(day, root, api, db_url, students, workers, force,
+                             limits or Limits(), progress)
+
+
+def _grade_locked(day: str, root: Path, api, db_url: str | None, students: list[str] | None,
+                  workers: int | None, force: bool, limits: Limits,
+                  progress: bool) -> list[Result]:
+    """grade_day's work, the course folder's lock held: the work folder .grading/<day> is this
+    run's alone."""
+    from nbgrader.api import Gradebook, MissingEntry
+
     with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
         try:
             gb.find_assignment(day)

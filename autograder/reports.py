@@ -12,6 +12,7 @@ import csv
 import html
 import json
 import re
+from collections.abc import Collection
 from pathlib import Path
 
 from autograder.grading import _api
@@ -79,12 +80,19 @@ def exercise_scores(root: Path, db_url: str | None = None) -> list[tuple]:
     return rows
 
 
-def item_analysis(rows: list[tuple], day: str) -> list[dict]:
+def item_analysis(rows: list[tuple], day: str,
+                  students: Collection[str] | None = None) -> list[dict]:
     """Per exercise of `day`: how many students, the mean score, the share with full marks
-    (nbgrader's formgrader shows the same two numbers per question)."""
+    (nbgrader's formgrader shows the same two numbers per question). `students`: count only
+    these (those who submitted the day, graded_students): a student who did not submit scores
+    0 in `rows` (exercise_scores) but says nothing about how hard an exercise is."""
+    if students is not None and (isinstance(students, str)
+                                 or not all(isinstance(s, str) for s in students)):
+        raise TypeError(f"students must be a collection of student ids or None, got "
+                        f"{students!r}")
     found: dict[str, list[tuple[float, float]]] = {}
-    for _, d, exercise, score, max_score in rows:
-        if d == day:
+    for student, d, exercise, score, max_score in rows:
+        if d == day and (students is None or student in students):
             found.setdefault(exercise, []).append((score, max_score))
     return [{"exercise": exercise, "students": len(scores), "max_score": scores[0][1],
              "mean": sum(s for s, _ in scores) / len(scores),
@@ -92,10 +100,17 @@ def item_analysis(rows: list[tuple], day: str) -> list[dict]:
             for exercise, scores in found.items()]
 
 
-def format_item_analysis(items: list[dict], day: str) -> str:
-    """The item analysis as a text table, hardest exercise first."""
-    lines = [f"item analysis, {day}", f"{'exercise':<28}{'students':>9}{'mean':>9}{'max':>6}"
-                                      f"{'full marks':>12}"]
+def format_item_analysis(items: list[dict], day: str, not_submitted: int = 0) -> str:
+    """The item analysis as a text table, hardest exercise first; `not_submitted`: how many
+    students of the gradebook did not submit the day (left out of the table), said when > 0."""
+    if isinstance(not_submitted, bool) or not isinstance(not_submitted, int) \
+            or not_submitted < 0:
+        raise ValueError(f"not_submitted must be an int >= 0, got {not_submitted!r}")
+    title = f"item analysis, {day}"
+    if not_submitted:
+        title += (f" ({not_submitted} student{'s' if not_submitted > 1 else ''} of the "
+                  f"gradebook did not submit it: not counted)")
+    lines = [title, f"{'exercise':<28}{'students':>9}{'mean':>9}{'max':>6}{'full marks':>12}"]
     for item in sorted(items, key=lambda i: (i["full_marks"], i["exercise"])):
         lines.append(f"{item['exercise']:<28}{item['students']:>9}{item['mean']:>9.2f}"
                      f"{item['max_score']:>6g}{item['full_marks']:>12.0%}")
@@ -297,9 +312,16 @@ def feedback_html(day: str, student: str, notebook, grades: dict[str, tuple[floa
             + "".join(parts) + "</body></html>")
 
 
+def submitted_work(root: Path, student: str, day: str) -> bool:
+    """Whether `student` handed something in for `day`: `grade` records everyone of the
+    gradebook, and those without a submission with the status `missing`."""
+    return grading_record(root, student, day).get("status") != "missing"
+
+
 def graded_students(day: str, root: Path, db_url: str | None = None) -> list[str]:
     """The students write_feedback writes for: those with a submission of `day` in the
-    gradebook and its graded notebook in autograded/."""
+    gradebook, its graded notebook in autograded/, and something handed in (not `missing`:
+    a page of the release's stubs as "your answer" would be untrue)."""
     from nbgrader.api import Gradebook, MissingEntry
 
     api = _api(root, db_url)
@@ -310,16 +332,27 @@ def graded_students(day: str, root: Path, db_url: str | None = None) -> list[str
                 gb.find_submission_notebook(day, day, student)
             except MissingEntry:
                 continue
-            if (root / "autograded" / student / day / f"{day}.ipynb").exists():
+            if (root / "autograded" / student / day / f"{day}.ipynb").exists() \
+                    and submitted_work(root, student, day):
                 found.append(student)
     return found
+
+
+def gradebook_students(root: Path, db_url: str | None = None) -> list[str]:
+    """Every student id in the gradebook."""
+    from nbgrader.api import Gradebook
+
+    api = _api(root, db_url)
+    with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
+        return sorted(s.id for s in gb.students)
 
 
 def write_feedback(day: str, root: Path, db_url: str | None = None,
                    students: list[str] | None = None) -> list[Path]:
     """feedback/<student>/<day>/<day>.html for every graded student of `day` (or of
-    `students`); a student without a graded submission is skipped (graded_students lists who
-    has one: the command line names those skipped)."""
+    `students`); a student without a graded submission, or graded `missing` (nothing handed
+    in), is skipped (graded_students lists who has one: the command line names those
+    skipped)."""
     from nbgrader.api import Gradebook, MissingEntry
 
     api = _api(root, db_url)
@@ -332,7 +365,7 @@ def write_feedback(day: str, root: Path, db_url: str | None = None,
                 submission = gb.find_submission_notebook(day, day, student)
             except MissingEntry:
                 continue
-            if not graded.exists():
+            if not graded.exists() or not submitted_work(root, student, day):
                 continue
             grades = {g.name: (float(g.score), float(g.max_score)) for g in submission.grades}
             target = root / "feedback" / student / day / f"{day}.html"

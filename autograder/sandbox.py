@@ -2,7 +2,8 @@
 
 What the sandboxed kernel can see and do:
 - read-only: the system's /usr (and /bin, /lib links), the Python installation and virtual
-  environment, and the `tinygpt` package: enough to import numpy, torch and tinygpt;
+  environment, and the `tinygpt` package the grader itself imports (the kernel imports that
+  one, see imported_tinygpt): enough to import numpy, torch and tinygpt;
 - read-write: only its own scratch folder, which is also its working directory and HOME;
 - nothing else of the host file system: not solutions/, not the gradebook, not other
   students' submissions, not /etc, not /root;
@@ -78,7 +79,10 @@ class SandboxPolicy:
 
 def imported_tinygpt() -> Path:
     """The folder this Python imports the tinygpt package from: an editable install may point
-    outside this repository, and the sandbox must bind that folder, not an assumed one."""
+    outside this repository, and the sandbox must bind that folder, not an assumed one. A
+    clone whose .venv links to another checkout's venv imports its own tinygpt (the current
+    folder comes first) while the install points to the other checkout's: sandbox_prefix puts
+    this folder's parent on the kernel's PYTHONPATH, so that the kernel imports this one too."""
     spec = importlib.util.find_spec("tinygpt")
     if spec is None or spec.origin is None:
         return REPO_ROOT / "tinygpt"
@@ -128,6 +132,9 @@ def sandbox_prefix(policy: SandboxPolicy) -> list[str]:
         "TINYGPT_GRADING": "1",
         "OMP_NUM_THREADS": "1",
         "LANG": "C.UTF-8",
+        # The path search comes before an editable install's finder: the kernel imports the
+        # tinygpt the grader imports (bound above), not the one the install points to.
+        "PYTHONPATH": str(imported_tinygpt().parent),
     }
     for key, value in env.items():
         cmd += ["--setenv", key, value]

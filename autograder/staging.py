@@ -8,7 +8,9 @@ released version:
 - every answer cell is found by its grade_id, or, when metadata was stripped, by its first
   line (the function signature or the "# Set answer_qN" line the release put there);
 - every test cell the release has is present after its answer cell (a deleted one is put back;
-  an edited one is overwritten later by nbgrader from the gradebook, hidden tests included);
+  one moved elsewhere, above its answer or below another exercise, is moved back directly after
+  its answer cell; an edited one is overwritten later by nbgrader from the gradebook, hidden
+  tests included);
 - an answer that cannot be found at all is replaced by the release's empty stub (zero points
   for that exercise, full credit elsewhere);
 - nbgrader metadata is the release's: one cell per released grade_id keeps it (copies that
@@ -110,11 +112,16 @@ def stage(release: NotebookNode, folder: Path, day: str) -> Staged:
                 found.metadata["nbgrader"] = copy.deepcopy(meta)
         if found is None:
             found = copy.deepcopy(ref)
-            position = out.index(anchor) + 1 if anchor is not None else len(out)
+            position = _position(out, anchor) + 1 if anchor is not None else len(out)
             out.insert(position, found)
             what = "answer not found: graded as unanswered" if is_answer(ref) else \
                 "test cell missing: restored"
             repaired.append(f"{grade_id}: {what}")
+        elif is_test(ref) and anchor is not None and _misplaced(out, anchor, found):
+            del out[_position(out, found)]
+            out.insert(_position(out, anchor) + 1, found)
+            repaired.append(f"{grade_id}: test cell was moved away from "
+                            f"{nbgrader_meta(anchor)['grade_id']}: put back after it")
         anchor = found
     seen: set[str] = set()
     for index, cell in enumerate(out):  # unique cell ids (nbformat 4.5) before validation
@@ -124,6 +131,19 @@ def stage(release: NotebookNode, folder: Path, day: str) -> Staged:
         seen.add(cell["id"])
     nb = nbformat.v4.new_notebook(cells=out, metadata=copy.deepcopy(release.metadata))
     return Staged(nb, "repaired" if len(repaired) > len(notes) else "ok", repaired, tampered)
+
+
+def _misplaced(out: list[NotebookNode], anchor: NotebookNode, test: NotebookNode) -> bool:
+    """Whether `test` is not where the release has it: after `anchor` (the graded cell the
+    release puts before it) with no other graded cell between them. Cells of the student's own
+    between the two do not count: they stay where they are."""
+    start, end = _position(out, anchor), _position(out, test)
+    return end < start or any(is_answer(c) or is_test(c) for c in out[start + 1:end])
+
+
+def _position(out: list[NotebookNode], cell: NotebookNode) -> int:
+    """Where `cell` itself is in `out` (list.index would stop at an equal copy)."""
+    return next(i for i, c in enumerate(out) if c is cell)
 
 
 FLAGS = ("grade", "solution", "locked", "points", "task")

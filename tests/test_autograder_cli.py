@@ -4,6 +4,7 @@ course). main() runs in this process against a scratch course of one day."""
 
 from __future__ import annotations
 
+import os
 import zipfile
 from pathlib import Path
 
@@ -192,12 +193,65 @@ def test_db_is_checked_before_any_work(capsys, root, no_grading, command, db, wh
 
 @pytest.mark.parametrize("command", [["days"], ["execute", DAY], ["collect", "x.zip"],
                                      ["mutants", DAY]])
-def test_db_is_refused_where_no_gradebook_is_used(capsys, root, command):
+@pytest.mark.parametrize("first", [False, True])
+def test_db_is_refused_where_no_gradebook_is_used(capsys, root, command, first):
     # Accepted there, it was silently ignored: an instructor would think it chose the gradebook.
+    # Before the positional argument, its URL was taken for that argument and the message
+    # blamed another word ("unrecognized arguments: --db x.zip").
+    db = ["--db", "sqlite:////tmp/other.db"]
+    argv = [command[0], *db, *command[1:]] if first else [*command, *db]
     with pytest.raises(SystemExit) as exit_:
-        main([*command, "--root", str(root), "--db", "sqlite:////tmp/other.db"])
+        main([*argv, "--root", str(root)])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "unrecognized arguments: --db" in err, err
+    assert exit_.value.code == 2, err
+    assert f"error: --db: {command[0]} uses no gradebook; only release, grade, export, " \
+           "feedback take --db" in err, err
+
+
+@pytest.mark.parametrize("command", [["export", "g.csv"], ["feedback", DAY], ["grade", DAY]])
+def test_a_db_that_does_not_exist_is_not_created(capsys, tmp_path, root, no_grading, command):
+    typo = tmp_path / "typo.db"
+    extra = ["--no-sandbox"] if command[0] == "grade" else []
+    err = refused(capsys, *command, "--root", str(root), "--db", f"sqlite:///{typo}", *extra,
+                  naming=f"no gradebook at {typo}; run release first")
+    assert "--db sqlite:///" in err
+    assert not typo.exists() and not no_grading and not Path("g.csv").exists()
+
+
+@pytest.mark.parametrize("command", [["export", "g.csv"], ["feedback", DAY]])
+def test_export_and_feedback_need_a_released_gradebook(capsys, root, command):
+    refused(capsys, *command, "--root", str(root),
+            naming=f"no gradebook at {root / 'gradebook.db'}; run release first")
+    assert not (root / "gradebook.db").exists() and not Path("g.csv").exists()
+
+
+def test_feedback_of_a_day_nobody_was_graded_on_is_an_error(capsys, root):
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", "tinygpt") as gb:
+        gb.add_assignment(DAY)
+    refused(capsys, "feedback", DAY, "--root", str(root),
+            naming=f"nobody has a graded submission of {DAY}: run grade {DAY} first")
+    assert not (root / "feedback").exists()
+
+
+def test_grade_of_a_day_nobody_submitted_needs_force(capsys, root, no_grading):
+    refused(capsys, "grade", DAY, "--root", str(root), "--no-sandbox",
+            naming=f"nobody submitted {DAY}")
+    assert not no_grading and not (root / "gradebook.db").exists()
+    assert main(["grade", DAY, "--root", str(root), "--no-sandbox", "--force",
+                 "--no-progress"]) == 0
+    assert len(no_grading) == 1
+
+
+def test_a_second_grade_run_is_one_error_line(capsys, root):
+    from autograder.grade import grading_lock
+
+    (root / "submitted" / "ann" / DAY).mkdir(parents=True)
+    with grading_lock(root.resolve(), DAY):
+        refused(capsys, "grade", DAY, "--root", str(root), "--no-sandbox", "--no-progress",
+                naming=f"another grade of {DAY} is running (pid {os.getpid()})")
+    assert not (root / "autograded").exists() and not (root / ".grading" / DAY).exists()
 
 
 def test_a_gradebook_that_fails_later_is_one_error_line(capsys, tmp_path, root):
