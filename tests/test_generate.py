@@ -486,6 +486,10 @@ def test_cli_errors(fake_pretrained, capsys, monkeypatch):
     assert "--device cuda: CUDA is not available here" in capsys.readouterr().err
     assert main(["--prompt", "a", "--device", "cpu:3"]) == 2   # torch would ignore the index
     assert "--device cpu:3: the CPU is one device" in capsys.readouterr().err
+    # --compile captures CUDA graphs: on the CPU it is refused, not a fallback with a warning
+    assert main(["--prompt", "a", "--device", "cpu", "--compile"]) == 2
+    assert "--compile builds CUDA graphs: it needs --device cuda, got cpu" in \
+        capsys.readouterr().err
 
     def missing(device=None):
         raise FileNotFoundError("no checkpoint")

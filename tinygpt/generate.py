@@ -572,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
                                 max_new_tokens=args.max_new_tokens, stop=tuple(args.stop),
                                 seed=args.seed)
         device = tinygpt.usable_device(args.device)
+        if args.compile and device.type != "cuda":
+            raise ValueError(f"--compile builds CUDA graphs: it needs --device cuda, got {device}")
     except (TypeError, ValueError) as err:
         print(f"error: {flag_message(str(err))}", file=sys.stderr)   # the fields' flags
         return 2
@@ -580,10 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, RuntimeError) as err:
         print(f"error: could not load the pretrained checkpoint: {err}", file=sys.stderr)
         return 1
-    model = model.to(device).eval()
-    eos_id = eos_id_of(tokenizer)
+    model, eos_id = model.to(device).eval(), eos_id_of(tokenizer)
     try:
-        # as training presents a story: <|endoftext|> + text (an empty --prompt: a new story)
         prompt_ids = ([] if eos_id is None else [eos_id]) + list(tokenizer.encode(args.prompt))
         events = stream(model, prompt_ids, params, eos_id=eos_id, tokenizer=tokenizer,
                         use_cache=not args.no_cache, compile=args.compile)
