@@ -262,11 +262,19 @@ def test_a_full_queue_is_a_429_with_retry_after(shipped):
     served = Served(*shipped, max_waiting=1, max_running=1)
     long = {"model": "tinygpt", "prompt": "x", "max_tokens": 500, "ignore_eos": True}
 
-    async def third_of_three():
-        held = [asyncio.ensure_future(served.client.post("/v1/completions", json=long))
-                for _ in range(2)]             # one runs, one waits: the queue is full
-        while served.engine.stats().submitted < 2:
+    async def until(what, done):
+        deadline = time.monotonic() + 60
+        while not done():
+            assert time.monotonic() < deadline, f"waited 60 s for {what}: {served.engine.stats()}"
             await asyncio.sleep(0.005)
+
+    async def third_of_three():
+        # one runs, one waits: the queue is full. The second goes in once the first runs (sent
+        # together, both could sit in the queue at once and the second be refused)
+        held = [asyncio.ensure_future(served.client.post("/v1/completions", json=long))]
+        await until("the first request to run", lambda: served.engine.stats().running == 1)
+        held.append(asyncio.ensure_future(served.client.post("/v1/completions", json=long)))
+        await until("the second request to wait", lambda: served.engine.stats().submitted == 2)
         try:
             return await served.client.post("/v1/completions", json=long)
         finally:
