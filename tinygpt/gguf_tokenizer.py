@@ -54,8 +54,8 @@ template in a sandbox set up as transformers sets up its own (`chat_environment`
 the template's own text may produce special tokens and the content never does
 (`chat_layout`): when no message content holds special-token text the rendered string is
 encoded whole, special tokens parsed, exactly as the Hugging Face tokenizer encodes it;
-otherwise each content is swapped for a marker and encoded as text, and a template that
-changes the content it writes (`| trim`) is then a ValueError.
+otherwise each content is swapped for a marker and encoded as text (`runs_to_ids`), and a
+template that changes the content it writes (`| trim`) is then a ValueError.
 """
 
 from __future__ import annotations
@@ -245,6 +245,19 @@ def chat_layout(render: Callable[[list[str]], str], contents: Sequence[str],
     if "".join(waiting):
         runs.append((False, "".join(waiting)))
     return text, runs
+
+
+def runs_to_ids(runs: list[tuple[bool, str]], special_ids: Mapping[str, int],
+                encode_text: Callable[[str], list[int]]) -> list[int]:
+    """chat_layout's runs as ids: each special token's id, each text run encoded by
+    encode_text (which reads special-token text as text)."""
+    ids: list[int] = []
+    for special, run in runs:
+        if special:
+            ids.append(special_ids[run])
+        else:
+            ids.extend(encode_text(run))
+    return ids
 
 
 class GGUFTokenizer:
@@ -483,13 +496,7 @@ class GGUFTokenizer:
             [content for _, content in turns], self._specials)
         if runs is None:
             return self.encode(text, allowed_special="all")
-        ids: list[int] = []
-        for special, run in runs:
-            if special:
-                ids.append(self.special_tokens[run])
-            else:
-                ids.extend(self._encode_ordinary(run))
-        return ids
+        return runs_to_ids(runs, self.special_tokens, self._encode_ordinary)
 
     # -- decoding ------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from tinygpt.gguf_tokenizer import chat_layout, specials_pattern
+from tinygpt.gguf_tokenizer import chat_layout, runs_to_ids, specials_pattern
 from tinygpt.tokenizer import _as_id, _check_flag, _check_id_sequence, _check_messages
 
 
@@ -117,10 +117,4 @@ class HFTokenizer:
         text, runs = chat_layout(render, [content for _, content in turns], self._specials)
         if runs is None:        # apply_chat_template(tokenize=True) encodes the text so
             return list(self.tokenizer.encode(text, add_special_tokens=False))
-        ids: list[int] = []
-        for special, run in runs:
-            if special:
-                ids.append(self._chat_specials[run])
-            else:
-                ids.extend(self._encode_as_text(run))
-        return ids
+        return runs_to_ids(runs, self._chat_specials, self._encode_as_text)
