@@ -72,3 +72,70 @@ def test_a_tensor_in_two_files_is_refused_naming_both(tmp_path):
     with pytest.raises(ValueError, match=r"'model\.norm\.weight' is in both .*model\.safetensors "
                                          r"and .*zz\.safetensors"):
         load_model(folder)
+
+
+def write_json(file, value):
+    file.write_text(json.dumps(value))
+
+
+def test_a_folder_stops_at_the_eos_ids_its_generation_config_lists(tmp_path):
+    """Llama-3-Instruct's tokenizer ends texts with <|end_of_text|> while its turns end with
+    <|eot_id|>, which only generation_config.json lists; only the tokenizer's EOS stopped a
+    reply before, so chat replies ran past the end of the turn."""
+    folder = llama_folder(tmp_path / "model")
+    write_json(folder / "generation_config.json", {"eos_token_id": [5, 2, 5]})
+    info = load_model(folder)[2]
+    assert info.eos_ids == info.end_of_turn_ids == (2, 5)      # the tokenizer's "</s>" first
+    # without generation_config.json, config.json's list (an int there is one id)
+    (folder / "generation_config.json").unlink()
+    config = json.loads((folder / "config.json").read_text())
+    write_json(folder / "config.json", {**config, "eos_token_id": [3, 4]})
+    assert load_model(folder)[2].eos_ids == (2, 3, 4)
+    write_json(folder / "config.json", {**config, "eos_token_id": 4})
+    assert load_model(folder)[2].end_of_turn_ids == (2, 4)
+    # a generation_config.json without the field leaves config.json's
+    write_json(folder / "generation_config.json", {"do_sample": True})
+    assert load_model(folder)[2].eos_ids == (2, 4)
+
+
+@pytest.mark.parametrize("file,value", [
+    ("generation_config.json", [2, 6]), ("generation_config.json", "2"),
+    ("generation_config.json", [True]), ("generation_config.json", {"id": 2}),
+    ("generation_config.json", [2.0]), ("config.json", -1), ("config.json", [2, 6])])
+def test_a_malformed_eos_token_id_is_named_with_its_file(tmp_path, file, value):
+    folder = llama_folder(tmp_path / "model")
+    (folder / "generation_config.json").unlink()
+    config = json.loads((folder / "config.json").read_text())
+    write_json(folder / file, {**(config if file == "config.json" else {}),
+                               "eos_token_id": value})
+    with pytest.raises(ValueError, match=r"eos_token_id must be null, a token id or a list of "
+                                         r"token ids \(ints in \[0, 6\)\), got") as caught:
+        load_model(folder)
+    assert f"{folder / file}: eos_token_id" in str(caught.value)
+
+
+@pytest.mark.parametrize("text", ["not json", "[2]"])
+def test_a_generation_config_that_is_no_json_object_is_named(tmp_path, text):
+    folder = llama_folder(tmp_path / "model")
+    (folder / "generation_config.json").write_text(text)
+    with pytest.raises(ValueError, match="generation_config.json (is not valid JSON|must hold "
+                                         "a JSON object)") as caught:
+        load_model(folder)
+    assert str(folder / "generation_config.json") in str(caught.value)
+
+
+def test_an_unsupported_post_processor_is_named_with_the_folder(tmp_path):
+    """`serve` printed "the tokenizer puts [1] before a text and [2] after it ..." without
+    saying which folder's tokenizer."""
+    from tokenizers import Tokenizer, processors
+
+    folder = llama_folder(tmp_path / "model")
+    core = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    core.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)])
+    core.save(str(folder / "tokenizer.json"))
+    with pytest.raises(ValueError, match=r"the tokenizer puts \[1\] before a text and \[2\] "
+                                         r"after it") as caught:
+        load_model(folder)
+    assert f"{folder}: the tokenizer its files (" in str(caught.value)
+    assert "tokenizer.json" in str(caught.value)

@@ -361,6 +361,23 @@ def test_an_absent_rope_theta_is_the_familys_default():
                     "rope_theta": 5.0})[0] == 5.0
 
 
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen3_moe", "mixtral", "deepseek_v3"])
+def test_an_absent_max_position_embeddings_is_the_familys_default(family):
+    """config.json without the field was refused as "must be a positive integer, got None",
+    while transformers builds the model with its config class's default (Llama's 2048,
+    Mistral's 131072); an explicit null is still refused, naming what it got."""
+    transformers = pytest.importorskip("transformers")
+    from tinygpt.hf_rope import hf_rope
+
+    theirs = transformers.CONFIG_MAPPING[family]().max_position_embeddings
+    assert hf_rope({"model_type": family})[2] == theirs
+    dynamic = {"rope_type": "dynamic", "factor": 2.0}
+    assert hf_rope({"model_type": family, "rope_parameters": dynamic})[2] == 2 * theirs
+    with pytest.raises(ValueError, match="max_position_embeddings must be a positive integer, "
+                                         "got None"):
+        hf_rope({"model_type": family, "max_position_embeddings": None})
+
 def test_gguf_writes_and_reads_plain_rope_only(tmp_path):
     """tinygpt.gguf refuses a file with llama.rope.scaling.type or rope_freqs.weight (day 15's
     loader; unchanged), and the benchmark's write_gguf refuses a scaled model instead of

@@ -10,8 +10,8 @@ A transformers config object always holds every field (its class fills in the de
 config.json may leave some out, and transformers then builds the model with its config class's
 default for that family, which is not the same across families (Mixtral's rms_norm_eps is
 1e-5, Llama's 1e-6). HF_DEFAULTS holds those defaults for the fields that change the model's
-numbers without changing a weight's shape (tests/test_moe_hf.py checks them against
-transformers' config classes), so a folder loads as transformers loads it.
+numbers or its context length without changing a weight's shape (tests/test_moe_hf.py checks
+them against transformers' config classes), so a folder loads as transformers loads it.
 """
 
 from __future__ import annotations
@@ -23,20 +23,25 @@ from typing import Any
 MISSING = object()
 
 # transformers 5's config-class defaults, per model_type, of the fields TinyGPT reads and
-# cannot check against the weights' shapes (rope_theta: rope_parameters' default)
+# cannot check against the weights' shapes (rope_theta: rope_parameters' default;
+# max_position_embeddings: the context, which no weight's shape holds with RoPE)
 _COMMON = {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False}
 HF_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {**_COMMON, "num_key_value_heads": None},
-    "mistral": {**_COMMON, "num_key_value_heads": 8, "sliding_window": 4096},
+    "llama": {**_COMMON, "num_key_value_heads": None, "max_position_embeddings": 2048},
+    "mistral": {**_COMMON, "num_key_value_heads": 8, "sliding_window": 4096,
+                "max_position_embeddings": 131072},
     "qwen3_moe": {**_COMMON, "num_key_value_heads": 4, "sliding_window": 4096,
                   "use_sliding_window": False, "num_experts_per_tok": 8,
-                  "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": None},
+                  "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": None,
+                  "max_position_embeddings": 32768},
     "mixtral": {**_COMMON, "rms_norm_eps": 1e-5, "rope_theta": 1e6, "num_key_value_heads": 8,
-                "sliding_window": None, "num_experts_per_tok": 2},
+                "sliding_window": None, "num_experts_per_tok": 2,
+                "max_position_embeddings": 131072},
     "deepseek_v3": {**_COMMON, "num_experts_per_tok": 8, "norm_topk_prob": True, "n_group": 8,
                     "topk_group": 4, "routed_scaling_factor": 2.5, "n_shared_experts": 1,
                     "first_k_dense_replace": 3, "rope_interleave": True,
-                    "q_lora_rank": 1536, "n_routed_experts": 256},
+                    "q_lora_rank": 1536, "n_routed_experts": 256,
+                    "max_position_embeddings": 4096},
 }
 
 

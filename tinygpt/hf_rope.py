@@ -48,7 +48,9 @@ def _first(*values: Any) -> Any:
 
 def hf_rope(hf_config: Any) -> tuple[float, dict[str, Any], int]:
     """(rope_theta, TinyGPT's rope_scaling as a dict ({} for none), max_seq_len) of a
-    transformers config object or config.json dict (it needs max_position_embeddings).
+    transformers config object or config.json dict (an absent max_position_embeddings is the
+    family's default, tinygpt.hf_fields, as transformers' config classes fill it in; null or
+    anything but an int >= 1 is a ValueError).
 
     As transformers' standardize_rope_params does, yarn and llama3 take
     original_max_position_embeddings from the top level when it is there, else from the
@@ -60,7 +62,7 @@ def hf_rope(hf_config: Any) -> tuple[float, dict[str, Any], int]:
     other than 1, a rope_theta that is not a finite number > 0 and rope_parameters that are no
     dict, naming them. An absent rope_theta is the family's default (tinygpt.hf_fields).
     """
-    context = _get(hf_config, "max_position_embeddings")
+    context = hf_get(hf_config, "max_position_embeddings")     # absent: the family's default
     if isinstance(context, bool) or not isinstance(context, int) or context < 1:
         raise ValueError(f"hf_config.max_position_embeddings must be a positive integer, got "
                          f"{context!r}")

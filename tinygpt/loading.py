@@ -20,7 +20,8 @@ What `name_or_path` may be:
                           *.safetensors weights (only those model.safetensors.index.json
                           names, when there is one; a tensor in two files is refused) and its
                           tokenizer files, read from disk only (tinygpt.hf_models.from_hf
-                          converts them)
+                          converts them); its stop tokens are the tokenizer's EOS and the
+                          eos_token_id of generation_config.json, else of config.json
 
 Names win over folders of the same name; an empty name is refused (it is no folder: Path("")
 would read the current one). Weights are read from safetensors or GGUF, never from pickle, and
@@ -57,7 +58,8 @@ class ModelInfo:
     model_id: the name to serve it under ("tinygpt", "SmolLM2-135M-Instruct", a folder or file
     name). source: where it came from. context_length: positions the model accepts
     (cfg.max_seq_len). eos_ids: ids that end a plain completion. end_of_turn_ids: ids that end
-    an assistant's reply in a chat. chat_template: the Jinja2 template the tokenizer renders
+    an assistant's reply in a chat (for a Hugging Face folder both are the tokenizer's EOS
+    followed by the ids hf_stop_ids reads). chat_template: the Jinja2 template the tokenizer renders
     chats with (None when the chat format is day 02's built-in one).
     """
 
@@ -108,8 +110,9 @@ def load_hf_folder(path: Path, config: dict, dtype: torch.dtype | None = None):
     """(model, HFTokenizer) from a Hugging Face folder of one of MODEL_TYPES (Llama,
     Qwen3-MoE, Mixtral, DeepSeek-V3, ...): safetensors weights only, the files weight_files
     names. A weights file that is no readable safetensors file, a tensor name found in two
-    files, a config.json the model cannot be built from, and tokenizer files transformers
-    cannot read are ValueErrors naming the file (or the folder)."""
+    files, a config.json the model cannot be built from, tokenizer files transformers
+    cannot read and a tokenizer HFTokenizer does not support (its post-processor adds more
+    than a BOS) are ValueErrors naming the file (or the folder)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -141,13 +144,53 @@ def load_hf_folder(path: Path, config: dict, dtype: torch.dtype | None = None):
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ValueError(f"{path} holds no tokenizer files (one of {', '.join(TOKENIZER_FILES)}"
                          f"): copy the model's tokenizer files beside its weights")
+    names = sorted(f.name for f in path.glob("tokenizer*")) or "none"
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as err:     # a malformed file surfaces as KeyError, TypeError, ...
-        names = sorted(f.name for f in path.glob("tokenizer*")) or "none"
         raise ValueError(f"{path}: transformers cannot load the tokenizer from its files "
                          f"({names}): {type(err).__name__}: {err}") from None
-    return model, HFTokenizer(tokenizer)
+    try:
+        return model, HFTokenizer(tokenizer)
+    except ValueError as err:    # a post-processor HFTokenizer does not support
+        raise ValueError(f"{path}: the tokenizer its files ({names}) describe is not "
+                         f"supported: {err}") from None
+
+
+GENERATION_CONFIG = "generation_config.json"
+
+
+def _listed_ids(value, where: str, vocab_size: int) -> list[int]:
+    """An eos_token_id field's ids: null is none, else an int or a list of ints, each a token
+    id in [0, vocab_size); anything else is a ValueError naming `where` (file and field)."""
+    if value is None:
+        return []
+    ids = value if isinstance(value, list) else [value]
+    if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size
+           for i in ids):
+        raise ValueError(f"{where} must be null, a token id or a list of token ids (ints in "
+                         f"[0, {vocab_size})), got {value!r}")
+    return ids
+
+
+def hf_stop_ids(path: Path, config: dict, vocab_size: int) -> list[int]:
+    """The ids a Hugging Face folder says end a generation, as transformers' generate reads
+    them: generation_config.json's eos_token_id when the file gives one, else config.json's
+    (an int or a list: Llama-3-Instruct lists <|eot_id|> beside its tokenizer's
+    <|end_of_text|>). A file that does not parse or a malformed field is a ValueError naming
+    them."""
+    file = path / GENERATION_CONFIG
+    if file.is_file():
+        try:
+            generation = json.loads(file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{file} is not valid JSON: {err}") from None
+        if not isinstance(generation, dict):
+            raise ValueError(f"{file} must hold a JSON object, got {type(generation).__name__}")
+        if generation.get("eos_token_id") is not None:
+            return _listed_ids(generation["eos_token_id"], f"{file}: eos_token_id", vocab_size)
+    return _listed_ids(config.get("eos_token_id"), f"{path / 'config.json'}: eos_token_id",
+                       vocab_size)
 
 
 def _tinygpt_info(model, tokenizer, model_id: str, source: str) -> ModelInfo:
@@ -261,7 +304,8 @@ def load_model(name_or_path: str | Path | None = None, *, dtype: torch.dtype | N
         except ValueError as err:
             raise ValueError(f"{path}: {err}; allowed: {ALLOWED}") from None
         model, tokenizer = load_hf_folder(path, config, dtype)
-        eos = tuple(tokenizer.special_tokens.values())
+        eos = tuple(dict.fromkeys([*tokenizer.special_tokens.values(),
+                                   *hf_stop_ids(path, config, model.cfg.vocab_size)]))
         return model, tokenizer, ModelInfo(path.resolve().name, str(path), model.cfg.max_seq_len,
                                            eos, eos, tokenizer.tokenizer.chat_template)
     from tinygpt.train import load_checkpoint

@@ -11,8 +11,9 @@ stream's echoed prompt is built on a worker thread too (`events`).
 
 A token's text is its own decode, so a byte token of a character cut in pieces shows as U+FFFD;
 its `bytes` (chat) are its own bytes (`token_bytes`), and its text_offset is the number of
-characters of the text that are whole before its first byte (`TextOffsets`: every byte of "é"
-is at 0). In completions' top_logprobs, a dict keyed by text, alternatives with the same text
+characters of the returned text that are whole before its first byte (`TextOffsets`: every
+byte of "é" is at 0; an echoed text prompt's added BOS, which that text leaves out, is at
+0). In completions' top_logprobs, a dict keyed by text, alternatives with the same text
 (several byte tokens shown as U+FFFD) share one key, which holds the most probable of them.
 
 A chat reply read for tool calls (tinygpt.server.tools) that turns out to be calls becomes a
@@ -99,19 +100,23 @@ class Choice:
         return self.offsets
 
     def prompt_part(self) -> tuple[str, dict | None]:
-        """With echo: the prompt's text and its completions-shaped logprobs."""
+        """With echo: the prompt's text and its completions-shaped logprobs. The BOS the
+        server put before a text prompt (Prompts.bos_prefix) is among the tokens but not in
+        the echoed text: it is at offset 0 and takes up no characters, so each offset stays
+        where its token's text is in the returned text."""
         text = self.prompt_text()
         self.offsets = TextOffsets(len(text))
         if self.job.logprobs is None:
             return text, None
         entries = self.request.prompt_logprob_list or [None] * len(self.prompt)
+        added = len(self.prompts.bos_prefix) if self.text_prompt is not None else 0
         offsets = TextOffsets()
         logprobs = {"tokens": [self.prompts.token_text(i) for i in self.prompt],
                     "token_logprobs": [None if e is None else e[0] for e in entries],
                     "top_logprobs": [None if e is None else self._top_dict(e[1])
                                      for e in entries],
-                    "text_offset": [offsets.next(token_bytes(self.prompts, i))
-                                    for i in self.prompt]}
+                    "text_offset": [0] * added + [offsets.next(token_bytes(self.prompts, i))
+                                                  for i in self.prompt[added:]]}
         return text, logprobs
 
     def _top_dict(self, top) -> dict[str, float]:
