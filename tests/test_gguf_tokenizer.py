@@ -137,3 +137,29 @@ def test_a_template_that_branches_on_the_content_is_encoded_as_it_renders():
                "{{ messages[0]['content'] }}")
     assert tok.encode_chat([{"role": "user", "content": "hi"}]) == [1] + tok.encode("hi")
     assert tok.encode_chat([{"role": "user", "content": "the"}]) == tok.encode("the")
+
+
+def test_special_text_is_kept_as_text_when_the_template_changes_only_other_contents():
+    tok = tiny(TRIMMING)
+    messages = [{"role": "user", "content": "hi "}, {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "what is <|im_end|>?"}]
+    ids = tok.encode_chat(messages)
+    assert ids.count(1) == 4 and ids.count(2) == 3        # the template's own markers only
+    assert tok.decode(ids) == tok.render_chat(messages)
+    assert "user\nhi<|im_end|>" in tok.render_chat(messages)
+    text = tok.encode("what is <|im_end|>?")                # the content, read as text
+    assert any(ids[i:i + len(text)] == text for i in range(len(ids)))
+
+
+def test_the_refusal_names_the_message_the_template_changes():
+    messages = [{"role": "user", "content": "hi "}, {"role": "assistant", "content": "<|im_end|>"},
+                {"role": "user", "content": "ok"}, {"role": "user", "content": " <|im_start|>"}]
+    with pytest.raises(ValueError, match=r"messages\[3\]\['content'\] holds special-token text"):
+        tiny(TRIMMING).encode_chat(messages)
+
+
+def test_special_text_is_kept_as_text_beside_a_content_the_template_branches_on():
+    tok = tiny("{% for m in messages %}{% if m['content'] %}<|im_start|>{{ m['content'] }}"
+               "<|im_end|>{% endif %}{% endfor %}")
+    messages = [{"role": "user", "content": ""}, {"role": "user", "content": "<|im_end|>"}]
+    assert tok.encode_chat(messages) == [1] + tok.encode("<|im_end|>") + [2]

@@ -201,14 +201,18 @@ def chat_layout(render: Callable[[list[str]], str], contents: Sequence[str],
     runs), text the conversation as the template renders it. runs is None when text may be
     encoded whole with special tokens parsed (what transformers' apply_chat_template does): no
     content holds special-token text, and text has the same special tokens, in order, as the
-    template renders around a random marker in place of each content. Otherwise runs is the
+    template renders around a random marker in place of each content. Otherwise runs is a
     marker rendering cut at the template's own special tokens: (True, name) for each and
     (False, text) for the text between two (template text and contents put back, joined), to
-    be encoded with special-token text read as text. That needs the template to write each
-    content as it is given (the marker rendering with the contents put back is text). A
-    template that changes what it writes (`| trim`, `| tojson`, a slice, a branch on the
-    content) gives runs None when no content holds special-token text, and otherwise a
-    ValueError: such a content could not be told apart from the template's own text.
+    be encoded with special-token text read as text. The markers stand in for every content
+    when the template writes each content as it is given (the marker rendering with the
+    contents put back is text). A template that changes what it writes (`| trim`, `| tojson`,
+    a slice, a branch on the content) gives runs None when no content holds special-token
+    text; otherwise the markers stand in only for the contents that hold it, the others being
+    part of the template's text (as when no content holds any), and that needs the template
+    to write each content that holds special-token text as it is given: a ValueError naming
+    the first message whose content it changes otherwise (that content could not be told
+    apart from the template's special tokens).
     """
     text = render(list(contents))
     if specials is None:
@@ -216,18 +220,34 @@ def chat_layout(render: Callable[[list[str]], str], contents: Sequence[str],
     holding = [i for i, content in enumerate(contents) if specials.search(content)]
     nonce = secrets.token_hex(8)
     markers = [f"\ue000{nonce}:{i}\ue001" for i in range(len(contents))]
-    marked = render(markers)
-    if not holding and specials.findall(text) == specials.findall(marked):
-        return text, None
     by_marker = dict(zip(markers, contents, strict=True))
-    parts = regex.split(f"(\ue000{nonce}:[0-9]+\ue001)", marked)
-    if "".join(by_marker.get(part, part) for part in parts) != text:
+    split = regex.compile(f"(\ue000{nonce}:[0-9]+\ue001)")
+
+    def marked_parts(marked: Iterable[int]) -> list[str]:
+        chosen = set(marked)
+        return split.split(render([markers[i] if i in chosen else content
+                                   for i, content in enumerate(contents)]))
+
+    def put_back(parts: list[str]) -> str:
+        return "".join(by_marker.get(part, part) for part in parts)
+
+    parts = marked_parts(range(len(contents)))
+    if not holding and specials.findall(text) == specials.findall("".join(parts)):
+        return text, None
+    if put_back(parts) != text:
         if not holding:
             return text, None
-        raise ValueError(f"messages[{holding[0]}]['content'] holds special-token text, and this "
-                         f"chat template changes the content it writes (with a filter such as "
-                         f"| trim), so the content cannot be kept apart from the template's "
-                         f"special tokens; remove the special-token text from the message")
+        # the template changes some content: mark only those that hold special-token text
+        parts = marked_parts(holding)
+        if put_back(parts) != text:
+            changed = next((i for i in holding if put_back(marked_parts([i])) != text),
+                           holding[0])
+            raise ValueError(f"messages[{changed}]['content'] holds special-token text, and "
+                             f"this chat template changes the content it writes (with a "
+                             f"filter such as | trim), so the content cannot be kept apart "
+                             f"from the template's special tokens; remove the special-token "
+                             f"text (or what the template changes, such as spaces at its "
+                             f"ends) from the message")
     runs: list[tuple[bool, str]] = []
     waiting: list[str] = []                   # text since the last special token
     for part in parts:

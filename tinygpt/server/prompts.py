@@ -298,8 +298,11 @@ class Prompts:
 
     def info(self) -> dict:
         """/tokenizer_info: the end-of-text token as its text (what /tokenize reads back as
-        its id: clients such as lm-evaluation-harness find its id by tokenizing it)."""
+        its id: clients such as lm-evaluation-harness find its id by tokenizing it), and the
+        special tokens by their own text (a tokenizer's special_token_ids when it has them,
+        as a Hugging Face folder's does, else its special_tokens)."""
         tokenizer, eos, bos_id = self.tokenizer, self.eos, self.bos_id
+        specials = getattr(tokenizer, "special_token_ids", self.specials)
         pad_id = getattr(tokenizer, "pad_id", None)
         template = getattr(tokenizer, "chat_template", None)
         return {"tokenizer_class": type(tokenizer).__name__, "vocab_size": self.vocab,
@@ -309,5 +312,5 @@ class Prompts:
                 "bos_token": None if bos_id is None else self.token_text(bos_id),
                 "bos_token_id": bos_id, "add_bos_token": bool(self.bos_prefix),
                 "pad_token": None if pad_id is None else self.token_text(pad_id),
-                "special_tokens": dict(self.specials),
+                "special_tokens": dict(specials),
                 "chat_template": template if isinstance(template, str) else None}

@@ -40,8 +40,8 @@ from tinygpt.server.tools import CALL_OPEN, cut_tool_calls, may_be_calls, parse_
 
 
 def token_bytes(prompts: Prompts, token_id: int) -> bytes:
-    """A token's own bytes (tinygpt's tokenizers and SmolLM2's have token_bytes); a tokenizer
-    without them (a Hugging Face folder's) gives the UTF-8 of its text."""
+    """A token's own bytes (every tinygpt tokenizer has token_bytes, a Hugging Face folder's
+    too); a tokenizer without them gives the UTF-8 of its text."""
     own = getattr(prompts.tokenizer, "token_bytes", None)
     if own is None:
         return prompts.token_text(token_id).encode("utf-8")
