@@ -45,6 +45,14 @@ def gguf_tensors(model: TinyGPT, tied: bool) -> dict[str, np.ndarray]:
     return out
 
 
+def close_gguf(w: gguf.GGUFWriter) -> None:
+    """Write a GGUFWriter's header, metadata and tensors to its file, and close it."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write_gguf(path, tensors: dict[str, np.ndarray], kind=Q.F32, cfg=CFG, arch="llama",
                kinds: dict | None = None):
     """Write a Llama GGUF: 2-D tensors as `kind` (or kinds[name]), 1-D ones as F32."""
@@ -67,10 +75,7 @@ def write_gguf(path, tensors: dict[str, np.ndarray], kind=Q.F32, cfg=CFG, arch="
             w.add_tensor(name, array.astype(np.float16))
         else:
             w.add_tensor(name, gguf_quantize(array, k), raw_dtype=k)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    close_gguf(w)
     return path
 
 
@@ -336,10 +341,7 @@ def tokenizer_file(path, tokenizer: dict, vocab_size: bool = False):
         (w.add_string if isinstance(value, str) else w.add_array)(f"tokenizer.ggml.{key}", value)
     for name, array in gguf_tensors(TinyGPT(CFG, seed=11), tied=True).items():
         w.add_tensor(name, array.astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    close_gguf(w)
     return path
 
 
@@ -401,10 +403,7 @@ def test_any_gguf_path_loads_with_its_tokenizer_and_chat_template(tmp_path):
     w.add_chat_template("{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}")
     for name, array in gguf_tensors(TinyGPT(cfg, seed=10), tied=True).items():
         w.add_tensor(name, array.astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    close_gguf(w)
     model, tok, info = load_model(path)
     assert (info.model_id, info.context_length, info.eos_ids) == ("tiny-chat", 32, (1,))
     assert model.cfg.vocab_size == tok.vocab_size == 260
