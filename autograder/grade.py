@@ -153,7 +153,10 @@ def students_for(day: str, root: Path, api) -> list[str]:
     from nbgrader.api import Gradebook
 
     found = {p.parent.name for p in (root / "submitted").glob(f"*/{day}") if p.is_dir()}
-    with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
+    url = api.coursedir.db_url
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        return sorted(found)    # no gradebook yet, so nobody in it (opening one would make it)
+    with Gradebook(url, api.coursedir.course_id) as gb:
         found |= {s.id for s in gb.students}
     return sorted(found)
 
