@@ -159,6 +159,31 @@ def test_models_health_and_metrics(served):
         assert name in metrics, name
 
 
+def test_metrics_count_no_token_for_an_echo_that_generates_none(served):
+    # max_tokens 0 with echo scores the prompt: the engine generates one token to do so, which
+    # the reply drops and its usage does not count; the metrics must agree with the usage
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def counted() -> tuple[float, float, float]:
+        samples = {sample.name: sample.value for family in text_string_to_metric_families(
+            httpx.get(f"{served}/metrics").text) for sample in family.samples}
+        return (samples["tinygpt_generated_tokens_total"],
+                samples["tinygpt_time_to_first_token_seconds_count"],
+                samples["tinygpt_queue_seconds_count"])
+
+    before = counted()
+    for logprobs in (None, 1):
+        scored = client(served).completions.create(model="tinygpt", prompt="The cat sat",
+                                                   max_tokens=0, echo=True, logprobs=logprobs)
+        assert scored.usage.completion_tokens == 0
+    tokens, ttfts, queued = counted()
+    assert (tokens, ttfts) == before[:2] and queued == before[2] + 2
+    two = client(served).completions.create(model="tinygpt", prompt="Hi", max_tokens=2,
+                                            temperature=0, echo=True, logprobs=1)
+    after = counted()
+    assert after[0] == tokens + two.usage.completion_tokens and after[1] == ttfts + 1
+
+
 BAD = [
     ("malformed JSON", b"{not json", 400, None),
     ("unknown model", {"model": "gpt-4", "prompt": "x"}, 404, "model"),

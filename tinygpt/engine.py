@@ -169,6 +169,7 @@ class Request:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     constraint: object = None              # what may come next (tinygpt.generate.stream's)
+    scoring: bool = False                  # its one token only scores the prompt (server's echo)
     submitted_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None        # when the engine first ran it (queue time ends)
     token_times: list[float] = field(default_factory=list)
@@ -714,17 +715,19 @@ class AsyncEngine(_Frontend):
 
     async def submit(self, prompt_ids: Sequence[int], params: SamplingParams,
                      eos_ids: Sequence[int] = (), *, logprobs: int | None = None,
-                     prompt_logprobs: int | None = None, constraint=None) -> Request:
+                     prompt_logprobs: int | None = None, constraint=None,
+                     scoring: bool = False) -> Request:
         """Queue a request; EngineFull when max_waiting already wait, EngineClosed after
         shutdown() began, ValueError / TypeError for arguments the engine cannot take.
-        logprobs, prompt_logprobs, constraint: as Engine.add_request's."""
+        logprobs, prompt_logprobs, constraint: as Engine.add_request's. scoring: the request
+        generates only to score its prompt (kept on the Request for on_finish's metrics)."""
         prompt = self.engine.check_request(prompt_ids, params, eos_ids, logprobs=logprobs,
                                            prompt_logprobs=prompt_logprobs,
                                            constraint=constraint)
         request = self._enqueue(prompt, params, eos_ids, self._inbox,
                                 lambda: len(self._inbox) + len(self.engine.scheduler.waiting),
                                 logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                                constraint=constraint)
+                                constraint=constraint, scoring=bool(scoring))
         return request
 
     def stats(self) -> EngineStats:
@@ -849,7 +852,8 @@ class SerialEngine(_Frontend):
 
     async def submit(self, prompt_ids: Sequence[int], params: SamplingParams,
                      eos_ids: Sequence[int] = (), *, logprobs: int | None = None,
-                     prompt_logprobs: int | None = None, constraint=None) -> Request:
+                     prompt_logprobs: int | None = None, constraint=None,
+                     scoring: bool = False) -> Request:
         """Queue a request; raises EngineFull when max_waiting requests already wait,
         EngineClosed after shutdown() began, and ValueError / TypeError for arguments that
         tinygpt.generate.stream cannot take (checked here as stream checks them; the prompt
@@ -864,7 +868,8 @@ class SerialEngine(_Frontend):
                     DEFAULT_ORDER, constraint)
         prompt = prepare_prompt(prompt_ids, vocab_size, max_seq_len)[0].tolist()
         return self._enqueue(prompt, params, eos_ids, self._waiting,
-                             lambda: len(self._waiting), constraint=constraint)
+                             lambda: len(self._waiting), constraint=constraint,
+                             scoring=bool(scoring))
 
     def stats(self) -> EngineStats:
         with self._lock:

@@ -61,15 +61,10 @@ class Metrics:
         self.finished = prom.Counter("tinygpt_requests_finished",
                                      "generation requests by finish reason", ["reason"],
                                      registry=registry)
-        # the engine's work: an echo request with max_tokens 0 generates one token to score
-        # its prompt, counted here (and its TTFT observed) though its usage reports none
-        self.tokens = prom.Counter("tinygpt_generated_tokens",
-                                   "tokens the engine generated (the one an echo request with "
-                                   "max_tokens 0 scores its prompt with included)",
+        self.tokens = prom.Counter("tinygpt_generated_tokens", "tokens generated",
                                    registry=registry)
         self.ttft = prom.Histogram("tinygpt_time_to_first_token_seconds",
-                                   "TTFT (queue included) of each request the engine ran",
-                                   registry=registry)
+                                   "TTFT (queue included)", registry=registry)
         self.itl = prom.Histogram("tinygpt_inter_token_latency_seconds", "gap between tokens",
                                   buckets=(.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2),
                                   registry=registry)
@@ -95,6 +90,8 @@ class Metrics:
         self.finished.labels(request.finish_reason or "unknown").inc()
         if request.queue_time is not None:
             self.queue.observe(request.queue_time)
+        if getattr(request, "scoring", False):
+            return      # an echo with max_tokens 0: its one token scored the prompt, none returned
         self.tokens.inc(len(request.token_times))
         first, gaps = latency_samples(request)
         if first is not None:

@@ -142,7 +142,7 @@ async def submit_all(engine, job: Job) -> list:
             requests.append(await engine.submit(
                 job.prompts[p], params, job.eos, logprobs=job.logprobs,
                 prompt_logprobs=job.logprobs if job.echo and job.logprobs is not None
-                else None, constraint=constraint))
+                else None, constraint=constraint, scoring=job.score_only))
     except BaseException as err:
         for request in requests:
             request.cancel()
