@@ -340,11 +340,13 @@ def test_paged_attention_over_scores_larger_than_a_threads_stack(threads):
 def test_an_attention_of_more_units_than_the_pools_counter_holds():
     """The pool's atomic word counts at most POOL_MAX_CHUNKS (2^20 - 1) chunks of a job; a
     paged attention of 2^20 one-position sequences (as many units) hands them out several to a
-    chunk on two threads, and every output is its one value row. In a forked child, so that a
-    job that never ends is a timeout here, not a stuck run."""
+    chunk on two threads, and every output is its one value row. In a child process, so that a
+    job that never ends is a timeout here, not a stuck run; a spawned one, since a forked child
+    inherits whatever locks other threads of the test process held (it once hung so, 120 s, in
+    a run where other modules' tests had run first on its worker)."""
     import multiprocessing
 
-    with multiprocessing.get_context("fork").Pool(1) as pool:
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
         assert pool.apply_async(_units_beyond_the_counter).get(timeout=120)
 
 
