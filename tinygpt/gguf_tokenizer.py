@@ -71,10 +71,9 @@ import regex
 
 from tinygpt.tokenizer import (
     _allowed_specials,
-    _as_id,
     _check_flag,
-    _check_id_sequence,
     _check_messages,
+    _checked_ids,
     merge_pair,
 )
 
@@ -524,17 +523,8 @@ class GGUFTokenizer:
         """The bytes of each id (a special token gives its text). ids: an iterable of ints or a
         1-D integer tensor / array (not bool, not float): anything else is a TypeError naming
         ids, an id out of range a ValueError."""
-        _check_id_sequence(ids)
-        out = []
         table = self.token_bytes_table
-        n = len(table)
-        for position, value in enumerate(ids):
-            token_id = _as_id(value, f"ids[{position}]")
-            if not 0 <= token_id < n:
-                raise ValueError(f"ids[{position}] = {token_id} is not a token id of this "
-                                 f"tokenizer (valid ids are 0..{n - 1})")
-            out.append(table[token_id])
-        return out
+        return [table[token_id] for token_id in _checked_ids(ids, len(table))]
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         return b"".join(self.token_bytes(ids))

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from tinygpt.gguf_tokenizer import byte_to_char, chat_layout, runs_to_ids, specials_pattern
-from tinygpt.tokenizer import _as_id, _check_flag, _check_id_sequence, _check_messages
+from tinygpt.tokenizer import _check_flag, _check_messages, _checked_ids
 
 
 def _added_ids(tokenizer) -> tuple[list[int], list[int]]:
@@ -140,24 +140,11 @@ class HFTokenizer:
         return list(self.tokenizer.encode(text, add_special_tokens=False,
                                           split_special_tokens=True))
 
-    def _checked_ids(self, ids: Iterable[int]) -> list[int]:
-        """ids as ints: an iterable of ints or a 1-D integer tensor / array (not bool, not
-        float), each >= 0: TypeError / ValueError naming ids otherwise."""
-        _check_id_sequence(ids)
-        checked = []
-        for position, value in enumerate(ids):
-            token_id = _as_id(value, f"ids[{position}]")
-            if token_id < 0:
-                raise ValueError(f"ids[{position}] = {token_id} is not a token id (ids are "
-                                 f">= 0)")
-            checked.append(token_id)
-        return checked
-
     def decode(self, ids: Iterable[int]) -> str:
         """Ids -> text. ids as for token_bytes; an id past the tokenizer's vocabulary gives no
         text."""
         n = len(self.tokenizer)
-        known = [token_id for token_id in self._checked_ids(ids) if token_id < n]
+        known = [token_id for token_id in _checked_ids(ids) if token_id < n]
         return self.tokenizer.decode(known, clean_up_tokenization_spaces=False)
 
     def token_bytes(self, ids: Iterable[int]) -> list[bytes]:
@@ -167,7 +154,7 @@ class HFTokenizer:
         a 1-D integer tensor / array (not bool, not float), each >= 0: TypeError /
         ValueError naming ids otherwise. A tokenizer whose decoder is neither byte-level nor
         sentencepiece style gives each id's decode([id]) as UTF-8."""
-        checked = self._checked_ids(ids)
+        checked = _checked_ids(ids)
         n = len(self.tokenizer)
         out = []
         for token_id in checked:

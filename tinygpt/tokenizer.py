@@ -268,6 +268,22 @@ def _check_id_sequence(ids: Any) -> None:
                         + ("" if shape is None else f" of shape {tuple(shape)}"))
 
 
+def _checked_ids(ids: Any, limit: int | None = None) -> list[int]:
+    """ids (as _check_id_sequence takes them) as a list of ints, each in 0..limit - 1 (each
+    >= 0 without a limit): a ValueError naming the first that is not."""
+    _check_id_sequence(ids)
+    checked = []
+    for position, value in enumerate(ids):
+        token_id = _as_id(value, f"ids[{position}]")
+        if limit is not None and not 0 <= token_id < limit:
+            raise ValueError(f"ids[{position}] = {token_id} is not a token id of this "
+                             f"tokenizer (valid ids are 0..{limit - 1})")
+        if token_id < 0:
+            raise ValueError(f"ids[{position}] = {token_id} is not a token id (ids are >= 0)")
+        checked.append(token_id)
+    return checked
+
+
 def _allowed_specials(allowed_special: Any, special_tokens: Mapping[str, int]) -> set[str]:
     """encode's allowed_special ("all", or an iterable of names of `special_tokens`) as the
     set of names it allows; anything else is a ValueError or TypeError naming allowed_special."""
