@@ -160,6 +160,14 @@ def load_hf_folder(path: Path, config: dict, dtype: torch.dtype | None = None):
 GENERATION_CONFIG = "generation_config.json"
 
 
+def read_json(file: Path):
+    """A JSON file's value; a ValueError naming the file when it is not valid JSON."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{file} is not valid JSON: {err}") from None
+
+
 def _listed_ids(value, where: str, vocab_size: int) -> list[int]:
     """An eos_token_id field's ids: null is none, else an int or a list of ints, each a token
     id in [0, vocab_size); anything else is a ValueError naming `where` (file and field)."""
@@ -181,10 +189,7 @@ def hf_stop_ids(path: Path, config: dict, vocab_size: int) -> list[int]:
     them."""
     file = path / GENERATION_CONFIG
     if file.is_file():
-        try:
-            generation = json.loads(file.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"{file} is not valid JSON: {err}") from None
+        generation = read_json(file)
         if not isinstance(generation, dict):
             raise ValueError(f"{file} must hold a JSON object, got {type(generation).__name__}")
         if generation.get("eos_token_id") is not None:
@@ -290,10 +295,7 @@ def load_model(name_or_path: str | Path | None = None, *, dtype: torch.dtype | N
     if not config_path.is_file():
         raise FileNotFoundError(f"{path} has no config.json: not a checkpoint folder "
                                 f"(allowed: {ALLOWED})")
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{config_path} is not valid JSON: {err}") from None
+    config = read_json(config_path)
     if isinstance(config, dict) and "model_type" in config:     # a Hugging Face folder
         model_type = config["model_type"]
         if not isinstance(model_type, str):
