@@ -166,8 +166,9 @@ def test_chat_and_serve_print_a_bad_folder_as_one_error_line(tmp_path, capsys):
     folder = junk_weights_folder(tmp_path / "model")
     (tmp_path / "text").mkdir()
     (tmp_path / "text" / "config.json").write_text("not json")
+    # serve on port 0: the default port may be taken by another test's server (exit 1)
     for main in (lambda argv: chat_main(argv, stdin=io.StringIO("hi\n"), stdout=io.StringIO()),
-                 serve_main):
+                 lambda argv: serve_main([*argv, "--port", "0"])):
         assert main(["--model", str(folder)]) == 2
         line = one_error_line(capsys.readouterr().err)
         assert str(folder / "model.safetensors") in line and "safetensors" in line
